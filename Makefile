@@ -1,0 +1,73 @@
+# pinrt — build, test and install.
+#
+# Pinned tool versions. `make deps` is idempotent: it installs only what is
+# missing or at another version.
+RUNC_VERSION        ?= v1.5.2
+CNI_PLUGINS_VERSION ?= v1.9.1
+GOLANGCI_VERSION    ?= v2.15.0
+
+PREFIX   ?= /usr/local
+BINDIR   ?= $(PREFIX)/bin
+CNI_BIN  ?= /opt/cni/bin
+GO       ?= go
+GOBIN_DIR := $(shell $(GO) env GOPATH)/bin
+
+VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS  := -X github.com/pinrt/pinrt/version.Version=$(VERSION)
+
+.PHONY: all build test test-unit test-e2e bench lint deps deps-apt deps-runc deps-cni deps-lint run install clean
+
+all: build
+
+build:
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/pinrt ./cmd/pinrt
+	$(GO) build -o bin/pinrt-bench ./test/bench/cmd/pinrt-bench
+
+# test runs everything: unit tests, then the root end-to-end tests.
+test: test-unit test-e2e
+
+test-unit:
+	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /test)
+
+test-e2e: build
+	$(GO) test -count=1 -timeout 40m -p 1 ./test/...
+
+bench: build
+	bash test/bench/run.sh
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GOBIN_DIR)/golangci-lint run ./...
+
+deps: deps-apt deps-runc deps-cni deps-lint
+
+deps-apt:
+	@need=""; for p in conmon libseccomp-dev busybox-static iproute2 crun; do \
+		dpkg -s $$p >/dev/null 2>&1 || need="$$need $$p"; done; \
+	if [ -n "$$need" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$need; fi
+
+deps-runc: deps-apt
+	@if ! runc --version 2>/dev/null | grep -q "runc version $(RUNC_VERSION:v%=%)$$"; then \
+		echo "installing runc $(RUNC_VERSION)"; \
+		GOBIN=$(BINDIR) CGO_ENABLED=1 $(GO) install -tags seccomp github.com/opencontainers/runc@$(RUNC_VERSION); fi
+
+deps-cni:
+	@if [ "$$(cat $(CNI_BIN)/.pinrt-version 2>/dev/null)" != "$(CNI_PLUGINS_VERSION)" ]; then \
+		echo "installing CNI plugins $(CNI_PLUGINS_VERSION)"; mkdir -p $(CNI_BIN); \
+		GOBIN=$(CNI_BIN) CGO_ENABLED=0 $(GO) install github.com/containernetworking/plugins/plugins/...@$(CNI_PLUGINS_VERSION) && \
+		echo $(CNI_PLUGINS_VERSION) > $(CNI_BIN)/.pinrt-version; fi
+
+deps-lint:
+	@if ! $(GOBIN_DIR)/golangci-lint version 2>/dev/null | grep -q "$(GOLANGCI_VERSION:v%=%)"; then \
+		echo "installing golangci-lint $(GOLANGCI_VERSION)"; \
+		$(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_VERSION); fi
+
+run: build
+	./bin/pinrt
+
+install: build
+	install -D -m 0755 bin/pinrt $(BINDIR)/pinrt
+
+clean:
+	rm -rf bin bench/out
