@@ -1,0 +1,93 @@
+package cni
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+
+	"github.com/containerd/errdefs"
+	"github.com/containernetworking/cni/libcni"
+)
+
+// IfName is the interface name every pod gets for its network.
+const IfName = "eth0"
+
+// portMapEntry and bandwidthEntry are the JSON shapes the portmap and
+// bandwidth plugins expect under runtimeConfig. They are typed (not maps)
+// so that a field name typo fails the unit test, not a pod.
+type portMapEntry struct {
+	HostPort      int32  `json:"hostPort"`
+	ContainerPort int32  `json:"containerPort"`
+	Protocol      string `json:"protocol"`
+	HostIP        string `json:"hostIP,omitempty"`
+}
+
+type bandwidthEntry struct {
+	IngressRate  uint64 `json:"ingressRate"`
+	IngressBurst uint64 `json:"ingressBurst"`
+	EgressRate   uint64 `json:"egressRate"`
+	EgressBurst  uint64 `json:"egressBurst"`
+}
+
+// validID is libcni's own rule for container IDs. Checking it up front
+// gives an InvalidArgument instead of a plugin error, and keeps the ID safe
+// in the cache file names, which are built from it.
+var validID = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`)
+
+func validatePodID(id string) error {
+	if !validID.MatchString(id) {
+		return fmt.Errorf("invalid sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// runtimeConf builds the libcni arguments for pod on interface ifName. It is
+// a pure function so CNI_ARGS and the capability args can be tested without
+// running a plugin.
+func runtimeConf(pod Pod, ifName string) *libcni.RuntimeConf {
+	rt := &libcni.RuntimeConf{
+		ContainerID: pod.ID,
+		NetNS:       pod.NetNS,
+		IfName:      ifName,
+		// IgnoreUnknown first: plugins that parse CNI_ARGS strictly (the
+		// reference plugins do) otherwise reject the K8S_* keys.
+		Args: [][2]string{
+			{"IgnoreUnknown", "1"},
+			{"K8S_POD_NAMESPACE", pod.Namespace},
+			{"K8S_POD_NAME", pod.Name},
+			{"K8S_POD_INFRA_CONTAINER_ID", pod.ID},
+			{"K8S_POD_UID", pod.UID},
+		},
+		CapabilityArgs: map[string]any{},
+	}
+	var ports []portMapEntry
+	for _, p := range pod.PortMappings {
+		// kubelet sends every container port; only those with a host
+		// port are mappings, as in containerd and CRI-O.
+		if p.HostPort <= 0 {
+			continue
+		}
+		proto := strings.ToLower(p.Protocol)
+		if proto == "" {
+			proto = "tcp"
+		}
+		ports = append(ports, portMapEntry{
+			HostPort:      p.HostPort,
+			ContainerPort: p.ContainerPort,
+			Protocol:      proto,
+			HostIP:        p.HostIP,
+		})
+	}
+	if len(ports) > 0 {
+		rt.CapabilityArgs["portMappings"] = ports
+	}
+	if b := pod.Bandwidth; b != nil {
+		rt.CapabilityArgs["bandwidth"] = bandwidthEntry{
+			IngressRate:  b.IngressRate,
+			IngressBurst: b.IngressBurst,
+			EgressRate:   b.EgressRate,
+			EgressBurst:  b.EgressBurst,
+		}
+	}
+	return rt
+}

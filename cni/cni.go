@@ -1,0 +1,420 @@
+// Package cni attaches pods to the node's network through CNI plugins
+// (libcni), on the network namespace pinrt created and pinned for the pod.
+//
+// The network config is read from the conf dir on every call instead of
+// being watched: a scan is a ReadDir plus parsing a few small files (see
+// BenchmarkStatus), it cannot miss or reorder an event, and a config written
+// a moment ago is seen by the very next Status or Setup.
+//
+// Every ADD result is kept in libcni's result cache under Config.CacheDir,
+// which must be persistent. Teardown works from that cache, so it releases
+// the pod's IPs with the config it was set up with, even after the config
+// changed or the node rebooted and the netns is gone.
+package cni
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/types"
+	types100 "github.com/containernetworking/cni/pkg/types/100"
+)
+
+// Config configures a Manager.
+type Config struct {
+	// ConfDir holds the network configs (*.conflist, *.conf, *.json).
+	ConfDir string
+	// PluginDirs are searched, in order, for plugin binaries.
+	PluginDirs []string
+	// CacheDir is libcni's result cache. It must survive reboots (it lives
+	// under pinrt's persistent root, not /var/lib/cni, so that two runtimes
+	// on one node never share cache entries).
+	CacheDir string
+	// DefaultNetwork makes New write a bridge network config into an empty
+	// ConfDir.
+	DefaultNetwork bool
+}
+
+// PortMapping is one host port forwarded to the pod.
+type PortMapping struct {
+	HostPort, ContainerPort int32
+	Protocol                string // tcp, udp or sctp, in any case
+	HostIP                  string
+}
+
+// Bandwidth is the pod's traffic shaping, in bits per second and bits.
+type Bandwidth struct {
+	IngressRate, IngressBurst, EgressRate, EgressBurst uint64
+}
+
+// Pod is what the network needs to know about a sandbox.
+type Pod struct {
+	ID, Name, Namespace, UID string // ID = sandbox id (also the CNI container ID)
+	// NetNS is the pinned netns path; "" on teardown after a reboot.
+	NetNS        string
+	PortMappings []PortMapping
+	Bandwidth    *Bandwidth
+}
+
+// Result is the outcome of a pod's network setup.
+type Result struct {
+	IPs       []string        // "10.89.0.5", "fd00::5"; IPv4 first
+	Interface string          // "eth0"
+	Raw       json.RawMessage // the CNI result JSON as the plugins returned it
+	Network   string          // the network name used
+}
+
+const (
+	loopbackNetwork = "cni-loopback"
+	// statusTimeout bounds the CNI STATUS verb, which kubelet polls.
+	statusTimeout = 10 * time.Second
+	// cleanupTimeout bounds the DEL that rolls back a failed ADD; it runs
+	// on a fresh context because the caller's may be what failed.
+	cleanupTimeout = time.Minute
+)
+
+// loopbackConf brings up "lo" in the pod netns. The loopback plugin is
+// used, rather than netlink here, because it runs inside the netns in its
+// own process: no thread of pinrt ever switches namespaces.
+var loopbackConf = []byte(`{"cniVersion":"1.0.0","name":"cni-loopback","type":"loopback"}`)
+
+// Manager runs CNI operations for pods. It is safe for concurrent use; calls
+// for different pods run in parallel.
+type Manager struct {
+	cfg Config
+	cni libcni.CNI
+	lo  *libcni.PluginConfig
+
+	mu     sync.Mutex
+	last   *network // the network last used, to log changes once
+	closed bool
+}
+
+// New returns a Manager for cfg. With cfg.DefaultNetwork it writes the
+// default network config if cfg.ConfDir holds none.
+func New(ctx context.Context, cfg Config) (*Manager, error) {
+	if cfg.ConfDir == "" || len(cfg.PluginDirs) == 0 || cfg.CacheDir == "" {
+		return nil, fmt.Errorf("cni: conf dir, plugin dirs and cache dir are required: %w", errdefs.ErrInvalidArgument)
+	}
+	if !filepath.IsAbs(cfg.CacheDir) {
+		return nil, fmt.Errorf("cni: cache dir %q is not absolute: %w", cfg.CacheDir, errdefs.ErrInvalidArgument)
+	}
+	lo, err := libcni.NetworkPluginConfFromBytes(loopbackConf)
+	if err != nil {
+		return nil, fmt.Errorf("cni: loopback config: %w", err)
+	}
+	if cfg.DefaultNetwork {
+		wrote, err := writeDefaultConfig(cfg.ConfDir)
+		if err != nil {
+			return nil, fmt.Errorf("cni: %w", err)
+		}
+		if wrote {
+			log.G(ctx).WithField("file", filepath.Join(cfg.ConfDir, DefaultConfName)).Info("wrote default cni network config")
+		}
+	}
+	cfg.PluginDirs = slices.Clone(cfg.PluginDirs)
+	return &Manager{
+		cfg: cfg,
+		cni: libcni.NewCNIConfigWithCacheDir(cfg.PluginDirs, cfg.CacheDir, nil),
+		lo:  lo,
+	}, nil
+}
+
+// network loads the current network and checks that it can run. Any
+// error is ErrFailedPrecondition: the node's network is not ready.
+func (m *Manager) network(ctx context.Context) (*network, error) {
+	m.mu.Lock()
+	closed := m.closed
+	m.mu.Unlock()
+	if closed {
+		return nil, fmt.Errorf("cni manager is closed: %w", errdefs.ErrFailedPrecondition)
+	}
+	nw, err := loadNetwork(m.cfg.ConfDir)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkPlugins(nw.list, m.cfg.PluginDirs); err != nil {
+		return nil, err
+	}
+	if !pluginExists(m.lo.Network.Type, m.cfg.PluginDirs) {
+		return nil, fmt.Errorf("plugin %q not found in %v: %w", m.lo.Network.Type, m.cfg.PluginDirs, errdefs.ErrFailedPrecondition)
+	}
+	m.mu.Lock()
+	changed := !sameNetwork(m.last, nw)
+	m.last = nw
+	m.mu.Unlock()
+	if changed {
+		log.G(ctx).WithFields(log.Fields{
+			"file": nw.file, "network": nw.list.Name, "plugins": pluginTypes(nw.list),
+		}).Info("using cni network config")
+	}
+	return nw, nil
+}
+
+// Status returns nil exactly when a network config is usable: it parses
+// and all its plugin binaries exist. Otherwise the error says why, and is
+// ErrFailedPrecondition, or ErrUnavailable if a CNI 1.1 plugin reports it
+// is not ready through the STATUS verb.
+func (m *Manager) Status() error {
+	ctx, cancel := context.WithTimeout(context.Background(), statusTimeout)
+	defer cancel()
+	nw, err := m.network(ctx)
+	if err != nil {
+		return err
+	}
+	// A no-op for configs older than 1.1.0, which have no STATUS verb.
+	if err := m.cni.GetStatusNetworkList(ctx, nw.list); err != nil {
+		return fmt.Errorf("network %q is not ready: %w: %w", nw.list.Name, errdefs.ErrUnavailable, err)
+	}
+	return nil
+}
+
+// Setup attaches the pod's netns (pod.NetNS) to the network: it brings up
+// lo and runs ADD for the network on eth0. If any step fails, whatever was
+// added is deleted again before Setup returns.
+func (m *Manager) Setup(ctx context.Context, pod Pod) (_ *Result, retErr error) {
+	if err := validatePodID(pod.ID); err != nil {
+		return nil, err
+	}
+	if pod.NetNS == "" {
+		return nil, fmt.Errorf("setup network for sandbox %s: no netns path: %w", pod.ID, errdefs.ErrInvalidArgument)
+	}
+	ctx = log.WithLogger(ctx, log.G(ctx).WithField("sandbox", pod.ID))
+	nw, err := m.network(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("setup network for sandbox %s: %w", pod.ID, err)
+	}
+	rt := runtimeConf(pod, IfName)
+	loRT := loopbackRuntimeConf(rt)
+
+	defer func() {
+		if retErr == nil {
+			return
+		}
+		// DEL even the step that failed: a plugin may have allocated an
+		// IP before failing, and DEL is idempotent for the rest.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer cancel()
+		if err := m.cni.DelNetworkList(cctx, nw.list, rt); err != nil {
+			log.G(ctx).WithError(err).WithField("network", nw.list.Name).Warn("rollback of failed cni add")
+		}
+		if err := m.cni.DelNetwork(cctx, m.lo, loRT); err != nil {
+			log.G(ctx).WithError(err).Warn("rollback of failed cni loopback add")
+		}
+	}()
+
+	if _, err := m.cni.AddNetwork(ctx, m.lo, loRT); err != nil {
+		return nil, pluginError("add", loopbackNetwork, pod.ID, err)
+	}
+	res, err := m.cni.AddNetworkList(ctx, nw.list, rt)
+	if err != nil {
+		return nil, pluginError("add", nw.list.Name, pod.ID, err)
+	}
+	out, err := toResult(nw.list.Name, res)
+	if err != nil {
+		return nil, fmt.Errorf("setup network for sandbox %s: %w: %w", pod.ID, errdefs.ErrUnknown, err)
+	}
+	log.G(ctx).WithFields(log.Fields{"network": out.Network, "ips": out.IPs}).Debug("cni add done")
+	return out, nil
+}
+
+// Teardown detaches the pod from every network it was set up on, using the
+// cached config and arguments of its ADD. It is idempotent: a pod with no
+// cache and no netns, or torn down before, is a no-op. pod.NetNS may be ""
+// or point to a netns that is gone; plugins then only release what they
+// hold outside of it (IPs, host-side state), as the CNI spec allows.
+func (m *Manager) Teardown(ctx context.Context, pod Pod) error {
+	if err := validatePodID(pod.ID); err != nil {
+		return err
+	}
+	ctx = log.WithLogger(ctx, log.G(ctx).WithField("sandbox", pod.ID))
+	netns := usableNetNS(pod.NetNS)
+	if netns != pod.NetNS {
+		log.G(ctx).WithField("netns", pod.NetNS).Debug("netns is gone, tearing down without it")
+	}
+	atts, err := m.cni.GetCachedAttachments(pod.ID)
+	if err != nil {
+		// An unreadable cache must not stop a teardown: fall through to
+		// the current config as if there were no cache.
+		log.G(ctx).WithError(err).Warn("read cni result cache")
+	}
+
+	var errs []error
+	tornDown, haveLo := false, false
+	for _, a := range atts {
+		if a.Network == loopbackNetwork {
+			haveLo = true
+			continue
+		}
+		list, err := m.cachedList(ctx, a)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("teardown network %q for sandbox %s: cached config: %w: %w", a.Network, pod.ID, errdefs.ErrUnknown, err))
+			continue
+		}
+		rt := &libcni.RuntimeConf{
+			ContainerID:    pod.ID,
+			NetNS:          netns,
+			IfName:         a.IfName,
+			Args:           a.CniArgs,
+			CapabilityArgs: a.CapabilityArgs,
+		}
+		if err := m.cni.DelNetworkList(ctx, list, rt); err != nil {
+			errs = append(errs, pluginError("del", list.Name, pod.ID, err))
+			continue
+		}
+		tornDown = true
+	}
+	if !tornDown && len(errs) == 0 {
+		// No cache entry: pinrt may have died between the plugins' ADD
+		// and libcni writing the cache. DEL with the current config
+		// releases what such an ADD took; without a config there is
+		// nothing we could run.
+		if nw, err := m.network(ctx); err == nil {
+			p := pod
+			p.NetNS = netns
+			if err := m.cni.DelNetworkList(ctx, nw.list, runtimeConf(p, IfName)); err != nil {
+				errs = append(errs, pluginError("del", nw.list.Name, pod.ID, err))
+			}
+		}
+	}
+	if haveLo || netns != "" {
+		p := pod
+		p.NetNS = netns
+		if err := m.cni.DelNetwork(ctx, m.lo, loopbackRuntimeConf(runtimeConf(p, IfName))); err != nil {
+			errs = append(errs, pluginError("del", loopbackNetwork, pod.ID, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Check runs CNI CHECK for the pod's network, with the config and
+// arguments cached by its ADD. It returns ErrNotFound if the pod has no
+// cached network.
+func (m *Manager) Check(ctx context.Context, pod Pod) error {
+	if err := validatePodID(pod.ID); err != nil {
+		return err
+	}
+	atts, err := m.cni.GetCachedAttachments(pod.ID)
+	if err != nil {
+		return fmt.Errorf("check network for sandbox %s: %w: %w", pod.ID, errdefs.ErrUnknown, err)
+	}
+	for _, a := range atts {
+		if a.Network == loopbackNetwork || a.IfName != IfName {
+			continue
+		}
+		list, err := m.cachedList(ctx, a)
+		if err != nil {
+			return fmt.Errorf("check network %q for sandbox %s: %w: %w", a.Network, pod.ID, errdefs.ErrUnknown, err)
+		}
+		rt := &libcni.RuntimeConf{
+			ContainerID:    pod.ID,
+			NetNS:          pod.NetNS,
+			IfName:         a.IfName,
+			Args:           a.CniArgs,
+			CapabilityArgs: a.CapabilityArgs,
+		}
+		if err := m.cni.CheckNetworkList(ctx, list, rt); err != nil {
+			return pluginError("check", list.Name, pod.ID, err)
+		}
+		return nil
+	}
+	return fmt.Errorf("check network for sandbox %s: no cached cni result: %w", pod.ID, errdefs.ErrNotFound)
+}
+
+// Close stops the Manager; later Status and Setup calls fail. There is no
+// watcher to stop (see the package doc), so it releases nothing.
+func (m *Manager) Close() error {
+	m.mu.Lock()
+	m.closed = true
+	m.mu.Unlock()
+	return nil
+}
+
+// cachedList rebuilds the network list an attachment was added with. A
+// conflist whose plugins live in a side directory is not fully in the
+// cache; the current config stands in for it if it has the same name.
+func (m *Manager) cachedList(ctx context.Context, a *libcni.NetworkAttachment) (*libcni.NetworkConfigList, error) {
+	list, err := libcni.NetworkConfFromBytes(a.Config)
+	if err == nil && len(list.Plugins) > 0 {
+		return list, nil
+	}
+	if err == nil {
+		// A single-plugin .conf is cached as that plugin's config.
+		var conf *libcni.PluginConfig
+		if conf, err = libcni.NetworkPluginConfFromBytes(a.Config); err == nil {
+			//nolint:staticcheck // see parseConfFile
+			return libcni.ConfListFromConf(conf)
+		}
+	}
+	if nw, nerr := m.network(ctx); nerr == nil && nw.list.Name == a.Network {
+		return nw.list, nil
+	}
+	return nil, err
+}
+
+func loopbackRuntimeConf(rt *libcni.RuntimeConf) *libcni.RuntimeConf {
+	return &libcni.RuntimeConf{
+		ContainerID: rt.ContainerID,
+		NetNS:       rt.NetNS,
+		IfName:      "lo",
+		Args:        rt.Args,
+	}
+}
+
+// pluginError classifies a libcni failure. A timeout, a cancel or a plugin
+// asking to be retried later is ErrUnavailable, anything else ErrUnknown.
+func pluginError(op, network, id string, err error) error {
+	var class error = errdefs.ErrUnknown
+	var cerr *types.Error
+	switch {
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		class = errdefs.ErrUnavailable
+	case errors.As(err, &cerr) && cerr.Code == types.ErrTryAgainLater:
+		class = errdefs.ErrUnavailable
+	}
+	return fmt.Errorf("cni %s network %q for sandbox %s: %w: %w", op, network, id, class, err)
+}
+
+// toResult converts a plugin result of any CNI version. Only addresses on
+// interfaces inside the sandbox are the pod's; a result may also list the
+// host side of a veth or the bridge, which carry no pod IPs but could.
+func toResult(network string, res types.Result) (*Result, error) {
+	raw, err := json.Marshal(res)
+	if err != nil {
+		return nil, fmt.Errorf("marshal cni result: %w", err)
+	}
+	cur, err := types100.NewResultFromResult(res)
+	if err != nil {
+		return nil, fmt.Errorf("convert cni result: %w", err)
+	}
+	var v4, v6 []string
+	for _, ipc := range cur.IPs {
+		if ipc.Interface != nil {
+			i := *ipc.Interface
+			if i >= 0 && i < len(cur.Interfaces) && cur.Interfaces[i].Sandbox == "" {
+				continue
+			}
+		}
+		ip := ipc.Address.IP
+		if ip4 := ip.To4(); ip4 != nil {
+			v4 = append(v4, ip4.String())
+		} else if ip.To16() != nil {
+			v6 = append(v6, ip.String())
+		}
+	}
+	return &Result{
+		IPs:       append(v4, v6...),
+		Interface: IfName,
+		Raw:       raw,
+		Network:   network,
+	}, nil
+}
