@@ -1,0 +1,312 @@
+// Package conf is pinrt's configuration: typed TOML structs, the built-in
+// defaults, validation without I/O, and loading from a main file plus a
+// drop-in directory.
+package conf
+
+import (
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Default locations. Everything pinrt writes lives under Root (persistent)
+// or RunRoot (tmpfs).
+const (
+	DefaultConfigFile = "/etc/pinrt/pinrt.toml"
+	DefaultConfigDir  = "/etc/pinrt/pinrt.d"
+	DefaultRoot       = "/var/lib/pinrt"
+	DefaultRunRoot    = "/run/pinrt"
+	SocketName        = "pinrt.sock"
+)
+
+// Config is the whole daemon configuration.
+type Config struct {
+	// Root is the persistent state directory: sandboxes, containers, images.
+	Root string `toml:"root" comment:"Persistent state: sandboxes, containers, images."`
+	// RunRoot is the volatile state directory (tmpfs): pinned namespaces,
+	// the socket, locks, runtime state.
+	RunRoot string `toml:"runroot" comment:"Volatile state (tmpfs): pinned namespaces, socket, lock, runtime state."`
+	// Listen is the path of the CRI unix socket. Empty means
+	// <runroot>/pinrt.sock.
+	Listen string `toml:"listen" comment:"CRI unix socket path. Empty means <runroot>/pinrt.sock."`
+	// SocketGroup is the group (name or numeric gid) that owns the socket.
+	// Empty keeps root's group.
+	SocketGroup string `toml:"socket_group" comment:"Group (name or gid) owning the socket, mode 0660. Empty: root's group."`
+	// LogLevel is one of trace, debug, info, warn, error.
+	LogLevel string `toml:"log_level" comment:"trace, debug, info, warn or error. SIGHUP re-reads it."`
+	// LogFormat is text or json.
+	LogFormat string `toml:"log_format" comment:"text or json."`
+	// ShutdownTimeout bounds how long in-flight calls may run after SIGTERM.
+	ShutdownTimeout Duration `toml:"shutdown_timeout" comment:"How long in-flight calls may finish after SIGTERM."`
+
+	CNI     CNIConfig     `toml:"cni" comment:"Pod networking through CNI."`
+	Runtime RuntimeConfig `toml:"runtime" comment:"OCI runtimes and the container monitor."`
+	Userns  UsernsConfig  `toml:"userns" comment:"Host ID ranges for pods with a user namespace."`
+	Image   ImageConfig   `toml:"image" comment:"Image pulls and registries."`
+}
+
+// CNIConfig configures pod networking.
+type CNIConfig struct {
+	// ConfDir holds the CNI network configurations.
+	ConfDir string `toml:"conf_dir" comment:"Directory of CNI network configs; changes are picked up live."`
+	// PluginDirs are searched for CNI plugin binaries.
+	PluginDirs []string `toml:"plugin_dirs" comment:"Directories searched for CNI plugin binaries."`
+	// DefaultNetwork writes a bridge conflist into ConfDir when it has none.
+	DefaultNetwork bool `toml:"default_network" comment:"Write a default bridge network (pinrt0) when conf_dir has no config."`
+}
+
+// RuntimeConfig configures the OCI runtimes.
+type RuntimeConfig struct {
+	// DefaultRuntime names the handler used when a pod names none.
+	DefaultRuntime string `toml:"default_runtime" comment:"Handler used when a pod names none."`
+	// Conmon is the container monitor binary.
+	Conmon string `toml:"conmon" comment:"Container monitor binary."`
+	// CgroupDriver is cgroupfs; systemd is not supported yet.
+	CgroupDriver string `toml:"cgroup_driver" comment:"cgroupfs (systemd is not supported yet)."`
+	// CgroupParent is the cgroup under which pods go when kubelet names none.
+	CgroupParent string `toml:"cgroup_parent" comment:"Cgroup parent for pods when kubelet names none."`
+	// Runtimes are the handlers, by the name a RuntimeClass uses.
+	Runtimes map[string]Handler `toml:"runtimes" comment:"Runtime handlers by RuntimeClass handler name."`
+}
+
+// Handler is one OCI runtime.
+type Handler struct {
+	// Binary is the runtime executable, a path or a name looked up in PATH.
+	Binary string `toml:"binary" comment:"Runtime executable (path or name in PATH)."`
+	// Root is the runtime's --root. Empty means <runroot>/runtime/<name>.
+	Root string `toml:"root" comment:"The runtime's --root. Empty: <runroot>/runtime/<handler>."`
+	// Type is the runtime kind; only "oci" exists.
+	Type string `toml:"type" comment:"Runtime type; only \"oci\"."`
+}
+
+// UsernsConfig bounds the user-namespace ID allocator.
+type UsernsConfig struct {
+	// MinHostID is the first host ID pinrt may hand out (block aligned).
+	MinHostID uint32 `toml:"min_host_id" comment:"First host ID handed out to pods (multiple of 65536, at least 65536)."`
+	// MaxHostID is the end (exclusive) of the host range pinrt may hand out.
+	MaxHostID uint32 `toml:"max_host_id" comment:"End (exclusive) of the host ID range handed out (multiple of 65536)."`
+	// MaxPods bounds how many pods may hold a user namespace at once.
+	MaxPods int `toml:"max_pods" comment:"How many pods may hold a user namespace at once."`
+}
+
+// ImageConfig configures pulls.
+type ImageConfig struct {
+	// PullTimeout bounds one PullImage.
+	PullTimeout Duration `toml:"pull_timeout" comment:"Upper bound for one image pull."`
+	// Registries configures mirrors, TLS and plain HTTP per registry host.
+	Registries map[string]Registry `toml:"registries" comment:"Per registry host: mirrors, skip_origin, insecure, ca_file. localhost and 127.0.0.0/8 use plain HTTP without config."`
+}
+
+// Registry configures pulls from one registry host.
+type Registry struct {
+	// Mirrors are tried in order before the registry itself.
+	Mirrors []string `toml:"mirrors" comment:"Mirrors (host[:port][/prefix]) tried in order before the registry."`
+	// SkipOrigin never falls back to the registry itself.
+	SkipOrigin bool `toml:"skip_origin" comment:"Do not fall back to the registry itself."`
+	// Insecure allows plain HTTP and unverified TLS.
+	Insecure bool `toml:"insecure" comment:"Allow plain HTTP and unverified TLS."`
+	// CAFile is a PEM bundle trusted for this host.
+	CAFile string `toml:"ca_file" comment:"PEM CA bundle trusted for this host."`
+}
+
+// Duration is a time.Duration written as a Go duration string ("10s").
+type Duration time.Duration
+
+// UnmarshalText parses a Go duration string.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalText writes the duration as a Go duration string.
+func (d Duration) MarshalText() ([]byte, error) {
+	return []byte(time.Duration(d).String()), nil
+}
+
+// Std returns the time.Duration.
+func (d Duration) Std() time.Duration { return time.Duration(d) }
+
+// Default returns the built-in configuration.
+func Default() *Config {
+	return &Config{
+		Root:            DefaultRoot,
+		RunRoot:         DefaultRunRoot,
+		LogLevel:        "info",
+		LogFormat:       "text",
+		ShutdownTimeout: Duration(10 * time.Second),
+		CNI: CNIConfig{
+			ConfDir:        "/etc/cni/net.d",
+			PluginDirs:     []string{"/opt/cni/bin"},
+			DefaultNetwork: true,
+		},
+		Runtime: RuntimeConfig{
+			DefaultRuntime: "runc",
+			Conmon:         "conmon",
+			CgroupDriver:   "cgroupfs",
+			CgroupParent:   "/pinrt",
+			Runtimes: map[string]Handler{
+				"runc": {Binary: "runc", Type: "oci"},
+				"crun": {Binary: "crun", Type: "oci"},
+			},
+		},
+		Userns: UsernsConfig{
+			// Kubelet's default range: 2^31 host IDs above the first 2^16
+			// is far more than a node needs; stay well below 2^32-1.
+			MinHostID: 1 << 16,
+			MaxHostID: 1 << 31,
+			MaxPods:   1024,
+		},
+		Image: ImageConfig{PullTimeout: Duration(5 * time.Minute)},
+	}
+}
+
+// SocketPath is the effective socket path.
+func (c *Config) SocketPath() string {
+	if c.Listen != "" {
+		return c.Listen
+	}
+	return filepath.Join(c.RunRoot, SocketName)
+}
+
+// RuntimeRoot is the effective --root of a handler.
+func (c *Config) RuntimeRoot(name string) string {
+	if h, ok := c.Runtime.Runtimes[name]; ok && h.Root != "" {
+		return h.Root
+	}
+	return filepath.Join(c.RunRoot, "runtime", name)
+}
+
+// FieldError is a validation failure of one key.
+type FieldError struct {
+	Key string // dotted TOML key, e.g. "runtime.default_runtime"
+	Msg string
+}
+
+func (e *FieldError) Error() string { return e.Key + ": " + e.Msg }
+
+var (
+	logLevels   = map[string]bool{"trace": true, "debug": true, "info": true, "warn": true, "warning": true, "error": true}
+	handlerName = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
+)
+
+// Validate checks every value. It does no I/O: whether a binary or
+// directory exists is the daemon's concern at start.
+func (c *Config) Validate() error {
+	abs := []struct{ key, val string }{
+		{"root", c.Root}, {"runroot", c.RunRoot}, {"cni.conf_dir", c.CNI.ConfDir},
+	}
+	if c.Listen != "" {
+		abs = append(abs, struct{ key, val string }{"listen", c.Listen})
+	}
+	for _, a := range abs {
+		if !filepath.IsAbs(a.val) {
+			return &FieldError{a.key, fmt.Sprintf("must be an absolute path, got %q", a.val)}
+		}
+	}
+	// The kernel's sun_path holds 108 bytes including the terminating NUL.
+	if n := len(c.SocketPath()); n > 107 {
+		return &FieldError{"listen", fmt.Sprintf("socket path is %d bytes, the limit is 107", n)}
+	}
+	if !logLevels[c.LogLevel] {
+		return &FieldError{"log_level", fmt.Sprintf("unknown level %q (trace, debug, info, warn, error)", c.LogLevel)}
+	}
+	if c.LogFormat != "text" && c.LogFormat != "json" {
+		return &FieldError{"log_format", fmt.Sprintf("unknown format %q (text, json)", c.LogFormat)}
+	}
+	if c.ShutdownTimeout < 0 {
+		return &FieldError{"shutdown_timeout", "must not be negative"}
+	}
+	if len(c.CNI.PluginDirs) == 0 {
+		return &FieldError{"cni.plugin_dirs", "needs at least one directory"}
+	}
+	for _, d := range c.CNI.PluginDirs {
+		if !filepath.IsAbs(d) {
+			return &FieldError{"cni.plugin_dirs", fmt.Sprintf("must be absolute paths, got %q", d)}
+		}
+	}
+	if err := c.Runtime.validate(); err != nil {
+		return err
+	}
+	if err := c.Userns.validate(); err != nil {
+		return err
+	}
+	if c.Image.PullTimeout <= 0 {
+		return &FieldError{"image.pull_timeout", "must be positive"}
+	}
+	for host, r := range c.Image.Registries {
+		if host == "" || strings.ContainsAny(host, " /") {
+			return &FieldError{"image.registries", fmt.Sprintf("bad registry host %q", host)}
+		}
+		if r.CAFile != "" && !filepath.IsAbs(r.CAFile) {
+			return &FieldError{"image.registries." + host + ".ca_file", "must be an absolute path"}
+		}
+		if r.SkipOrigin && len(r.Mirrors) == 0 {
+			return &FieldError{"image.registries." + host + ".skip_origin", "needs at least one mirror"}
+		}
+	}
+	return nil
+}
+
+func (r *RuntimeConfig) validate() error {
+	switch r.CgroupDriver {
+	case "cgroupfs":
+	case "systemd":
+		return &FieldError{"runtime.cgroup_driver", "the systemd cgroup driver is not supported yet; use cgroupfs"}
+	default:
+		return &FieldError{"runtime.cgroup_driver", fmt.Sprintf("unknown driver %q (cgroupfs)", r.CgroupDriver)}
+	}
+	if !strings.HasPrefix(r.CgroupParent, "/") || strings.Contains(r.CgroupParent, "..") {
+		return &FieldError{"runtime.cgroup_parent", fmt.Sprintf("must be an absolute cgroup path without '..', got %q", r.CgroupParent)}
+	}
+	if r.Conmon == "" {
+		return &FieldError{"runtime.conmon", "must not be empty"}
+	}
+	names := make([]string, 0, len(r.Runtimes))
+	for n := range r.Runtimes {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		h := r.Runtimes[n]
+		key := "runtime.runtimes." + n
+		if !handlerName.MatchString(n) {
+			return &FieldError{key, "handler names are [a-zA-Z0-9_.-], at most 63 characters"}
+		}
+		if h.Binary == "" {
+			return &FieldError{key + ".binary", "must not be empty"}
+		}
+		if h.Type != "" && h.Type != "oci" {
+			return &FieldError{key + ".type", fmt.Sprintf("unknown type %q (oci)", h.Type)}
+		}
+		if h.Root != "" && !filepath.IsAbs(h.Root) {
+			return &FieldError{key + ".root", "must be an absolute path"}
+		}
+	}
+	if _, ok := r.Runtimes[r.DefaultRuntime]; !ok {
+		return &FieldError{"runtime.default_runtime", fmt.Sprintf("%q is not in runtime.runtimes", r.DefaultRuntime)}
+	}
+	return nil
+}
+
+const idBlock = 1 << 16
+
+func (u *UsernsConfig) validate() error {
+	switch {
+	case u.MinHostID < idBlock || u.MinHostID%idBlock != 0:
+		return &FieldError{"userns.min_host_id", fmt.Sprintf("must be a multiple of 65536 and at least 65536, got %d", u.MinHostID)}
+	case u.MaxHostID%idBlock != 0:
+		return &FieldError{"userns.max_host_id", fmt.Sprintf("must be a multiple of 65536, got %d", u.MaxHostID)}
+	case u.MaxHostID <= u.MinHostID:
+		return &FieldError{"userns.max_host_id", "must be above min_host_id"}
+	case u.MaxPods <= 0:
+		return &FieldError{"userns.max_pods", "must be positive"}
+	}
+	return nil
+}

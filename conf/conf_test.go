@@ -1,0 +1,183 @@
+package conf
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pelletier/go-toml/v2"
+)
+
+func write(t *testing.T, dir, name, body string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestDefaultIsValid(t *testing.T) {
+	c := Default()
+	if err := c.Validate(); err != nil {
+		t.Fatalf("Default().Validate() = %v", err)
+	}
+	if got := c.SocketPath(); got != "/run/pinrt/pinrt.sock" {
+		t.Errorf("SocketPath() = %q, want /run/pinrt/pinrt.sock", got)
+	}
+	if got := c.RuntimeRoot("runc"); got != "/run/pinrt/runtime/runc" {
+		t.Errorf("RuntimeRoot(runc) = %q", got)
+	}
+	if !c.CNI.DefaultNetwork {
+		t.Error("default_network must be on by default")
+	}
+}
+
+func TestLoadMissingFile(t *testing.T) {
+	dir := t.TempDir()
+	c, err := Load(filepath.Join(dir, "nope.toml"), filepath.Join(dir, "nope.d"), false)
+	if err != nil {
+		t.Fatalf("Load of a missing optional file: %v", err)
+	}
+	if c.Root != DefaultRoot {
+		t.Errorf("Root = %q, want default", c.Root)
+	}
+	if _, err := Load(filepath.Join(dir, "nope.toml"), "", true); err == nil || !strings.Contains(err.Error(), "nope.toml") {
+		t.Errorf("Load of a missing required file = %v, want an error naming it", err)
+	}
+}
+
+func TestDropInPrecedence(t *testing.T) {
+	dir := t.TempDir()
+	main := write(t, dir, "pinrt.toml", `
+root = "/srv/main"
+log_level = "debug"
+[cni]
+plugin_dirs = ["/a", "/b"]
+`)
+	write(t, dir, "pinrt.d/20-b.toml", `log_level = "warn"`+"\n")
+	write(t, dir, "pinrt.d/10-a.toml", "log_level = \"error\"\nrunroot = \"/run/x\"\n")
+	write(t, dir, "pinrt.d/30-c.toml", "[runtime.runtimes.kata]\nbinary = \"/usr/bin/kata\"\n")
+	write(t, dir, "pinrt.d/ignored.conf", "this is not toml")
+
+	c, err := Load(main, filepath.Join(dir, "pinrt.d"), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Root != "/srv/main" {
+		t.Errorf("Root = %q, want /srv/main from the main file", c.Root)
+	}
+	if c.LogLevel != "warn" {
+		t.Errorf("LogLevel = %q, want warn (20-b.toml is applied after 10-a.toml)", c.LogLevel)
+	}
+	if c.RunRoot != "/run/x" {
+		t.Errorf("RunRoot = %q, want /run/x", c.RunRoot)
+	}
+	if got := strings.Join(c.CNI.PluginDirs, ","); got != "/a,/b" {
+		t.Errorf("PluginDirs = %q", got)
+	}
+	if c.Runtime.Runtimes["kata"].Binary != "/usr/bin/kata" || c.Runtime.Runtimes["runc"].Binary != "runc" {
+		t.Errorf("Runtimes = %+v, want kata added next to the defaults", c.Runtime.Runtimes)
+	}
+	if c.LogFormat != "text" {
+		t.Errorf("LogFormat = %q, an untouched key keeps its default", c.LogFormat)
+	}
+}
+
+func TestUnknownKeyNamesFileAndKey(t *testing.T) {
+	dir := t.TempDir()
+	main := write(t, dir, "pinrt.toml", "root = \"/x\"\n")
+	bad := write(t, dir, "pinrt.d/50-bad.toml", "[cni]\nconf_dri = \"/etc/cni\"\n")
+	_, err := Load(main, filepath.Join(dir, "pinrt.d"), true)
+	if err == nil {
+		t.Fatal("want an error for an unknown key")
+	}
+	for _, want := range []string{bad, `"cni.conf_dri"`, "unknown key", "line 2"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not contain %q", err, want)
+		}
+	}
+}
+
+func TestBadTypeNamesFileAndKey(t *testing.T) {
+	dir := t.TempDir()
+	main := write(t, dir, "pinrt.toml", "[userns]\nmax_pods = \"many\"\n")
+	_, err := Load(main, "", true)
+	if err == nil || !strings.Contains(err.Error(), main) || !strings.Contains(err.Error(), "max_pods") {
+		t.Fatalf("error = %v, want it to name %s and userns.max_pods", err, main)
+	}
+}
+
+func TestInvalidValues(t *testing.T) {
+	tests := []struct {
+		name    string
+		toml    string
+		wantKey string
+	}{
+		{"relative root", `root = "var/lib/pinrt"`, "root"},
+		{"relative runroot", `runroot = "run"`, "runroot"},
+		{"relative listen", `listen = "pinrt.sock"`, "listen"},
+		{"socket path too long", `listen = "/` + strings.Repeat("s", 120) + `"`, "listen"},
+		{"log level", `log_level = "loud"`, "log_level"},
+		{"log format", `log_format = "xml"`, "log_format"},
+		{"negative shutdown", `shutdown_timeout = "-1s"`, "shutdown_timeout"},
+		{"bad duration", `shutdown_timeout = "soon"`, "shutdown_timeout"},
+		{"relative cni conf", "[cni]\nconf_dir = \"net.d\"", "cni.conf_dir"},
+		{"no plugin dirs", "[cni]\nplugin_dirs = []", "cni.plugin_dirs"},
+		{"relative plugin dir", "[cni]\nplugin_dirs = [\"bin\"]", "cni.plugin_dirs"},
+		{"systemd driver", "[runtime]\ncgroup_driver = \"systemd\"", "runtime.cgroup_driver"},
+		{"unknown driver", "[runtime]\ncgroup_driver = \"nope\"", "runtime.cgroup_driver"},
+		{"cgroup parent escape", "[runtime]\ncgroup_parent = \"/a/../..\"", "runtime.cgroup_parent"},
+		{"unknown default runtime", "[runtime]\ndefault_runtime = \"kata\"", "runtime.default_runtime"},
+		{"handler without binary", "[runtime.runtimes.x]\ntype = \"oci\"", "runtime.runtimes.x.binary"},
+		{"handler type", "[runtime.runtimes.x]\nbinary = \"x\"\ntype = \"vm\"", "runtime.runtimes.x.type"},
+		{"handler name", "[runtime.runtimes.\"a/b\"]\nbinary = \"x\"", "runtime.runtimes.a/b"},
+		{"unaligned min", "[userns]\nmin_host_id = 1000", "userns.min_host_id"},
+		{"min in block 0", "[userns]\nmin_host_id = 0", "userns.min_host_id"},
+		{"unaligned max", "[userns]\nmax_host_id = 100000", "userns.max_host_id"},
+		{"max below min", "[userns]\nmin_host_id = 131072\nmax_host_id = 65536", "userns.max_host_id"},
+		{"no pods", "[userns]\nmax_pods = 0", "userns.max_pods"},
+		{"pull timeout", "[image]\npull_timeout = \"0s\"", "image.pull_timeout"},
+		{"relative ca", "[image.registries.\"r.io\"]\nca_file = \"ca.pem\"", "image.registries.r.io.ca_file"},
+		{"skip origin without mirror", "[image.registries.\"r.io\"]\nskip_origin = true", "image.registries.r.io.skip_origin"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			f := write(t, dir, "pinrt.toml", tc.toml+"\n")
+			_, err := Load(f, "", true)
+			if err == nil {
+				t.Fatalf("Load(%q) succeeded, want an error about %s", tc.toml, tc.wantKey)
+			}
+			if !strings.Contains(err.Error(), tc.wantKey) || !strings.Contains(err.Error(), f) {
+				t.Errorf("error %q should name the file and %q", err, tc.wantKey)
+			}
+		})
+	}
+}
+
+func TestEncodeRoundTrip(t *testing.T) {
+	c := Default()
+	c.Listen = "/tmp/x.sock"
+	c.Image.Registries = map[string]Registry{"docker.io": {Mirrors: []string{"127.0.0.1:5000"}}}
+	out, err := c.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(out), "# Persistent state") {
+		t.Errorf("encoded config has no field comments:\n%s", out)
+	}
+	var back Config
+	if err := toml.NewDecoder(strings.NewReader(string(out))).DisallowUnknownFields().Decode(&back); err != nil {
+		t.Fatalf("decoding our own output: %v\n%s", err, out)
+	}
+	if back.Listen != c.Listen || back.ShutdownTimeout.Std() != 10*time.Second ||
+		back.Image.Registries["docker.io"].Mirrors[0] != "127.0.0.1:5000" || back.Runtime.Runtimes["crun"].Binary != "crun" {
+		t.Errorf("round trip lost values: %+v", back)
+	}
+}
