@@ -1,0 +1,476 @@
+package nsmgr
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+)
+
+// cloneFlag is the clone(2) flag, and the NS_GET_NSTYPE answer, per kind.
+var cloneFlag = map[Kind]uintptr{
+	User: unix.CLONE_NEWUSER,
+	Net:  unix.CLONE_NEWNET,
+	IPC:  unix.CLONE_NEWIPC,
+	UTS:  unix.CLONE_NEWUTS,
+}
+
+// Manager creates, reopens and removes the pinned namespaces of pods.
+// It keeps no state in memory: everything it knows is the pins on disk,
+// so a fresh Manager after a restart sees exactly what the old one made.
+type Manager struct {
+	runDir       string
+	helperPath   string
+	readyTimeout time.Duration
+
+	// failAt names a step of Create that fails on purpose. Only the
+	// package's own tests set it, to prove each rollback path.
+	failAt string
+}
+
+// NewManager pins under runDir/ns/<kind>/<id>. helperPath "" means
+// /proc/self/exe, which requires the binary to call HelperMain.
+func NewManager(runDir, helperPath string) (*Manager, error) {
+	if !filepath.IsAbs(runDir) {
+		return nil, fmt.Errorf("namespace run directory %q must be an absolute path: %w", runDir, errdefs.ErrInvalidArgument)
+	}
+	if helperPath == "" {
+		helperPath = "/proc/self/exe"
+	}
+	return &Manager{runDir: filepath.Clean(runDir), helperPath: helperPath, readyTimeout: 10 * time.Second}, nil
+}
+
+// Path returns the pin path of kind for sandbox id. It does not validate:
+// callers pass IDs that Create or ValidateID already accepted.
+func (m *Manager) Path(kind Kind, id string) string { return pinPath(m.runDir, kind, id) }
+
+var errInjected = errors.New("injected failure")
+
+func (m *Manager) fail(step string) error {
+	if m.failAt == step {
+		return fmt.Errorf("step %s: %w", step, errInjected)
+	}
+	return nil
+}
+
+// Create makes the requested namespaces in one clone of the helper,
+// applies the sysctls inside them and pins them. On failure everything
+// done so far is undone: no pin file, mount or helper process is left.
+func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Pins, retErr error) {
+	kinds, err := m.validateCreate(req)
+	if err != nil {
+		return nil, err
+	}
+	pins := Pins{}
+	if len(kinds) == 0 {
+		return pins, nil // all host namespaces: nothing to create
+	}
+	logger := log.G(ctx).WithField("sandbox", req.ID)
+
+	// undo is a LIFO list of the steps done so far, run on failure.
+	var undo []func()
+	defer func() {
+		if retErr == nil {
+			return
+		}
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+		logger.WithError(retErr).Debug("namespace creation rolled back")
+	}()
+
+	for _, k := range allKinds {
+		if kinds[k] {
+			if err := os.MkdirAll(filepath.Join(m.runDir, "ns", string(k)), 0o700); err != nil {
+				return nil, fmt.Errorf("create pin directory: %w", err)
+			}
+		}
+	}
+	if err := m.fail("mkdir"); err != nil {
+		return nil, err
+	}
+
+	h, err := m.startHelper(req, kinds)
+	if err != nil {
+		return nil, err
+	}
+	undo = append(undo, h.stop)
+	if err := m.fail("start"); err != nil {
+		return nil, err
+	}
+	if err := h.waitReady(ctx, m.readyTimeout); err != nil {
+		return nil, err
+	}
+	if err := m.fail("ready"); err != nil {
+		return nil, err
+	}
+
+	for _, k := range allKinds {
+		if !kinds[k] {
+			continue
+		}
+		p := m.Path(k, req.ID)
+		// O_EXCL: a pin that already exists belongs to another sandbox
+		// (or a leftover); never mount over it.
+		f, err := os.OpenFile(p, os.O_RDONLY|os.O_CREATE|os.O_EXCL|syscall.O_CLOEXEC, 0o400)
+		if err != nil {
+			if errors.Is(err, os.ErrExist) {
+				return nil, fmt.Errorf("%s namespace pin %s already exists: %w", k, p, errdefs.ErrAlreadyExists)
+			}
+			return nil, fmt.Errorf("create %s namespace pin: %w", k, err)
+		}
+		f.Close()
+		undo = append(undo, func() { _ = os.Remove(p) })
+		if err := m.fail("file:" + string(k)); err != nil {
+			return nil, err
+		}
+		src := "/proc/" + strconv.Itoa(h.cmd.Process.Pid) + "/ns/" + string(k)
+		if err := unix.Mount(src, p, "", unix.MS_BIND, ""); err != nil {
+			return nil, fmt.Errorf("pin %s namespace: bind-mount %s on %s: %w", k, src, p, err)
+		}
+		undo = append(undo, func() { _ = unix.Unmount(p, unix.MNT_DETACH) })
+		if err := m.fail("mount:" + string(k)); err != nil {
+			return nil, err
+		}
+		pins[k] = p
+	}
+	// The pins hold the namespaces now; the helper has done its job.
+	h.stop()
+	logger.WithField("kinds", req.Kinds).Debug("pod namespaces pinned")
+	return pins, nil
+}
+
+func (m *Manager) validateCreate(req CreateRequest) (map[Kind]bool, error) {
+	if err := ValidateID(req.ID); err != nil {
+		return nil, err
+	}
+	kinds, err := kindSet(req.Kinds)
+	if err != nil {
+		return nil, err
+	}
+	if kinds[User] {
+		if err := checkRootMapped("uid", req.UIDMappings); err != nil {
+			return nil, err
+		}
+		if err := checkRootMapped("gid", req.GIDMappings); err != nil {
+			return nil, err
+		}
+	} else if len(req.UIDMappings) > 0 || len(req.GIDMappings) > 0 {
+		return nil, fmt.Errorf("ID mappings given but no user namespace requested: %w", errdefs.ErrInvalidArgument)
+	}
+	if err := ValidateSysctls(req.Sysctls, kinds[Net], kinds[IPC]); err != nil {
+		return nil, err
+	}
+	return kinds, nil
+}
+
+// checkRootMapped requires container ID 0 to be mapped: the helper
+// becomes root in the new user namespace so that it may write the pod's
+// sysctls, which the kernel lets only the namespace owner's root change.
+func checkRootMapped(what string, ms []specs.LinuxIDMapping) error {
+	for _, mp := range ms {
+		if mp.Size == 0 {
+			return fmt.Errorf("%s mapping %+v has size 0: %w", what, mp, errdefs.ErrInvalidArgument)
+		}
+		if mp.ContainerID == 0 {
+			return nil
+		}
+	}
+	return fmt.Errorf("user namespace needs a %s mapping for container ID 0: %w", what, errdefs.ErrInvalidArgument)
+}
+
+// helper is a running helper process sitting in the new namespaces.
+type helper struct {
+	cmd    *exec.Cmd
+	status *os.File // read end: the helper's "ok" or error
+	hold   *os.File // write end of its stdin: EOF tells it to exit
+	stderr bytes.Buffer
+	once   sync.Once
+}
+
+func (m *Manager) startHelper(req CreateRequest, kinds map[Kind]bool) (*helper, error) {
+	var flags uintptr
+	for k := range kinds {
+		flags |= cloneFlag[k]
+	}
+	attr := &syscall.SysProcAttr{
+		Cloneflags: flags,
+		// The helper must not outlive a crashed daemon; closing its stdin
+		// covers the rest.
+		Pdeathsig: syscall.SIGKILL,
+	}
+	if kinds[User] {
+		// The Go runtime writes the maps before the child goes on, so the
+		// setuid(0) below already means the pod's mapped root.
+		attr.UidMappings = toSysProcIDMap(req.UIDMappings)
+		attr.GidMappings = toSysProcIDMap(req.GIDMappings)
+		attr.GidMappingsEnableSetgroups = true
+		attr.Credential = &syscall.Credential{Uid: 0, Gid: 0}
+	}
+
+	args := []string{m.helperPath, HelperCommand}
+	names := make([]string, 0, len(req.Sysctls))
+	for n := range req.Sysctls {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		args = append(args, sysctlPath(NormalizeSysctl(n))+"="+req.Sysctls[n])
+	}
+
+	statusR, statusW, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("namespace helper status pipe: %w", err)
+	}
+	holdR, holdW, err := os.Pipe()
+	if err != nil {
+		statusR.Close()
+		statusW.Close()
+		return nil, fmt.Errorf("namespace helper stdin pipe: %w", err)
+	}
+	h := &helper{status: statusR, hold: holdW}
+	h.cmd = &exec.Cmd{
+		Path:        m.helperPath,
+		Args:        args,
+		Env:         []string{},
+		Stdin:       holdR,
+		Stderr:      &limitedBuffer{buf: &h.stderr, max: 4096},
+		ExtraFiles:  []*os.File{statusW},
+		SysProcAttr: attr,
+	}
+	err = h.cmd.Start()
+	// The child has its own copies now.
+	statusW.Close()
+	holdR.Close()
+	if err != nil {
+		statusR.Close()
+		holdW.Close()
+		return nil, fmt.Errorf("start namespace helper %s: %w", m.helperPath, err)
+	}
+	return h, nil
+}
+
+// waitReady reads the helper's report: "ok", or "invalid <msg>" for a
+// sysctl the kernel refused, or "error <msg>".
+func (h *helper) waitReady(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	_ = h.status.SetReadDeadline(deadline)
+	stop := context.AfterFunc(ctx, func() { _ = h.status.SetReadDeadline(time.Now()) })
+	defer stop()
+
+	buf := make([]byte, 4096)
+	n, err := h.status.Read(buf)
+	if err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("wait for namespace helper: %w", ctx.Err())
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return fmt.Errorf("namespace helper not ready after %s: %w", timeout, context.DeadlineExceeded)
+		}
+		// EOF: it died before reporting. Reap it to read its stderr.
+		h.stop()
+		return fmt.Errorf("namespace helper exited before reporting (%v): %s: %w",
+			h.cmd.ProcessState, strings.TrimSpace(h.stderr.String()), errdefs.ErrUnknown)
+	}
+	msg := strings.TrimSpace(string(buf[:n]))
+	verb, rest, _ := strings.Cut(msg, " ")
+	switch verb {
+	case "ok":
+		return nil
+	case "invalid":
+		return fmt.Errorf("namespace helper: %s: %w", rest, errdefs.ErrInvalidArgument)
+	default:
+		return fmt.Errorf("namespace helper: %s: %w", msg, errdefs.ErrUnknown)
+	}
+}
+
+// stop kills and reaps the helper. It is idempotent.
+func (h *helper) stop() {
+	h.once.Do(func() {
+		h.hold.Close()
+		_ = h.cmd.Process.Kill()
+		_ = h.cmd.Wait() // "signal: killed" is the expected outcome
+		h.status.Close()
+	})
+}
+
+func toSysProcIDMap(ms []specs.LinuxIDMapping) []syscall.SysProcIDMap {
+	out := make([]syscall.SysProcIDMap, len(ms))
+	for i, mp := range ms {
+		out[i] = syscall.SysProcIDMap{ContainerID: int(mp.ContainerID), HostID: int(mp.HostID), Size: int(mp.Size)}
+	}
+	return out
+}
+
+// limitedBuffer keeps the first max bytes of the helper's stderr and
+// discards the rest, so a runaway helper can't grow the daemon's memory.
+type limitedBuffer struct {
+	buf *bytes.Buffer
+	max int
+}
+
+func (l *limitedBuffer) Write(p []byte) (int, error) {
+	if room := l.max - l.buf.Len(); room > 0 {
+		l.buf.Write(p[:min(room, len(p))])
+	}
+	return len(p), nil
+}
+
+// Remove unpins every namespace of sandbox id. It is idempotent: missing
+// pins, pins that are files but no longer mounts, and repeated calls are
+// all fine.
+func (m *Manager) Remove(ctx context.Context, id string) error {
+	if err := ValidateID(id); err != nil {
+		return err
+	}
+	var errs []error
+	for i := len(allKinds) - 1; i >= 0; i-- {
+		if err := unpin(m.Path(allKinds[i], id)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	log.G(ctx).WithField("sandbox", id).Debug("pod namespaces unpinned")
+	return nil
+}
+
+func unpin(p string) error {
+	// MNT_DETACH: a CNI plugin or runtime may still hold the file open.
+	// Loop because someone may have stacked a second bind mount on it;
+	// EINVAL means no mount is left, ENOENT that the file is gone.
+	for range 8 {
+		err := unix.Unmount(p, unix.MNT_DETACH)
+		if err == unix.EINVAL || err == unix.ENOENT {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("unmount namespace pin %s: %w", p, err)
+		}
+	}
+	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove namespace pin %s: %w", p, err)
+	}
+	return nil
+}
+
+// Open checks that the pins of kinds for sandbox id are still live
+// namespaces of the right type, and that net, IPC and UTS are owned by
+// the pinned user namespace (or by the daemon's own one when User is not
+// among kinds). A missing or closed pin is errdefs.ErrNotFound; a pin of
+// the wrong type or owner is errdefs.ErrFailedPrecondition.
+func (m *Manager) Open(ctx context.Context, id string, kinds []Kind) (Pins, error) {
+	if err := ValidateID(id); err != nil {
+		return nil, err
+	}
+	set, err := kindSet(kinds)
+	if err != nil {
+		return nil, err
+	}
+	pins := Pins{}
+	var owner unix.Stat_t
+	ownerName := "the daemon's user namespace"
+	if set[User] {
+		p := m.Path(User, id)
+		fd, err := openPin(id, User, p)
+		if err != nil {
+			return nil, err
+		}
+		err = unix.Fstat(fd, &owner)
+		unix.Close(fd)
+		if err != nil {
+			return nil, fmt.Errorf("stat user namespace pin %s: %w", p, err)
+		}
+		pins[User] = p
+		ownerName = "the pinned user namespace"
+	} else if err := unix.Stat("/proc/self/ns/user", &owner); err != nil {
+		return nil, fmt.Errorf("stat own user namespace: %w", err)
+	}
+
+	for _, k := range allKinds[1:] {
+		if !set[k] {
+			continue
+		}
+		p := m.Path(k, id)
+		if err := checkOwner(id, k, p, owner, ownerName); err != nil {
+			return nil, err
+		}
+		pins[k] = p
+	}
+	log.G(ctx).WithField("sandbox", id).Debug("pod namespaces reopened")
+	return pins, nil
+}
+
+func checkOwner(id string, k Kind, p string, owner unix.Stat_t, ownerName string) error {
+	fd, err := openPin(id, k, p)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	ufd, err := unix.IoctlRetInt(fd, unix.NS_GET_USERNS)
+	if err != nil {
+		return fmt.Errorf("%s namespace of sandbox %q: get owning user namespace: %w", k, id, err)
+	}
+	var st unix.Stat_t
+	err = unix.Fstat(ufd, &st)
+	unix.Close(ufd)
+	if err != nil {
+		return fmt.Errorf("%s namespace of sandbox %q: stat owning user namespace: %w", k, id, err)
+	}
+	if st.Dev != owner.Dev || st.Ino != owner.Ino {
+		return fmt.Errorf("%s namespace of sandbox %q is owned by user namespace %d, not by %s (%d): %w",
+			k, id, st.Ino, ownerName, owner.Ino, errdefs.ErrFailedPrecondition)
+	}
+	return nil
+}
+
+// openPin opens a pin and checks that it is still an nsfs mount of the
+// expected namespace type. The caller closes the returned fd.
+func openPin(id string, k Kind, p string) (int, error) {
+	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		if err == unix.ENOENT {
+			return -1, fmt.Errorf("%s namespace of sandbox %q: pin %s is missing: %w", k, id, p, errdefs.ErrNotFound)
+		}
+		return -1, fmt.Errorf("%s namespace of sandbox %q: open pin %s: %w", k, id, p, err)
+	}
+	var sfs unix.Statfs_t
+	if err := unix.Fstatfs(fd, &sfs); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("%s namespace of sandbox %q: statfs pin %s: %w", k, id, p, err)
+	}
+	if sfs.Type != unix.NSFS_MAGIC {
+		unix.Close(fd)
+		return -1, fmt.Errorf("%s namespace of sandbox %q is closed: %s is no longer an nsfs mount: %w",
+			k, id, p, errdefs.ErrNotFound)
+	}
+	typ, err := unix.IoctlRetInt(fd, unix.NS_GET_NSTYPE)
+	if err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("%s namespace of sandbox %q: get namespace type of %s: %w", k, id, p, err)
+	}
+	if uintptr(typ) != cloneFlag[k] {
+		unix.Close(fd)
+		return -1, fmt.Errorf("%s namespace of sandbox %q: pin %s holds a namespace of another type (%#x): %w",
+			k, id, p, typ, errdefs.ErrFailedPrecondition)
+	}
+	return fd, nil
+}

@@ -1,0 +1,98 @@
+package nsmgr
+
+import (
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"strings"
+
+	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// Kind names a namespace type that nsmgr can create and pin. The value is
+// both the directory under <runDir>/ns and the name under /proc/<pid>/ns.
+type Kind string
+
+// The namespace kinds a pod can own. PID and mount namespaces belong to
+// containers, not to the sandbox, so they are not pinned here.
+const (
+	User Kind = "user"
+	Net  Kind = "net"
+	IPC  Kind = "ipc"
+	UTS  Kind = "uts"
+)
+
+// allKinds is the order in which pins are made and removed. The user
+// namespace comes first so that a half-made pod never has an owned
+// namespace pinned without its owner.
+var allKinds = []Kind{User, Net, IPC, UTS}
+
+// HelperCommand is argv[1] of the re-executed helper. A binary that uses
+// Manager must call HelperMain first thing in main:
+//
+//	if len(os.Args) > 1 && os.Args[1] == nsmgr.HelperCommand {
+//		os.Exit(nsmgr.HelperMain(os.Args[2:]))
+//	}
+const HelperCommand = "__pinrt-nshelper"
+
+// CreateRequest describes the namespaces of one pod.
+type CreateRequest struct {
+	// ID is the sandbox ID; it becomes the pin file name.
+	ID string
+	// Kinds lists the namespaces to create. A kind that is absent stays
+	// in host mode and is simply not created.
+	Kinds []Kind
+	// UIDMappings and GIDMappings are required if and only if Kinds
+	// contains User. Container ID 0 must be mapped: the helper runs as
+	// root inside the new user namespace to apply the sysctls.
+	UIDMappings []specs.LinuxIDMapping
+	GIDMappings []specs.LinuxIDMapping
+	// Sysctls are applied inside the new namespaces, see ValidateSysctls.
+	Sysctls map[string]string
+}
+
+// Pins maps each created namespace kind to its pin path.
+type Pins map[Kind]string
+
+// idPattern matches the IDs that may become a file name. The first
+// character can't be '.' or '-' so that ".", ".." and option-like names
+// are impossible.
+var idPattern = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}$`)
+
+// ValidateID reports whether id can be used as a sandbox ID in a pin path.
+func ValidateID(id string) error {
+	if !idPattern.MatchString(id) || strings.Contains(id, "..") {
+		return fmt.Errorf("invalid sandbox ID %q: must match %s and not contain \"..\": %w",
+			id, idPattern, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+func validKind(k Kind) bool {
+	switch k {
+	case User, Net, IPC, UTS:
+		return true
+	}
+	return false
+}
+
+// kindSet validates kinds and returns them as a set.
+func kindSet(kinds []Kind) (map[Kind]bool, error) {
+	set := make(map[Kind]bool, len(kinds))
+	for _, k := range kinds {
+		if !validKind(k) {
+			return nil, fmt.Errorf("unknown namespace kind %q: %w", k, errdefs.ErrInvalidArgument)
+		}
+		if set[k] {
+			return nil, fmt.Errorf("namespace kind %q listed twice: %w", k, errdefs.ErrInvalidArgument)
+		}
+		set[k] = true
+	}
+	return set, nil
+}
+
+// pinPath joins a pin path; callers validate kind and id first.
+func pinPath(runDir string, kind Kind, id string) string {
+	return filepath.Join(runDir, "ns", string(kind), id)
+}

@@ -1,0 +1,110 @@
+package nsmgr
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/containerd/errdefs"
+)
+
+// NormalizeSysctl returns the canonical dotted form of a sysctl name.
+// Kubernetes accepts both "net.ipv4.ip_forward" and "net/ipv4/ip_forward";
+// when the first separator is '/', a '.' is part of a component (as in the
+// interface name of "net/ipv4/conf/eth0.100/rp_filter"), so the two
+// characters swap roles.
+func NormalizeSysctl(name string) string {
+	i := strings.IndexAny(name, "./")
+	if i < 0 || name[i] == '.' {
+		return name
+	}
+	return swapSeparators(name)
+}
+
+// sysctlPath turns a canonical dotted name into the path under /proc/sys.
+func sysctlPath(name string) string { return swapSeparators(name) }
+
+func swapSeparators(s string) string {
+	return strings.Map(func(r rune) rune {
+		switch r {
+		case '.':
+			return '/'
+		case '/':
+			return '.'
+		}
+		return r
+	}, s)
+}
+
+// sysctlNamespace reports which pod namespace makes a sysctl safe to set,
+// following the namespaced set that Kubernetes allows. It returns "" for
+// a sysctl that would change the host.
+func sysctlNamespace(name string) Kind {
+	switch {
+	case strings.HasPrefix(name, "net."):
+		return Net
+	case strings.HasPrefix(name, "kernel.shm"),
+		strings.HasPrefix(name, "kernel.msg"),
+		name == "kernel.sem",
+		strings.HasPrefix(name, "fs.mqueue."):
+		return IPC
+	}
+	return ""
+}
+
+// checkSysctlName rejects names that could escape /proc/sys once turned
+// into a path: empty components and "." or "..".
+func checkSysctlName(orig, name string) error {
+	for _, c := range strings.Split(sysctlPath(name), "/") {
+		if c == "" || c == "." || c == ".." {
+			return fmt.Errorf("sysctl %q: malformed name: %w", orig, errdefs.ErrInvalidArgument)
+		}
+		for _, r := range c {
+			ok := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' ||
+				r == '_' || r == '-' || r == '.'
+			if !ok {
+				return fmt.Errorf("sysctl %q: invalid character %q: %w", orig, r, errdefs.ErrInvalidArgument)
+			}
+		}
+	}
+	return nil
+}
+
+// ValidateSysctls checks that every sysctl is namespaced and that the pod
+// owns the namespace it lives in: a net.* sysctl needs a pod network
+// namespace (podNet) and an IPC one a pod IPC namespace (podIPC). Anything
+// else would change the host and is an errdefs.ErrInvalidArgument error
+// that names the sysctl. Names are checked in sorted order so the error is
+// deterministic.
+func ValidateSysctls(sysctls map[string]string, podNet, podIPC bool) error {
+	names := make([]string, 0, len(sysctls))
+	for n := range sysctls {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, orig := range names {
+		name := NormalizeSysctl(orig)
+		if err := checkSysctlName(orig, name); err != nil {
+			return err
+		}
+		if strings.ContainsRune(sysctls[orig], 0) {
+			return fmt.Errorf("sysctl %q: value contains a NUL byte: %w", orig, errdefs.ErrInvalidArgument)
+		}
+		switch sysctlNamespace(name) {
+		case Net:
+			if !podNet {
+				return fmt.Errorf("sysctl %q needs a pod network namespace, the pod uses the host's: %w",
+					orig, errdefs.ErrInvalidArgument)
+			}
+		case IPC:
+			if !podIPC {
+				return fmt.Errorf("sysctl %q needs a pod IPC namespace, the pod uses the host's: %w",
+					orig, errdefs.ErrInvalidArgument)
+			}
+		default:
+			return fmt.Errorf("sysctl %q is not namespaced and would change the host: %w",
+				orig, errdefs.ErrInvalidArgument)
+		}
+	}
+	return nil
+}
