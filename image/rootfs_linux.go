@@ -1,0 +1,306 @@
+package image
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"github.com/moby/sys/mountinfo"
+	"golang.org/x/sys/unix"
+)
+
+// MountRequest describes one container's rootfs.
+type MountRequest struct {
+	ContainerID string
+	PodID       string
+	ImageID     string
+	// Dir is the per-container directory: the rootfs is Dir/rootfs, the
+	// overlay's upper and work dirs are Dir/upper and Dir/work.
+	Dir string
+	// UsernsPath is the pod's pinned user namespace; "" means none.
+	UsernsPath string
+	// RootUID and RootGID are the host IDs of the container's root, the
+	// owner of the upper and work dirs when UsernsPath is set.
+	RootUID, RootGID uint32
+}
+
+type mountedRootfs struct {
+	podID    string
+	chainIDs []string
+}
+
+var idRe = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}$`)
+
+func validateID(kind, id string) error {
+	if !idRe.MatchString(id) {
+		return fmt.Errorf("%s %q: %w", kind, id, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// MountRootfs mounts the container's overlay rootfs and returns its path.
+//
+// For a userns pod the whole layers directory is idmapped once per pod
+// onto <root>/idmapped/<pod-id> and the lower dirs come from there, so
+// the container sees image owners shifted into its user namespace while
+// the layers on disk keep the image's own IDs.
+//
+// Mounting an already mounted rootfs is a no-op that returns the same
+// path. After a daemon restart the caller rebuilds the in-memory
+// bookkeeping by calling MountRootfs again for each existing container;
+// whether a pod's idmapped tree is still needed is decided from
+// /proc/self/mountinfo, so it is never dropped under a live container.
+func (s *Store) MountRootfs(ctx context.Context, req MountRequest) (_ string, retErr error) {
+	if err := validateID("container ID", req.ContainerID); err != nil {
+		return "", err
+	}
+	if req.UsernsPath != "" || req.PodID != "" {
+		if err := validateID("pod ID", req.PodID); err != nil {
+			return "", err
+		}
+	}
+	if req.Dir == "" || !filepath.IsAbs(req.Dir) {
+		return "", fmt.Errorf("container dir %q must be absolute: %w", req.Dir, errdefs.ErrInvalidArgument)
+	}
+	img, err := s.Get(req.ImageID)
+	if err != nil {
+		return "", err
+	}
+	if len(img.ChainIDs) == 0 {
+		return "", fmt.Errorf("image %s has no layers: %w", img.ID, errdefs.ErrFailedPrecondition)
+	}
+
+	s.mountMu.Lock()
+	defer s.mountMu.Unlock()
+	rootfs := filepath.Join(req.Dir, "rootfs")
+	upper := filepath.Join(req.Dir, "upper")
+	work := filepath.Join(req.Dir, "work")
+	if ok, _ := mountinfo.Mounted(rootfs); ok {
+		s.mounted[req.ContainerID] = mountedRootfs{podID: req.PodID, chainIDs: img.ChainIDs}
+		return rootfs, nil
+	}
+	for _, d := range []string{rootfs, upper, work} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return "", fmt.Errorf("create rootfs dirs: %w", err)
+		}
+	}
+	lowerBase := s.path("layers")
+	if req.UsernsPath != "" {
+		// The container's root must own its writable layer, as the mapped
+		// root owns "/" of the image through the idmapped lower dirs.
+		for _, d := range []string{upper, work} {
+			if err := os.Lchown(d, int(req.RootUID), int(req.RootGID)); err != nil {
+				return "", fmt.Errorf("chown %s: %w", d, err)
+			}
+		}
+		lowerBase, err = s.idmapLayers(ctx, req.PodID, req.UsernsPath)
+		if err != nil {
+			return "", err
+		}
+		defer func() {
+			if retErr != nil {
+				if err := s.maybeReleasePodLocked(ctx, req.PodID); err != nil {
+					log.G(ctx).WithError(err).WithField("pod", req.PodID).Warn("release idmapped layers after failed mount")
+				}
+			}
+		}()
+	}
+	lowers := make([]string, 0, len(img.ChainIDs))
+	for i := len(img.ChainIDs) - 1; i >= 0; i-- {
+		lowers = append(lowers, filepath.Join(lowerBase, strings.TrimPrefix(img.ChainIDs[i], "sha256:")))
+	}
+	if err := mountOverlay(lowers, upper, work, rootfs); err != nil {
+		return "", fmt.Errorf("mount rootfs of container %s: %w", req.ContainerID, err)
+	}
+	s.mounted[req.ContainerID] = mountedRootfs{podID: req.PodID, chainIDs: img.ChainIDs}
+	log.G(ctx).WithField("container", req.ContainerID).WithField("pod", req.PodID).Debug("mounted rootfs")
+	return rootfs, nil
+}
+
+// mountOverlay uses the new mount API: every "lowerdir+" is its own
+// fsconfig call (kernel >= 6.8), so the one-page limit of a mount(2)
+// option string doesn't cap the number of layers. Older kernels fall back
+// to mount(2) with the joined option string.
+func mountOverlay(lowers []string, upper, work, target string) error {
+	err := fsmountOverlay(lowers, upper, work, target)
+	if err == nil || !errors.Is(err, unix.EINVAL) {
+		return err
+	}
+	opts := "lowerdir=" + strings.Join(lowers, ":") + ",upperdir=" + upper + ",workdir=" + work
+	if len(opts) >= os.Getpagesize() {
+		return fmt.Errorf("overlay options are %d bytes, over one page, and this kernel lacks lowerdir+: %w", len(opts), errdefs.ErrNotImplemented)
+	}
+	if err := unix.Mount("overlay", target, "overlay", 0, opts); err != nil {
+		return fmt.Errorf("mount overlay: %w", err)
+	}
+	return nil
+}
+
+func fsmountOverlay(lowers []string, upper, work, target string) error {
+	fsfd, err := unix.Fsopen("overlay", unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("fsopen overlay: %w", err)
+	}
+	defer unix.Close(fsfd)
+	if err := unix.FsconfigSetString(fsfd, "source", "overlay"); err != nil {
+		return fmt.Errorf("fsconfig source: %w", err)
+	}
+	for _, l := range lowers {
+		if err := unix.FsconfigSetString(fsfd, "lowerdir+", l); err != nil {
+			return fmt.Errorf("fsconfig lowerdir+ %s: %w", l, err)
+		}
+	}
+	if err := unix.FsconfigSetString(fsfd, "upperdir", upper); err != nil {
+		return fmt.Errorf("fsconfig upperdir: %w", err)
+	}
+	if err := unix.FsconfigSetString(fsfd, "workdir", work); err != nil {
+		return fmt.Errorf("fsconfig workdir: %w", err)
+	}
+	if err := unix.FsconfigCreate(fsfd); err != nil {
+		return fmt.Errorf("create overlay: %w", err)
+	}
+	mfd, err := unix.Fsmount(fsfd, unix.FSMOUNT_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("fsmount overlay: %w", err)
+	}
+	defer unix.Close(mfd)
+	if err := unix.MoveMount(mfd, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("move overlay to %s: %w", target, err)
+	}
+	return nil
+}
+
+// idmapLayers mounts the layers directory idmapped with the pod's user
+// namespace at <root>/idmapped/<pod-id>, once per pod, and returns it.
+func (s *Store) idmapLayers(ctx context.Context, podID, usernsPath string) (_ string, retErr error) {
+	target := s.path("idmapped", podID)
+	if ok, _ := mountinfo.Mounted(target); ok {
+		return target, nil
+	}
+	if err := os.Mkdir(target, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return "", fmt.Errorf("create idmapped dir: %w", err)
+	}
+	defer func() {
+		if retErr != nil {
+			os.Remove(target)
+		}
+	}()
+	usernsFd, err := unix.Open(usernsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", fmt.Errorf("open user namespace %s: %w", usernsPath, err)
+	}
+	defer unix.Close(usernsFd)
+	// A detached clone (not recursive: nothing is mounted below layers/)
+	// can get an idmapping before it is attached anywhere.
+	treeFd, err := unix.OpenTree(unix.AT_FDCWD, s.path("layers"), unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		return "", fmt.Errorf("open_tree %s: %w", s.path("layers"), err)
+	}
+	defer unix.Close(treeFd)
+	attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(usernsFd)}
+	if err := unix.MountSetattr(treeFd, "", unix.AT_EMPTY_PATH, attr); err != nil {
+		return "", fmt.Errorf("idmap layers for pod %s: %w", podID, err)
+	}
+	if err := unix.MoveMount(treeFd, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return "", fmt.Errorf("attach idmapped layers for pod %s: %w", podID, err)
+	}
+	log.G(ctx).WithField("pod", podID).Debug("idmapped image layers")
+	return target, nil
+}
+
+// UnmountRootfs unmounts the container's rootfs and, with the pod's last
+// container, the pod's idmapped layers. It is idempotent.
+func (s *Store) UnmountRootfs(ctx context.Context, containerID, podID, dir string) error {
+	if err := validateID("container ID", containerID); err != nil {
+		return err
+	}
+	if podID != "" {
+		if err := validateID("pod ID", podID); err != nil {
+			return err
+		}
+	}
+	s.mountMu.Lock()
+	defer s.mountMu.Unlock()
+	if err := unmount(filepath.Join(dir, "rootfs")); err != nil {
+		return fmt.Errorf("unmount rootfs of container %s: %w", containerID, err)
+	}
+	delete(s.mounted, containerID)
+	if podID == "" {
+		return nil
+	}
+	return s.maybeReleasePodLocked(ctx, podID)
+}
+
+// maybeReleasePodLocked drops the pod's idmapped tree when no mounted
+// overlay uses it any more. The kernel's mount table is the truth here,
+// not s.mounted, so this stays right after a restart.
+func (s *Store) maybeReleasePodLocked(ctx context.Context, podID string) error {
+	target := s.path("idmapped", podID)
+	for _, m := range s.mounted {
+		if m.podID == podID {
+			return nil
+		}
+	}
+	mounts, err := mountinfo.GetMounts(mountinfo.FSTypeFilter("overlay"))
+	if err != nil {
+		return err
+	}
+	for _, m := range mounts {
+		if strings.Contains(m.VFSOptions, "lowerdir="+target+"/") || strings.Contains(m.VFSOptions, ":"+target+"/") {
+			log.G(ctx).WithField("pod", podID).WithField("mount", m.Mountpoint).Debug("idmapped layers still in use")
+			return nil
+		}
+	}
+	return s.releasePodLocked(podID)
+}
+
+// ReleasePod unmounts the pod's idmapped layers. Overlays mounted from
+// them keep working (overlayfs holds its own clones of its layers), so
+// call it when the pod is gone. It is idempotent.
+func (s *Store) ReleasePod(ctx context.Context, podID string) error {
+	if err := validateID("pod ID", podID); err != nil {
+		return err
+	}
+	s.mountMu.Lock()
+	defer s.mountMu.Unlock()
+	return s.releasePodLocked(podID)
+}
+
+func (s *Store) releasePodLocked(podID string) error {
+	target := s.path("idmapped", podID)
+	if err := unmount(target); err != nil {
+		return fmt.Errorf("unmount idmapped layers of pod %s: %w", podID, err)
+	}
+	if err := os.Remove(target); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove idmapped dir of pod %s: %w", podID, err)
+	}
+	return nil
+}
+
+// unmount unmounts every mount stacked on target; a missing or
+// unmounted target is fine.
+func unmount(target string) error {
+	for {
+		err := unix.Unmount(target, unix.UMOUNT_NOFOLLOW)
+		switch {
+		case err == nil:
+			continue
+		case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
+			return nil
+		case errors.Is(err, unix.EBUSY):
+			// A process still has its cwd in there; detach so the mount
+			// goes away with the last user.
+			if err := unix.Unmount(target, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil && !errors.Is(err, unix.EINVAL) {
+				return err
+			}
+		default:
+			return err
+		}
+	}
+}

@@ -1,0 +1,452 @@
+package image
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/containerd/errdefs"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"golang.org/x/sys/unix"
+)
+
+const indexVersion = 1
+
+// record is what index.json keeps per image.
+type record struct {
+	ID             string        `json:"id"`
+	RepoTags       []string      `json:"repoTags,omitempty"`
+	RepoDigests    []string      `json:"repoDigests,omitempty"`
+	ManifestDigest string        `json:"manifestDigest"`
+	Size           uint64        `json:"size"`
+	Config         v1.Config     `json:"config"`
+	Layers         []layerRecord `json:"layers"`
+}
+
+type layerRecord struct {
+	Digest    string `json:"digest"`
+	DiffID    string `json:"diffID"`
+	ChainID   string `json:"chainID"`
+	Size      int64  `json:"size"`
+	MediaType string `json:"mediaType,omitempty"`
+}
+
+type indexFile struct {
+	Version int       `json:"version"`
+	Images  []*record `json:"images"`
+}
+
+func (r *record) image() *Image {
+	img := &Image{ID: r.ID, RepoTags: r.RepoTags, RepoDigests: r.RepoDigests, Size: r.Size, Config: r.Config}
+	for _, l := range r.Layers {
+		img.ChainIDs = append(img.ChainIDs, l.ChainID)
+	}
+	return img.clone()
+}
+
+// Store is the image store and rootfs mounter. It is safe for concurrent
+// use.
+type Store struct {
+	root     string
+	opts     Options
+	platform v1.Platform
+
+	// gcMu keeps Remove's garbage collection from deleting a layer a
+	// concurrent Pull has just found present: pulls hold it shared.
+	gcMu sync.RWMutex
+
+	mu     sync.RWMutex
+	images map[string]*record // by ID
+
+	flight flightGroup
+	locks  keyedMutex
+
+	mountMu sync.Mutex
+	// mounted maps container ID to the chain IDs under its rootfs, so
+	// Remove keeps layers that are still someone's lower dir.
+	mounted map[string]mountedRootfs
+}
+
+// NewStore creates the store directories under opts.Root and loads
+// index.json. Staging leftovers of an interrupted run are removed.
+func NewStore(opts Options) (*Store, error) {
+	if opts.Root == "" || !filepath.IsAbs(opts.Root) {
+		return nil, fmt.Errorf("image store root %q must be an absolute path: %w", opts.Root, errdefs.ErrInvalidArgument)
+	}
+	s := &Store{
+		root:    filepath.Clean(opts.Root),
+		opts:    opts,
+		images:  map[string]*record{},
+		mounted: map[string]mountedRootfs{},
+	}
+	if opts.Platform != nil {
+		s.platform = *opts.Platform
+	} else {
+		s.platform = v1.Platform{OS: "linux", Architecture: runtime.GOARCH}
+	}
+	if err := os.RemoveAll(s.path("tmp")); err != nil {
+		return nil, fmt.Errorf("clean image staging dir: %w", err)
+	}
+	for _, d := range []string{"blobs/sha256", "layers", "tmp", "idmapped"} {
+		if err := os.MkdirAll(s.path(d), 0o700); err != nil {
+			return nil, fmt.Errorf("create image store: %w", err)
+		}
+	}
+	// Layers are lower dirs of containers that run as any user; the
+	// directory itself must be traversable.
+	if err := os.Chmod(s.path("layers"), 0o711); err != nil {
+		return nil, fmt.Errorf("create image store: %w", err)
+	}
+	data, err := os.ReadFile(s.path("index.json"))
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
+		return nil, fmt.Errorf("read image index: %w", err)
+	default:
+		var idx indexFile
+		if err := json.Unmarshal(data, &idx); err != nil {
+			return nil, fmt.Errorf("parse %s: %v: %w", s.path("index.json"), err, errdefs.ErrDataLoss)
+		}
+		if idx.Version != indexVersion {
+			return nil, fmt.Errorf("image index version %d, want %d: %w", idx.Version, indexVersion, errdefs.ErrNotImplemented)
+		}
+		for _, r := range idx.Images {
+			s.images[r.ID] = r
+		}
+	}
+	return s, nil
+}
+
+// Root returns the store directory.
+func (s *Store) Root() string { return s.root }
+
+func (s *Store) path(elem ...string) string {
+	return filepath.Join(append([]string{s.root}, elem...)...)
+}
+
+func (s *Store) blobPath(digest string) string {
+	return s.path("blobs", "sha256", strings.TrimPrefix(digest, "sha256:"))
+}
+
+func (s *Store) layerPath(chainID string) string {
+	return s.path("layers", strings.TrimPrefix(chainID, "sha256:"))
+}
+
+// saveLocked writes index.json atomically. Callers hold s.mu.
+func (s *Store) saveLocked() error {
+	idx := indexFile{Version: indexVersion}
+	for _, r := range s.images {
+		idx.Images = append(idx.Images, r)
+	}
+	sort.Slice(idx.Images, func(i, j int) bool { return idx.Images[i].ID < idx.Images[j].ID })
+	data, err := json.MarshalIndent(idx, "", "  ")
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(s.path("index.json"), data, 0o600)
+}
+
+// writeFileAtomic writes via temp file, fsync, rename and directory fsync
+// so a crash leaves either the old or the new content.
+func writeFileAtomic(path string, data []byte, mode os.FileMode) (retErr error) {
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if retErr != nil {
+			f.Close()
+			os.Remove(f.Name())
+		}
+	}()
+	if _, err := f.Write(data); err != nil {
+		return err
+	}
+	if err := f.Chmod(mode); err != nil {
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(f.Name(), path); err != nil {
+		return err
+	}
+	return syncDir(dir)
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// Get finds an image by full or short (>= 4 hex chars, unambiguous) ID,
+// by tag or digest reference, or by a name that normalises to a tag
+// ("busybox" is docker.io/library/busybox:latest).
+func (s *Store) Get(ref string) (*Image, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	r, err := s.resolveLocked(ref)
+	if err != nil {
+		return nil, err
+	}
+	return r.image(), nil
+}
+
+func (s *Store) resolveLocked(ref string) (*record, error) {
+	if m := fullIDRe.FindStringSubmatch(ref); m != nil {
+		if r, ok := s.images["sha256:"+m[1]]; ok {
+			return r, nil
+		}
+	}
+	if pr, err := parseRef(ref); err == nil {
+		n := normalize(pr)
+		for _, r := range s.images {
+			if slices.Contains(r.RepoTags, n) || slices.Contains(r.RepoDigests, n) {
+				return r, nil
+			}
+		}
+	}
+	if m := shortIDRe.FindStringSubmatch(ref); m != nil {
+		var found *record
+		for id, r := range s.images {
+			if strings.HasPrefix(id, "sha256:"+m[1]) {
+				if found != nil {
+					return nil, fmt.Errorf("image %q: ambiguous ID prefix: %w", ref, errdefs.ErrNotFound)
+				}
+				found = r
+			}
+		}
+		if found != nil {
+			return found, nil
+		}
+	}
+	return nil, fmt.Errorf("image %q: %w", ref, errdefs.ErrNotFound)
+}
+
+// List returns all images, sorted by ID.
+func (s *Store) List() []Image {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make([]Image, 0, len(s.images))
+	for _, r := range s.images {
+		out = append(out, *r.image())
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// Remove deletes the image ref resolves to, with all its tags, and the
+// blobs and layers no other image uses. Layers that are the lower dir of
+// a mounted rootfs stay until a later Remove finds them unused.
+func (s *Store) Remove(ref string) error {
+	s.gcMu.Lock()
+	defer s.gcMu.Unlock()
+	s.mu.Lock()
+	r, err := s.resolveLocked(ref)
+	if err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	delete(s.images, r.ID)
+	if err := s.saveLocked(); err != nil {
+		s.images[r.ID] = r
+		s.mu.Unlock()
+		return fmt.Errorf("remove image %s: %w", r.ID, err)
+	}
+	s.mu.Unlock()
+	return s.gc()
+}
+
+// gc deletes blobs and layers no image references. Callers hold gcMu.
+func (s *Store) gc() error {
+	blobs, layers := map[string]bool{}, map[string]bool{}
+	s.mu.RLock()
+	for _, r := range s.images {
+		blobs[strings.TrimPrefix(r.ManifestDigest, "sha256:")] = true
+		blobs[strings.TrimPrefix(r.ID, "sha256:")] = true
+		for _, l := range r.Layers {
+			blobs[strings.TrimPrefix(l.Digest, "sha256:")] = true
+			layers[strings.TrimPrefix(l.ChainID, "sha256:")] = true
+		}
+	}
+	s.mu.RUnlock()
+	s.mountMu.Lock()
+	for _, m := range s.mounted {
+		for _, c := range m.chainIDs {
+			layers[strings.TrimPrefix(c, "sha256:")] = true
+		}
+	}
+	s.mountMu.Unlock()
+
+	var errs []error
+	ents, err := os.ReadDir(s.path("layers"))
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if layers[e.Name()] {
+			continue
+		}
+		// Rename first so the layer vanishes atomically; a crash during
+		// the slow RemoveAll leaves garbage in tmp/, which NewStore clears.
+		tmp, err := os.MkdirTemp(s.path("tmp"), "gc-")
+		if err != nil {
+			return err
+		}
+		if err := os.Rename(s.path("layers", e.Name()), filepath.Join(tmp, "l")); err != nil {
+			errs = append(errs, err)
+		}
+		if err := os.RemoveAll(tmp); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	ents, err = os.ReadDir(s.path("blobs", "sha256"))
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if !blobs[e.Name()] {
+			if err := os.Remove(s.path("blobs", "sha256", e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("image garbage collection: %w", err)
+	}
+	return nil
+}
+
+// FsUsage returns the bytes (allocated blocks) and inodes used under the
+// store, counting each hard-linked inode once.
+func (s *Store) FsUsage() (bytes, inodes uint64, err error) {
+	return diskUsage(s.root, map[string]bool{s.path("idmapped"): true})
+}
+
+// diskUsage walks dir without crossing into skip (mounted trees).
+func diskUsage(dir string, skip map[string]bool) (bytes, inodes uint64, err error) {
+	type ino struct{ dev, ino uint64 }
+	seen := map[ino]bool{}
+	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			return err
+		}
+		if skip[p] {
+			return filepath.SkipDir
+		}
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			if errors.Is(err, unix.ENOENT) {
+				return nil
+			}
+			return err
+		}
+		k := ino{st.Dev, st.Ino}
+		if seen[k] {
+			return nil
+		}
+		seen[k] = true
+		inodes++
+		bytes += uint64(st.Blocks) * 512
+		return nil
+	})
+	if err != nil {
+		return 0, 0, fmt.Errorf("disk usage of %s: %w", dir, err)
+	}
+	return bytes, inodes, nil
+}
+
+// Usage returns the bytes and inodes of a container's writable layer
+// (Dir/upper of its MountRequest).
+func (s *Store) Usage(dir string) (bytes, inodes uint64, err error) {
+	return diskUsage(filepath.Join(dir, "upper"), nil)
+}
+
+// flightGroup runs one call per key at a time and shares its result
+// with the callers that arrive meanwhile.
+type flightGroup struct {
+	mu    sync.Mutex
+	calls map[string]*flightCall
+}
+
+type flightCall struct {
+	done chan struct{}
+	img  *Image
+	err  error
+}
+
+func (g *flightGroup) do(key string, fn func() (*Image, error)) (*Image, error) {
+	g.mu.Lock()
+	if g.calls == nil {
+		g.calls = map[string]*flightCall{}
+	}
+	if c, ok := g.calls[key]; ok {
+		g.mu.Unlock()
+		<-c.done
+		return c.img, c.err
+	}
+	c := &flightCall{done: make(chan struct{})}
+	g.calls[key] = c
+	g.mu.Unlock()
+
+	c.img, c.err = fn()
+	g.mu.Lock()
+	delete(g.calls, key)
+	g.mu.Unlock()
+	close(c.done)
+	return c.img, c.err
+}
+
+// keyedMutex is a mutex per key (blob digest, chain ID), dropped when
+// nobody holds or waits for it.
+type keyedMutex struct {
+	mu    sync.Mutex
+	locks map[string]*keyedLock
+}
+
+type keyedLock struct {
+	mu   sync.Mutex
+	refs int
+}
+
+func (k *keyedMutex) lock(key string) (unlock func()) {
+	k.mu.Lock()
+	if k.locks == nil {
+		k.locks = map[string]*keyedLock{}
+	}
+	l, ok := k.locks[key]
+	if !ok {
+		l = &keyedLock{}
+		k.locks[key] = l
+	}
+	l.refs++
+	k.mu.Unlock()
+	l.mu.Lock()
+	return func() {
+		l.mu.Unlock()
+		k.mu.Lock()
+		if l.refs--; l.refs == 0 {
+			delete(k.locks, key)
+		}
+		k.mu.Unlock()
+	}
+}

@@ -1,0 +1,90 @@
+package image
+
+import (
+	"strconv"
+	"strings"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+)
+
+// RegistryConfig configures how one registry host is reached. The conf
+// package embeds a map of these keyed by "host[:port]" (docker.io for
+// Docker Hub).
+type RegistryConfig struct {
+	// Mirrors are "host[:port][/path-prefix]" endpoints tried in order
+	// before the registry itself.
+	Mirrors []string `toml:"mirrors"`
+	// SkipOrigin disables the fallback to the registry itself after the
+	// mirrors failed.
+	SkipOrigin bool `toml:"skip_origin"`
+	// Insecure allows plain HTTP and skips TLS verification. Loopback
+	// registries (localhost, 127.0.0.0/8, ::1) use plain HTTP without it.
+	Insecure bool `toml:"insecure"`
+	// CAFile is a PEM bundle trusted in addition to the system roots.
+	CAFile string `toml:"ca_file"`
+}
+
+// Auth carries the credentials of a pull request (the CRI AuthConfig).
+type Auth struct {
+	Username      string
+	Password      string
+	Auth          string // base64("user:pass")
+	IdentityToken string
+	RegistryToken string
+}
+
+// Image is the record of one pulled image.
+type Image struct {
+	// ID is the config digest ("sha256:..."), the same on every node.
+	ID string
+	// RepoTags are fully qualified: "docker.io/library/busybox:latest".
+	RepoTags []string
+	// RepoDigests are "registry/repo@sha256:..." of what was pulled
+	// (the index digest for a multi-arch image).
+	RepoDigests []string
+	// Size is the sum of the compressed layers and the config, as crictl
+	// shows it.
+	Size uint64
+	// Config is the runtime part of the image config.
+	Config v1.Config
+	// ChainIDs of the layers, bottom to top.
+	ChainIDs []string
+}
+
+// UIDOrUser splits Config.User ("1002", "1002:1002", "www-data",
+// "www-data:grp") into the numeric UID or the user name, as CRI's
+// ImageStatus reports them. Both are zero values when User is empty.
+func (i *Image) UIDOrUser() (uid *int64, username string) {
+	user, _, _ := strings.Cut(i.Config.User, ":")
+	if user == "" {
+		return nil, ""
+	}
+	if n, err := strconv.ParseInt(user, 10, 64); err == nil && n >= 0 {
+		return &n, ""
+	}
+	return nil, user
+}
+
+// Options configure a Store.
+type Options struct {
+	// Root is the store directory, e.g. /var/lib/pinrt/images.
+	Root string
+	// Registries is keyed by "host[:port]".
+	Registries map[string]RegistryConfig
+	// PullTimeout bounds a whole Pull, including every mirror tried.
+	// Zero means only the caller's context bounds it.
+	PullTimeout time.Duration
+	// Platform to resolve multi-arch indexes to; nil means the host
+	// (linux/runtime.GOARCH).
+	Platform *v1.Platform
+}
+
+// clone returns a deep copy so callers can't mutate the store's records.
+func (i *Image) clone() *Image {
+	c := *i
+	c.RepoTags = append([]string(nil), i.RepoTags...)
+	c.RepoDigests = append([]string(nil), i.RepoDigests...)
+	c.ChainIDs = append([]string(nil), i.ChainIDs...)
+	return &c
+}
