@@ -13,11 +13,6 @@ import (
 // IDs are cut into blocks of this size; block 0 belongs to the host.
 const BlockSize = 65536
 
-// maxEnd is the largest valid exclusive end of a pod's range. The block
-// that ends at math.MaxUint32 is never valid: (uid_t)-1 means "no ID" to
-// the kernel and must stay unmapped (kubelet bug 139916 handed it out).
-const maxEnd = math.MaxUint32 + 1 - BlockSize
-
 // Allocator records which pod holds which block of host IDs. It is kept
 // in memory only: the sandbox package persists each pod's mapping and
 // calls Restore at start-up. It is safe for concurrent use.
@@ -36,9 +31,9 @@ type Allocator struct {
 
 // NewAllocator returns an allocator that hands out blocks with host IDs
 // in the half-open range [minHostID, maxHostID). Both bounds must be
-// multiples of BlockSize, minHostID at least BlockSize (block 0 is the
-// host's) and maxHostID at most 2^32-BlockSize, which keeps UINT32_MAX
-// unmapped. limit bounds how many pods may hold a range at once; limit <= 0
+// multiples of BlockSize and minHostID at least BlockSize (block 0 is the
+// host's). An aligned uint32 maxHostID is at most 2^32-BlockSize, so the
+// exclusive bound alone keeps the block holding UINT32_MAX out. limit bounds how many pods may hold a range at once; limit <= 0
 // means only the range bounds it.
 func NewAllocator(minHostID, maxHostID uint32, limit int) (*Allocator, error) {
 	switch {
@@ -51,9 +46,6 @@ func NewAllocator(minHostID, maxHostID uint32, limit int) (*Allocator, error) {
 	case maxHostID <= minHostID:
 		return nil, fmt.Errorf("user namespace host range [%d, %d) is empty: %w",
 			minHostID, maxHostID, errdefs.ErrInvalidArgument)
-	case maxHostID > maxEnd:
-		return nil, fmt.Errorf("user namespace host range [%d, %d) ends past %d, which would map UINT32_MAX: %w",
-			minHostID, maxHostID, uint32(maxEnd), errdefs.ErrInvalidArgument)
 	}
 	return &Allocator{
 		minBlock: minHostID / BlockSize,
@@ -194,6 +186,8 @@ func validatePodMappings(uids, gids []specs.LinuxIDMapping) (specs.LinuxIDMappin
 	if end > math.MaxUint32+1 {
 		return inval("host IDs %d-%d run past %d", m.HostID, end-1, uint32(math.MaxUint32))
 	}
+	// (uid_t)-1 means "no ID" to the kernel and must stay unmapped;
+	// kubelet once handed out the block ending there (bug 139916).
 	if end == math.MaxUint32+1 {
 		return inval("host IDs %d-%d end at %d (UINT32_MAX), which must stay unmapped", m.HostID, end-1, uint32(math.MaxUint32))
 	}
