@@ -1,0 +1,237 @@
+package oci
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
+)
+
+// createTimeout bounds how long conmon may take to report the container
+// pid (runc create includes mounting and the userns join).
+const createTimeout = 2 * time.Minute
+
+// syncMsg is what conmon (api version 1) writes on the sync pipe.
+type syncMsg struct {
+	Data    int    `json:"data"`
+	Message string `json:"message,omitempty"`
+}
+
+// Create writes the bundle's config.json and starts conmon, which runs
+// `runtime create`, keeps the container's stdio and writes its CRI log and
+// exit file. It returns the container's init pid.
+//
+// conmon daemonizes (it forks; the parent writes --conmon-pidfile and
+// exits), calls setsid and becomes a subreaper, so it is not our child and
+// outlives a pinrt restart. Runtime errors reach us through the sync pipe,
+// and the runtime's own logging goes to <bundle>/runtime.log, never into
+// the container log.
+func (r *Runtime) Create(ctx context.Context, o CreateOptions) (pid int, retErr error) {
+	if err := validateID(o.ID); err != nil {
+		return 0, err
+	}
+	if o.Spec == nil {
+		return 0, fmt.Errorf("create %s: nil spec: %w", o.ID, errdefs.ErrInvalidArgument)
+	}
+	if !filepath.IsAbs(o.Bundle) || !filepath.IsAbs(o.ExitDir) {
+		return 0, fmt.Errorf("create %s: bundle %q and exit dir %q must be absolute: %w", o.ID, o.Bundle, o.ExitDir, errdefs.ErrInvalidArgument)
+	}
+	if o.LogPath != "" && !filepath.IsAbs(o.LogPath) {
+		return 0, fmt.Errorf("create %s: log path %q is not absolute: %w", o.ID, o.LogPath, errdefs.ErrInvalidArgument)
+	}
+	if _, err := os.Stat(r.recordPath(o.ID)); err == nil {
+		return 0, fmt.Errorf("container %s: %w", o.ID, errdefs.ErrAlreadyExists)
+	}
+	for _, d := range []string{o.Bundle, o.ExitDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return 0, fmt.Errorf("create %s: %w", o.ID, err)
+		}
+	}
+	// A stale exit file from an earlier container with this ID would make
+	// the new one look stopped.
+	if err := os.Remove(filepath.Join(o.ExitDir, o.ID)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return 0, err
+	}
+	specJSON, err := json.Marshal(o.Spec)
+	if err != nil {
+		return 0, fmt.Errorf("marshal spec: %w", err)
+	}
+	if err := writeFileAtomic(filepath.Join(o.Bundle, "config.json"), specJSON, 0o600); err != nil {
+		return 0, fmt.Errorf("write config.json: %w", err)
+	}
+	rec, _ := json.Marshal(record{Version: recordVersion, ID: o.ID, Bundle: o.Bundle, ExitDir: o.ExitDir, LogPath: o.LogPath})
+	if err := writeFileAtomic(r.recordPath(o.ID), rec, 0o600); err != nil {
+		return 0, fmt.Errorf("write container record: %w", err)
+	}
+	defer func() {
+		if retErr == nil {
+			return
+		}
+		// Fresh context: the caller's may be what failed us.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if err := r.Delete(cctx, o.ID, true); err != nil {
+			log.G(ctx).WithError(err).WithField("container", o.ID).Warn("cleanup after failed create")
+		}
+	}()
+
+	syncR, syncW, err := os.Pipe()
+	if err != nil {
+		return 0, err
+	}
+	defer syncR.Close()
+	startR, startW, err := os.Pipe()
+	if err != nil {
+		syncW.Close()
+		return 0, err
+	}
+
+	cmd := exec.Command(r.monitor, r.conmonArgs(o)...)
+	cmd.Dir = o.Bundle
+	// ExtraFiles start at fd 3.
+	cmd.ExtraFiles = []*os.File{syncW, startR}
+	cmd.Env = []string{"_OCI_SYNCPIPE=3", "_OCI_STARTPIPE=4", "PATH=" + os.Getenv("PATH")}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	err = cmd.Start()
+	syncW.Close()
+	startR.Close()
+	if err != nil {
+		startW.Close()
+		return 0, fmt.Errorf("start conmon for %s: %w", o.ID, err)
+	}
+	// conmon blocks on the start pipe until we are done with it (CRI-O
+	// moves it into a cgroup here); closing it lets conmon proceed.
+	startW.Close()
+	// The first conmon process exits right after forking its daemon half.
+	if err := cmd.Wait(); err != nil {
+		return 0, fmt.Errorf("conmon for %s: %v: %s: %w", o.ID, err, bytes.TrimSpace(stderr.Bytes()), errdefs.ErrUnknown)
+	}
+
+	msgCh := make(chan syncMsg, 1)
+	errCh := make(chan error, 1)
+	go func() {
+		var m syncMsg
+		if err := json.NewDecoder(syncR).Decode(&m); err != nil {
+			errCh <- err
+			return
+		}
+		msgCh <- m
+	}()
+	timer := time.NewTimer(createTimeout)
+	defer timer.Stop()
+	select {
+	case m := <-msgCh:
+		if m.Data <= 0 {
+			return 0, fmt.Errorf("create container %s: %s: %w", o.ID, m.Message, errdefs.ErrUnknown)
+		}
+		return m.Data, nil
+	case err := <-errCh:
+		return 0, fmt.Errorf("create container %s: reading conmon sync pipe: %v (see %s): %w", o.ID, err, filepath.Join(o.Bundle, "runtime.log"), errdefs.ErrUnknown)
+	case <-timer.C:
+		return 0, fmt.Errorf("create container %s: conmon did not report a pid within %s: %w", o.ID, createTimeout, context.DeadlineExceeded)
+	case <-ctx.Done():
+		return 0, fmt.Errorf("create container %s: %w", o.ID, ctx.Err())
+	}
+}
+
+func (r *Runtime) conmonArgs(o CreateOptions) []string {
+	args := []string{
+		"--api-version", "1",
+		"-c", o.ID,
+		"-u", o.ID,
+		"-n", o.ID,
+		"-r", r.binary,
+		"-b", o.Bundle,
+		"-p", filepath.Join(o.Bundle, "pidfile"),
+		"-P", filepath.Join(o.Bundle, "conmon.pid"),
+		"--persist-dir", o.Bundle,
+		"--exit-dir", o.ExitDir,
+		"--socket-dir-path", filepath.Join(r.stateDir, "attach"),
+		"--log-level", "error",
+		// runc's logrus output goes to a file: on stderr it would end up in
+		// the container log.
+		"--runtime-arg", "--log=" + filepath.Join(o.Bundle, "runtime.log"),
+		"--runtime-arg", "--log-format=json",
+	}
+	if r.h.Root != "" {
+		args = append(args, "--runtime-arg", "--root="+r.h.Root)
+	}
+	if o.LogPath != "" {
+		args = append(args, "-l", "k8s-file:"+o.LogPath)
+	} else {
+		args = append(args, "-l", "none:")
+	}
+	if o.Tty {
+		args = append(args, "-t")
+	}
+	if o.Stdin {
+		args = append(args, "-i")
+		if !o.StdinOnce {
+			args = append(args, "--leave-stdin-open")
+		}
+	}
+	return args
+}
+
+// ctlReopenLogs is conmon's control message type for reopening log files.
+const ctlReopenLogs = 2
+
+// ReopenLog asks conmon to reopen the container's log file (after kubelet
+// rotated it) and waits until the file exists again.
+func (r *Runtime) ReopenLog(ctx context.Context, id string) error {
+	if err := validateID(id); err != nil {
+		return err
+	}
+	rec, err := r.loadRecord(id)
+	if err != nil {
+		return err
+	}
+	st, err := r.State(ctx, id)
+	if err != nil {
+		return err
+	}
+	if st.Status != StatusRunning && st.Status != StatusCreated {
+		return fmt.Errorf("reopen log of %s: container is %s: %w", id, st.Status, errdefs.ErrFailedPrecondition)
+	}
+	// Nonblocking: if conmon is gone there is no reader and open fails with
+	// ENXIO instead of hanging.
+	fd, err := unix.Open(filepath.Join(rec.Bundle, "ctl"), unix.O_WRONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open conmon control fifo of %s: %v: %w", id, err, errdefs.ErrUnavailable)
+	}
+	f := os.NewFile(uintptr(fd), "ctl")
+	defer f.Close()
+	if _, err := fmt.Fprintf(f, "%d 0 0\n", ctlReopenLogs); err != nil {
+		return fmt.Errorf("write conmon control fifo of %s: %w", id, err)
+	}
+	if rec.LogPath == "" {
+		return nil
+	}
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(5 * time.Second)
+	for {
+		if _, err := os.Stat(rec.LogPath); err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-deadline:
+			return fmt.Errorf("conmon did not reopen log %s of %s: %w", rec.LogPath, id, context.DeadlineExceeded)
+		case <-tick.C:
+		}
+	}
+}

@@ -1,0 +1,536 @@
+package oci
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// Handler is one configured runtime handler.
+type Handler struct {
+	Name string
+	// Binary is the runtime executable, absolute or looked up in PATH.
+	Binary string
+	// Root is passed as `--root`; empty means the runtime's default.
+	Root string
+	// Type is "oci" (the only supported type).
+	Type string
+	// MonitorPath is conmon; empty means "conmon" from PATH.
+	MonitorPath string
+}
+
+// Runtime drives one OCI runtime binary through its CLI, with conmon as the
+// per-container monitor. It keeps no container state in memory: everything
+// State needs is on disk, so a fresh Runtime after a daemon restart sees
+// the same containers.
+type Runtime struct {
+	h        Handler
+	binary   string
+	monitor  string
+	stateDir string
+}
+
+// Status is a container's runtime status.
+type Status string
+
+const (
+	StatusCreated Status = "created"
+	StatusRunning Status = "running"
+	StatusStopped Status = "stopped"
+	// StatusPaused and StatusCreating are reported by runc in edge cases.
+	StatusPaused   Status = "paused"
+	StatusCreating Status = "creating"
+)
+
+// State is a container's status as seen by the runtime and conmon.
+type State struct {
+	ID      string
+	Status  Status
+	Pid     int
+	Bundle  string
+	Created time.Time
+	// ExitCode and FinishedAt come from conmon's exit file once stopped;
+	// ExitCode is -1 when the exit file is not there.
+	ExitCode   int32
+	FinishedAt time.Time
+	OOMKilled  bool
+}
+
+// CreateOptions describe a container to create.
+type CreateOptions struct {
+	ID string
+	// Bundle is the bundle directory: config.json and conmon's files.
+	Bundle string
+	Spec   *specs.Spec
+	// LogPath is the CRI log file; "" means no log.
+	LogPath               string
+	Stdin, StdinOnce, Tty bool
+	// ExitDir is where conmon writes the exit code file named ID.
+	ExitDir string
+}
+
+// record is what a fresh Runtime needs to find a container's files.
+type record struct {
+	Version int    `json:"version"`
+	ID      string `json:"id"`
+	Bundle  string `json:"bundle"`
+	ExitDir string `json:"exitDir"`
+	LogPath string `json:"logPath,omitempty"`
+}
+
+const recordVersion = 1
+
+// NewRuntime resolves the binaries and prepares stateDir (per daemon, for
+// container records and attach sockets).
+func NewRuntime(h Handler, stateDir string) (*Runtime, error) {
+	if h.Type != "" && h.Type != "oci" {
+		return nil, fmt.Errorf("runtime %q: unsupported type %q: %w", h.Name, h.Type, errdefs.ErrInvalidArgument)
+	}
+	if !filepath.IsAbs(stateDir) {
+		return nil, fmt.Errorf("runtime state dir %q is not absolute: %w", stateDir, errdefs.ErrInvalidArgument)
+	}
+	bin, err := exec.LookPath(h.Binary)
+	if err != nil {
+		return nil, fmt.Errorf("runtime %q binary %q: %v: %w", h.Name, h.Binary, err, errdefs.ErrNotFound)
+	}
+	mon := h.MonitorPath
+	if mon == "" {
+		mon = "conmon"
+	}
+	mon, err = exec.LookPath(mon)
+	if err != nil {
+		return nil, fmt.Errorf("runtime %q monitor: %v: %w", h.Name, err, errdefs.ErrNotFound)
+	}
+	for _, d := range []string{stateDir, filepath.Join(stateDir, "containers"), filepath.Join(stateDir, "attach")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("create runtime state dir: %w", err)
+		}
+	}
+	abs, err := filepath.Abs(bin)
+	if err != nil {
+		return nil, err
+	}
+	return &Runtime{h: h, binary: abs, monitor: mon, stateDir: stateDir}, nil
+}
+
+// Binary is the resolved runtime path.
+func (r *Runtime) Binary() string { return r.binary }
+
+func (r *Runtime) globalArgs() []string {
+	if r.h.Root != "" {
+		return []string{"--root", r.h.Root}
+	}
+	return nil
+}
+
+// run runs the runtime with args and returns stdout; a failure carries the
+// runtime's stderr.
+func (r *Runtime) run(ctx context.Context, stdin []byte, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, r.binary, append(r.globalArgs(), args...)...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
+	if err := cmd.Run(); err != nil {
+		msg := strings.TrimSpace(stderr.String())
+		return stdout.Bytes(), classify(fmt.Errorf("%s %s: %v: %s", filepath.Base(r.binary), args[0], err, msg), msg)
+	}
+	return stdout.Bytes(), nil
+}
+
+// classify maps a runtime's error text to an errdefs class.
+func classify(err error, msg string) error {
+	m := strings.ToLower(msg)
+	switch {
+	case strings.Contains(m, "does not exist"), strings.Contains(m, "not found"), strings.Contains(m, "no such"):
+		return fmt.Errorf("%w: %w", err, errdefs.ErrNotFound)
+	case strings.Contains(m, "already exists"):
+		return fmt.Errorf("%w: %w", err, errdefs.ErrAlreadyExists)
+	case strings.Contains(m, "not running"), strings.Contains(m, "is stopped"), strings.Contains(m, "process already finished"):
+		return fmt.Errorf("%w: %w", err, errdefs.ErrFailedPrecondition)
+	}
+	return fmt.Errorf("%w: %w", err, errdefs.ErrUnknown)
+}
+
+func (r *Runtime) recordPath(id string) string {
+	return filepath.Join(r.stateDir, "containers", id+".json")
+}
+
+func (r *Runtime) loadRecord(id string) (*record, error) {
+	b, err := os.ReadFile(r.recordPath(id))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("container %s: %w", id, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var rec record
+	if err := json.Unmarshal(b, &rec); err != nil {
+		return nil, fmt.Errorf("container %s record: %v: %w", id, err, errdefs.ErrDataLoss)
+	}
+	return &rec, nil
+}
+
+// Start starts a created container.
+func (r *Runtime) Start(ctx context.Context, id string) error {
+	if err := validateID(id); err != nil {
+		return err
+	}
+	_, err := r.run(ctx, nil, "start", id)
+	return err
+}
+
+// Kill signals the container's init (or all its processes).
+func (r *Runtime) Kill(ctx context.Context, id string, sig syscall.Signal, all bool) error {
+	if err := validateID(id); err != nil {
+		return err
+	}
+	args := []string{"kill"}
+	if all {
+		args = append(args, "--all")
+	}
+	_, err := r.run(ctx, nil, append(args, id, strconv.Itoa(int(sig)))...)
+	return err
+}
+
+// Stop sends sig, waits up to timeout for the container to exit, then
+// SIGKILLs it and waits for conmon to record the exit. A stopped container
+// is fine.
+func (r *Runtime) Stop(ctx context.Context, id string, sig syscall.Signal, timeout time.Duration) error {
+	st, err := r.State(ctx, id)
+	if err != nil {
+		return err
+	}
+	if st.Status == StatusStopped {
+		return nil
+	}
+	if sig == 0 {
+		sig = syscall.SIGTERM
+	}
+	if timeout > 0 && sig != syscall.SIGKILL {
+		if err := r.Kill(ctx, id, sig, false); err != nil && !errdefs.IsFailedPrecondition(err) && !errdefs.IsNotFound(err) {
+			return err
+		}
+		if r.waitStopped(ctx, id, timeout) {
+			return nil
+		}
+		log.G(ctx).WithField("container", id).Debugf("container did not stop within %s after %s; killing", timeout, sig)
+	}
+	if err := r.Kill(ctx, id, syscall.SIGKILL, true); err != nil && !errdefs.IsFailedPrecondition(err) && !errdefs.IsNotFound(err) {
+		return err
+	}
+	if !r.waitStopped(ctx, id, 0) {
+		return fmt.Errorf("container %s did not exit after SIGKILL: %w", id, ctx.Err())
+	}
+	return nil
+}
+
+// waitStopped polls until the container has stopped and conmon wrote its
+// exit file (so the log is drained too), for at most d (0 = until ctx ends).
+func (r *Runtime) waitStopped(ctx context.Context, id string, d time.Duration) bool {
+	var deadline <-chan time.Time
+	if d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		deadline = t.C
+	}
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if st, err := r.State(ctx, id); err == nil && st.Status == StatusStopped && st.ExitCode != -1 {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-deadline:
+			return false
+		case <-tick.C:
+		}
+	}
+}
+
+// Delete removes the container from the runtime and forgets it. Deleting
+// an unknown container is not an error.
+func (r *Runtime) Delete(ctx context.Context, id string, force bool) error {
+	if err := validateID(id); err != nil {
+		return err
+	}
+	args := []string{"delete"}
+	if force {
+		args = append(args, "--force")
+	}
+	if _, err := r.run(ctx, nil, append(args, id)...); err != nil && !errdefs.IsNotFound(err) {
+		return err
+	}
+	if err := os.Remove(r.recordPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+type runcState struct {
+	ID      string    `json:"id"`
+	Pid     int       `json:"pid"`
+	Status  string    `json:"status"`
+	Bundle  string    `json:"bundle"`
+	Created time.Time `json:"created"`
+}
+
+// State combines `runtime state` with conmon's exit and oom files. A
+// container the runtime already forgot but whose exit file exists is
+// reported stopped.
+func (r *Runtime) State(ctx context.Context, id string) (*State, error) {
+	if err := validateID(id); err != nil {
+		return nil, err
+	}
+	rec, recErr := r.loadRecord(id)
+	st := &State{ID: id, ExitCode: -1}
+	out, err := r.run(ctx, nil, "state", id)
+	switch {
+	case err == nil:
+		var rs runcState
+		if err := json.Unmarshal(out, &rs); err != nil {
+			return nil, fmt.Errorf("parse runtime state of %s: %w", id, err)
+		}
+		st.Status, st.Pid, st.Bundle, st.Created = Status(rs.Status), rs.Pid, rs.Bundle, rs.Created
+	case errdefs.IsNotFound(err) && recErr == nil:
+		st.Status, st.Bundle = StatusStopped, rec.Bundle
+	default:
+		return nil, err
+	}
+	if st.Status != StatusStopped || recErr != nil {
+		return st, nil
+	}
+	code, finished, ok := readExitFile(filepath.Join(rec.ExitDir, id))
+	if !ok {
+		// runc reports stopped the moment init dies; conmon writes the exit
+		// file after draining the log. Give it a moment.
+		for i := 0; i < 50 && !ok; i++ {
+			time.Sleep(20 * time.Millisecond)
+			code, finished, ok = readExitFile(filepath.Join(rec.ExitDir, id))
+		}
+	}
+	if ok {
+		st.ExitCode, st.FinishedAt = code, finished
+	}
+	if _, err := os.Stat(filepath.Join(rec.Bundle, "oom")); err == nil {
+		st.OOMKilled = true
+	}
+	return st, nil
+}
+
+func readExitFile(p string) (int32, time.Time, bool) {
+	b, err := os.ReadFile(p)
+	if err != nil || len(bytes.TrimSpace(b)) == 0 {
+		return 0, time.Time{}, false
+	}
+	code, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 32)
+	if err != nil {
+		return 0, time.Time{}, false
+	}
+	fi, err := os.Stat(p)
+	if err != nil {
+		return 0, time.Time{}, false
+	}
+	return int32(code), fi.ModTime(), true
+}
+
+// maxExecOutput bounds what ExecSync buffers per stream.
+const maxExecOutput = 16 << 20
+
+type limitedBuffer struct {
+	bytes.Buffer
+}
+
+func (l *limitedBuffer) Write(p []byte) (int, error) {
+	if room := maxExecOutput - l.Len(); room < len(p) {
+		if room > 0 {
+			l.Buffer.Write(p[:room])
+		}
+		return len(p), nil
+	}
+	return l.Buffer.Write(p)
+}
+
+// ExecSync runs cmd in the container and collects its output. Past timeout
+// (0 = none) the exec'd process itself is killed, not just `runc exec`, and
+// the error wraps context.DeadlineExceeded.
+func (r *Runtime) ExecSync(ctx context.Context, id string, cmd []string, timeout time.Duration) (stdout, stderr []byte, exitCode int32, err error) {
+	if err := validateID(id); err != nil {
+		return nil, nil, -1, err
+	}
+	if len(cmd) == 0 {
+		return nil, nil, -1, fmt.Errorf("exec: empty command: %w", errdefs.ErrInvalidArgument)
+	}
+	rec, err := r.loadRecord(id)
+	if err != nil {
+		return nil, nil, -1, err
+	}
+	pidDir, err := os.MkdirTemp(rec.Bundle, "exec-")
+	if err != nil {
+		return nil, nil, -1, err
+	}
+	defer os.RemoveAll(pidDir)
+	pidFile := filepath.Join(pidDir, "pid")
+
+	args := append(r.globalArgs(), "exec", "--pid-file", pidFile, id)
+	c := exec.Command(r.binary, append(args, cmd...)...)
+	var outBuf, errBuf limitedBuffer
+	c.Stdout, c.Stderr = &outBuf, &errBuf
+	if err := c.Start(); err != nil {
+		return nil, nil, -1, fmt.Errorf("exec in %s: %w", id, err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Wait() }()
+
+	var timer <-chan time.Time
+	if timeout > 0 {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		timer = t.C
+	}
+	var killedBy error
+	select {
+	case err = <-done:
+	case <-timer:
+		killedBy = fmt.Errorf("command %q in container %s timed out after %s: %w", strings.Join(cmd, " "), id, timeout, context.DeadlineExceeded)
+	case <-ctx.Done():
+		killedBy = fmt.Errorf("exec in container %s: %w", id, ctx.Err())
+	}
+	if killedBy != nil {
+		// runc exec only relays signals; killing it would orphan the
+		// process inside the container, so kill the process it started.
+		if b, rerr := os.ReadFile(pidFile); rerr == nil {
+			if pid, _ := strconv.Atoi(strings.TrimSpace(string(b))); pid > 0 {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			_ = c.Process.Kill()
+			<-done
+		}
+		return outBuf.Bytes(), errBuf.Bytes(), -1, killedBy
+	}
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return outBuf.Bytes(), errBuf.Bytes(), int32(ee.ExitCode()), nil
+		}
+		return nil, nil, -1, fmt.Errorf("exec in %s: %w", id, err)
+	}
+	return outBuf.Bytes(), errBuf.Bytes(), 0, nil
+}
+
+// Update changes the container's cgroup limits.
+func (r *Runtime) Update(ctx context.Context, id string, res *specs.LinuxResources) error {
+	if err := validateID(id); err != nil {
+		return err
+	}
+	if res == nil {
+		return fmt.Errorf("update %s: nil resources: %w", id, errdefs.ErrInvalidArgument)
+	}
+	b, err := json.Marshal(res)
+	if err != nil {
+		return err
+	}
+	_, err = r.run(ctx, b, "update", "--resources", "-", id)
+	return err
+}
+
+var (
+	featMu    sync.Mutex
+	featCache = map[string]*Features{}
+)
+
+// Features probes `<binary> features` once per binary. A runtime without
+// the command (old runc, or a failure) has no optional features.
+func (r *Runtime) Features(ctx context.Context) (*Features, error) {
+	featMu.Lock()
+	defer featMu.Unlock()
+	if f, ok := featCache[r.binary]; ok {
+		return f, nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(cctx, r.binary, "features").Output()
+	var f *Features
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		log.G(ctx).WithError(err).Debugf("runtime %s has no usable features command", r.binary)
+		f = &Features{}
+	} else if f, err = ParseFeatures(out); err != nil {
+		log.G(ctx).WithError(err).Warnf("runtime %s: unparsable features output", r.binary)
+		f = &Features{}
+	}
+	featCache[r.binary] = f
+	return f, nil
+}
+
+// CheckIDMap fails with FailedPrecondition when the runtime cannot do
+// idmapped mounts, which every userns pod volume needs.
+func (r *Runtime) CheckIDMap(ctx context.Context) error {
+	f, err := r.Features(ctx)
+	if err != nil {
+		return err
+	}
+	if !f.IDMapMounts {
+		return fmt.Errorf("runtime %q (%s) lacks idmapped mounts (features: linux.mountExtensions.idmap.enabled is not true): %w", r.h.Name, r.binary, errdefs.ErrFailedPrecondition)
+	}
+	return nil
+}
+
+// writeFileAtomic writes via a temp file, fsync and rename, then fsyncs
+// the directory, so a crash leaves the old or the new file, never a mix.
+func writeFileAtomic(p string, data []byte, mode os.FileMode) error {
+	dir := filepath.Dir(p)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(p)+".tmp-")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp)
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Chmod(mode); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, p); err != nil {
+		return err
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
