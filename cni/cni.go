@@ -213,11 +213,11 @@ func (m *Manager) Setup(ctx context.Context, pod Pod) (_ *Result, retErr error) 
 	}()
 
 	if _, err := m.cni.AddNetwork(ctx, m.lo, loRT); err != nil {
-		return nil, pluginError("add", loopbackNetwork, pod.ID, err)
+		return nil, pluginError(ctx, "add", loopbackNetwork, pod.ID, err)
 	}
 	res, err := m.cni.AddNetworkList(ctx, nw.list, rt)
 	if err != nil {
-		return nil, pluginError("add", nw.list.Name, pod.ID, err)
+		return nil, pluginError(ctx, "add", nw.list.Name, pod.ID, err)
 	}
 	out, err := toResult(nw.list.Name, res)
 	if err != nil {
@@ -249,10 +249,11 @@ func (m *Manager) Teardown(ctx context.Context, pod Pod) error {
 	}
 
 	var errs []error
-	tornDown, haveLo := false, false
+	tornDown := false
+	var lo *libcni.NetworkAttachment
 	for _, a := range atts {
 		if a.Network == loopbackNetwork {
-			haveLo = true
+			lo = a
 			continue
 		}
 		list, err := m.cachedList(ctx, a)
@@ -268,7 +269,7 @@ func (m *Manager) Teardown(ctx context.Context, pod Pod) error {
 			CapabilityArgs: a.CapabilityArgs,
 		}
 		if err := m.cni.DelNetworkList(ctx, list, rt); err != nil {
-			errs = append(errs, pluginError("del", list.Name, pod.ID, err))
+			errs = append(errs, pluginError(ctx, "del", list.Name, pod.ID, err))
 			continue
 		}
 		tornDown = true
@@ -282,15 +283,19 @@ func (m *Manager) Teardown(ctx context.Context, pod Pod) error {
 			p := pod
 			p.NetNS = netns
 			if err := m.cni.DelNetworkList(ctx, nw.list, runtimeConf(p, IfName)); err != nil {
-				errs = append(errs, pluginError("del", nw.list.Name, pod.ID, err))
+				errs = append(errs, pluginError(ctx, "del", nw.list.Name, pod.ID, err))
 			}
 		}
 	}
-	if haveLo || netns != "" {
+	if lo != nil || netns != "" {
 		p := pod
 		p.NetNS = netns
-		if err := m.cni.DelNetwork(ctx, m.lo, loopbackRuntimeConf(runtimeConf(p, IfName))); err != nil {
-			errs = append(errs, pluginError("del", loopbackNetwork, pod.ID, err))
+		rt := loopbackRuntimeConf(runtimeConf(p, IfName))
+		if lo != nil {
+			rt.Args = lo.CniArgs
+		}
+		if err := m.cni.DelNetwork(ctx, m.lo, rt); err != nil {
+			errs = append(errs, pluginError(ctx, "del", loopbackNetwork, pod.ID, err))
 		}
 	}
 	return errors.Join(errs...)
@@ -323,7 +328,7 @@ func (m *Manager) Check(ctx context.Context, pod Pod) error {
 			CapabilityArgs: a.CapabilityArgs,
 		}
 		if err := m.cni.CheckNetworkList(ctx, list, rt); err != nil {
-			return pluginError("check", list.Name, pod.ID, err)
+			return pluginError(ctx, "check", list.Name, pod.ID, err)
 		}
 		return nil
 	}
@@ -372,11 +377,13 @@ func loopbackRuntimeConf(rt *libcni.RuntimeConf) *libcni.RuntimeConf {
 
 // pluginError classifies a libcni failure. A timeout, a cancel or a plugin
 // asking to be retried later is ErrUnavailable, anything else ErrUnknown.
-func pluginError(op, network, id string, err error) error {
+func pluginError(ctx context.Context, op, network, id string, err error) error {
 	var class error = errdefs.ErrUnknown
 	var cerr *types.Error
 	switch {
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+	// libcni flattens the exec error to a string, so the context is
+	// asked directly.
+	case ctx.Err() != nil, errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		class = errdefs.ErrUnavailable
 	case errors.As(err, &cerr) && cerr.Code == types.ErrTryAgainLater:
 		class = errdefs.ErrUnavailable

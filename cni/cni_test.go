@@ -1,0 +1,365 @@
+package cni
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/containerd/errdefs"
+	"github.com/containernetworking/cni/pkg/types"
+	types040 "github.com/containernetworking/cni/pkg/types/040"
+	types100 "github.com/containernetworking/cni/pkg/types/100"
+)
+
+func TestRuntimeConf(t *testing.T) {
+	base := Pod{ID: "sb1", Name: "web", Namespace: "default", UID: "u-1", NetNS: "/run/pinrt/ns/net/sb1"}
+	wantArgs := [][2]string{
+		{"IgnoreUnknown", "1"},
+		{"K8S_POD_NAMESPACE", "default"},
+		{"K8S_POD_NAME", "web"},
+		{"K8S_POD_INFRA_CONTAINER_ID", "sb1"},
+		{"K8S_POD_UID", "u-1"},
+	}
+	tests := []struct {
+		name     string
+		ports    []PortMapping
+		bw       *Bandwidth
+		wantCaps string // CapabilityArgs as JSON
+	}{
+		{name: "no capabilities", wantCaps: `{}`},
+		{
+			name: "port mappings",
+			ports: []PortMapping{
+				{HostPort: 8080, ContainerPort: 80, Protocol: "TCP", HostIP: "127.0.0.1"},
+				{HostPort: 5353, ContainerPort: 53, Protocol: "UDP"},
+				{HostPort: 0, ContainerPort: 9000, Protocol: "TCP"}, // no host port: not a mapping
+				{HostPort: 3868, ContainerPort: 3868, Protocol: "Sctp"},
+				{HostPort: 22, ContainerPort: 2222}, // protocol defaults to tcp
+			},
+			wantCaps: `{"portMappings":[` +
+				`{"hostPort":8080,"containerPort":80,"protocol":"tcp","hostIP":"127.0.0.1"},` +
+				`{"hostPort":5353,"containerPort":53,"protocol":"udp"},` +
+				`{"hostPort":3868,"containerPort":3868,"protocol":"sctp"},` +
+				`{"hostPort":22,"containerPort":2222,"protocol":"tcp"}]}`,
+		},
+		{
+			name:     "only container ports",
+			ports:    []PortMapping{{ContainerPort: 80, Protocol: "TCP"}},
+			wantCaps: `{}`,
+		},
+		{
+			name:     "bandwidth",
+			bw:       &Bandwidth{IngressRate: 1000000, IngressBurst: 2000000, EgressRate: 3000000, EgressBurst: 4000000},
+			wantCaps: `{"bandwidth":{"ingressRate":1000000,"ingressBurst":2000000,"egressRate":3000000,"egressBurst":4000000}}`,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			pod := base
+			pod.PortMappings, pod.Bandwidth = tc.ports, tc.bw
+			rt := runtimeConf(pod, "eth0")
+			if rt.ContainerID != "sb1" || rt.NetNS != "/run/pinrt/ns/net/sb1" || rt.IfName != "eth0" {
+				t.Fatalf("rt = %+v", rt)
+			}
+			if !reflect.DeepEqual(rt.Args, wantArgs) {
+				t.Fatalf("Args = %v", rt.Args)
+			}
+			caps, err := json.Marshal(rt.CapabilityArgs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(caps) != tc.wantCaps {
+				t.Fatalf("CapabilityArgs = %s\nwant %s", caps, tc.wantCaps)
+			}
+		})
+	}
+}
+
+func TestValidatePodID(t *testing.T) {
+	for _, id := range []string{"", "../x", "a/b", "-a", "a b", ".x"} {
+		if err := validatePodID(id); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("validatePodID(%q) = %v", id, err)
+		}
+	}
+	for _, id := range []string{"a", "0123abcdef", "a.b_c-d"} {
+		if err := validatePodID(id); err != nil {
+			t.Errorf("validatePodID(%q) = %v", id, err)
+		}
+	}
+}
+
+func TestToResult(t *testing.T) {
+	idx := func(i int) *int { return &i }
+	cur := &types100.Result{
+		CNIVersion: "1.0.0",
+		Interfaces: []*types100.Interface{{Name: "cni0"}, {Name: "eth0", Sandbox: "/ns"}},
+		IPs: []*types100.IPConfig{
+			{Address: mustCIDR(t, "fd00::5/64"), Interface: idx(1)},
+			{Address: mustCIDR(t, "10.1.0.1/24"), Interface: idx(0)}, // host side: not the pod's
+			{Address: mustCIDR(t, "10.1.0.5/24"), Interface: idx(1)},
+			{Address: mustCIDR(t, "10.2.0.5/24")}, // no interface: the pod's
+		},
+	}
+	old := &types040.Result{
+		CNIVersion: "0.4.0",
+		IPs:        []*types040.IPConfig{{Address: mustCIDR(t, "10.3.0.7/16")}},
+	}
+	tests := []struct {
+		name    string
+		res     types.Result
+		wantIPs []string
+	}{
+		{"1.0.0 with host interfaces", cur, []string{"10.1.0.5", "10.2.0.5", "fd00::5"}},
+		{"0.4.0", old, []string{"10.3.0.7"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := toResult("n", tc.res)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(r.IPs, tc.wantIPs) || r.Network != "n" || r.Interface != "eth0" {
+				t.Fatalf("result = %+v", r)
+			}
+			want, _ := json.Marshal(tc.res)
+			if string(r.Raw) != string(want) {
+				t.Fatalf("Raw = %s, want %s", r.Raw, want)
+			}
+		})
+	}
+}
+
+func mustCIDR(t *testing.T, s string) net.IPNet {
+	t.Helper()
+	ipn, err := types.ParseCIDR(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return *ipn
+}
+
+// calls returns the fake plugins' call log, one line per call.
+func (e *testEnv) calls(t *testing.T) []string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(e.plugins, "calls.log"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(filepath.Join(e.plugins, "calls.log"))
+	return strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
+}
+
+func (e *testEnv) cacheFiles(t *testing.T) []string {
+	t.Helper()
+	entries, err := os.ReadDir(filepath.Join(e.cache, "results"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, en := range entries {
+		names = append(names, en.Name())
+	}
+	return names
+}
+
+const cniArgs = "IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=web;K8S_POD_INFRA_CONTAINER_ID=sb1;K8S_POD_UID=uid"
+
+// TestSetupTeardownWithFakePlugins drives the whole ADD/DEL flow through
+// libcni with sh plugins: order of calls, their arguments, the result, the
+// cache, and teardown from the cache after the config is gone.
+func TestSetupTeardownWithFakePlugins(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, "fakenet", "fakeport", "loopback")
+	writeFile(t, filepath.Join(e.conf, "10-net.conflist"),
+		`{"cniVersion":"1.0.0","name":"net","plugins":[{"type":"fakenet"},{"type":"fakeport","capabilities":{"portMappings":true}}]}`, 0o644)
+	m := e.manager(t)
+	pod := Pod{
+		ID: "sb1", Name: "web", Namespace: "ns", UID: "uid", NetNS: "/some/netns",
+		PortMappings: []PortMapping{{HostPort: 8080, ContainerPort: 80, Protocol: "TCP"}},
+	}
+	res, err := m.Setup(ctx, pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(res.IPs, []string{"10.199.0.5", "fd00::5"}) || res.Network != "net" || res.Interface != "eth0" {
+		t.Fatalf("result = %+v", res)
+	}
+	var raw types100.Result
+	if err := json.Unmarshal(res.Raw, &raw); err != nil || len(raw.IPs) != 3 {
+		t.Fatalf("Raw = %s (%v)", res.Raw, err)
+	}
+	wantAdd := []string{
+		"loopback ADD sb1 netns=/some/netns lo " + cniArgs,
+		"fakenet ADD sb1 netns=/some/netns eth0 " + cniArgs,
+		"fakeport ADD sb1 netns=/some/netns eth0 " + cniArgs,
+	}
+	if got := e.calls(t); !reflect.DeepEqual(got, wantAdd) {
+		t.Fatalf("calls = %q\nwant %q", got, wantAdd)
+	}
+	// portmap gets the mappings and the previous plugin's result.
+	var stdin struct {
+		RuntimeConfig struct {
+			PortMappings []portMapEntry `json:"portMappings"`
+		} `json:"runtimeConfig"`
+		PrevResult *types100.Result `json:"prevResult"`
+	}
+	b, err := os.ReadFile(filepath.Join(e.plugins, "fakeport.ADD.stdin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &stdin); err != nil {
+		t.Fatal(err)
+	}
+	wantPM := []portMapEntry{{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"}}
+	if !reflect.DeepEqual(stdin.RuntimeConfig.PortMappings, wantPM) || stdin.PrevResult == nil || len(stdin.PrevResult.IPs) != 3 {
+		t.Fatalf("fakeport stdin = %s", b)
+	}
+	// fakenet declares no capability, so libcni must not pass it any.
+	if b, _ := os.ReadFile(filepath.Join(e.plugins, "fakenet.ADD.stdin")); strings.Contains(string(b), "runtimeConfig") {
+		t.Fatalf("fakenet got runtimeConfig: %s", b)
+	}
+	wantCache := []string{"cni-loopback-sb1-lo", "net-sb1-eth0"}
+	if got := e.cacheFiles(t); !reflect.DeepEqual(got, wantCache) {
+		t.Fatalf("cache = %v, want %v", got, wantCache)
+	}
+	if err := m.Check(ctx, pod); err != nil {
+		t.Fatalf("Check() = %v", err)
+	}
+	e.calls(t)
+
+	// The config goes away (as after an upgrade); teardown still runs the
+	// network's plugins from the cache, and without the netns, which is
+	// not a live namespace here.
+	if err := os.Remove(filepath.Join(e.conf, "10-net.conflist")); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Teardown(ctx, Pod{ID: "sb1", NetNS: pod.NetNS}); err != nil {
+		t.Fatal(err)
+	}
+	wantDel := []string{
+		"fakeport DEL sb1 netns= eth0 " + cniArgs,
+		"fakenet DEL sb1 netns= eth0 " + cniArgs,
+		"loopback DEL sb1 netns= lo " + cniArgs,
+	}
+	if got := e.calls(t); !reflect.DeepEqual(got, wantDel) {
+		t.Fatalf("calls = %q\nwant %q", got, wantDel)
+	}
+	// DEL got the cached capability args and the cached result.
+	b, _ = os.ReadFile(filepath.Join(e.plugins, "fakeport.DEL.stdin"))
+	stdin.RuntimeConfig.PortMappings, stdin.PrevResult = nil, nil
+	if err := json.Unmarshal(b, &stdin); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(stdin.RuntimeConfig.PortMappings, wantPM) || stdin.PrevResult == nil {
+		t.Fatalf("fakeport DEL stdin = %s", b)
+	}
+	if got := e.cacheFiles(t); len(got) != 0 {
+		t.Fatalf("cache after teardown = %v", got)
+	}
+
+	// Again: no cache, no config, no netns: nothing to run, no error.
+	if err := m.Teardown(ctx, Pod{ID: "sb1", NetNS: pod.NetNS}); err != nil {
+		t.Fatalf("second Teardown() = %v", err)
+	}
+	if got := e.calls(t); len(got) != 0 {
+		t.Fatalf("second teardown ran plugins: %q", got)
+	}
+	if err := m.Check(ctx, pod); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("Check() after teardown = %v, want ErrNotFound", err)
+	}
+}
+
+func TestTeardownWithoutCacheUsesCurrentConfig(t *testing.T) {
+	e := newEnv(t, "fakenet", "loopback")
+	writeFile(t, filepath.Join(e.conf, "10-net.conflist"), conflist("net", "fakenet"), 0o644)
+	m := e.manager(t)
+	if err := m.Teardown(context.Background(), Pod{ID: "sb9", Name: "web", Namespace: "ns", UID: "uid"}); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"fakenet DEL sb9 netns= eth0 IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=web;K8S_POD_INFRA_CONTAINER_ID=sb9;K8S_POD_UID=uid"}
+	if got := e.calls(t); !reflect.DeepEqual(got, want) {
+		t.Fatalf("calls = %q\nwant %q", got, want)
+	}
+}
+
+func TestSetupRollsBackOnFailure(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, "fakenet", "fakeport", "loopback")
+	writeFile(t, filepath.Join(e.conf, "10-net.conflist"), conflist("net", "fakenet", "fakeport"), 0o644)
+	writeFile(t, filepath.Join(e.plugins, "fakeport.fail"), "", 0o644)
+	m := e.manager(t)
+	pod := Pod{ID: "sb1", Name: "web", Namespace: "ns", UID: "uid", NetNS: "/some/netns"}
+	_, err := m.Setup(ctx, pod)
+	want := `cni add network "net" for sandbox sb1: unknown: plugin type="fakeport" failed (add): injected failure`
+	if err == nil || err.Error() != want {
+		t.Fatalf("Setup() = %v\nwant %s", err, want)
+	}
+	if !errors.Is(err, errdefs.ErrUnknown) {
+		t.Fatalf("Setup() = %v, not ErrUnknown", err)
+	}
+	var cerr *types.Error
+	if !errors.As(err, &cerr) || cerr.Code != 999 {
+		t.Fatalf("Setup() = %v, plugin error not kept", err)
+	}
+	wantCalls := []string{
+		"loopback ADD sb1 netns=/some/netns lo " + cniArgs,
+		"fakenet ADD sb1 netns=/some/netns eth0 " + cniArgs,
+		"fakeport ADD sb1 netns=/some/netns eth0 " + cniArgs,
+		"fakeport DEL sb1 netns=/some/netns eth0 " + cniArgs,
+		"fakenet DEL sb1 netns=/some/netns eth0 " + cniArgs,
+		"loopback DEL sb1 netns=/some/netns lo " + cniArgs,
+	}
+	if got := e.calls(t); !reflect.DeepEqual(got, wantCalls) {
+		t.Fatalf("calls = %q\nwant %q", got, wantCalls)
+	}
+	if got := e.cacheFiles(t); len(got) != 0 {
+		t.Fatalf("cache after rollback = %v", got)
+	}
+}
+
+func TestSetupErrors(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, "fakenet", "loopback")
+	m := e.manager(t)
+	tests := []struct {
+		name string
+		pod  Pod
+		want error
+	}{
+		{"bad id", Pod{ID: "../x", NetNS: "/ns"}, errdefs.ErrInvalidArgument},
+		{"no netns", Pod{ID: "a"}, errdefs.ErrInvalidArgument},
+		{"no network", Pod{ID: "a", NetNS: "/ns"}, errdefs.ErrFailedPrecondition},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := m.Setup(ctx, tc.pod); !errors.Is(err, tc.want) {
+				t.Fatalf("Setup() = %v, want %v", err, tc.want)
+			}
+		})
+	}
+	if err := m.Teardown(ctx, Pod{ID: "../x"}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("Teardown(bad id) = %v", err)
+	}
+	// Canceled context: the plugin never runs and the error says retry.
+	writeFile(t, filepath.Join(e.conf, "10-net.conflist"), conflist("net", "fakenet"), 0o644)
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := m.Setup(cctx, Pod{ID: "a", NetNS: "/ns"}); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("Setup(canceled) = %v, want ErrUnavailable", err)
+	}
+	if got := e.cacheFiles(t); len(got) != 0 {
+		t.Fatalf("cache after canceled setup = %v", got)
+	}
+}
