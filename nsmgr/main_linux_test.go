@@ -1,9 +1,15 @@
 package nsmgr
 
 import (
+	"context"
+	"fmt"
 	"os"
 	"testing"
 )
+
+// createInChildEnv makes the test binary create a pod's namespaces and
+// exit, so a test can prove that pins outlive the process that made them.
+const createInChildEnv = "NSMGR_TEST_CREATE_IN"
 
 // TestMain lets the test binary act as the namespace helper, the way
 // cmd/pinrt's main does: Manager re-executes /proc/self/exe.
@@ -11,5 +17,20 @@ func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == HelperCommand {
 		os.Exit(HelperMain(os.Args[2:]))
 	}
+	if dir := os.Getenv(createInChildEnv); dir != "" {
+		os.Exit(createInChild(dir))
+	}
 	os.Exit(m.Run())
+}
+
+func createInChild(dir string) int {
+	m, err := NewManager(dir, "")
+	if err == nil {
+		_, err = m.Create(context.Background(), fullRequest("restart", 9, nil))
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
 }

@@ -43,7 +43,9 @@ type Manager struct {
 }
 
 // NewManager pins under runDir/ns/<kind>/<id>. helperPath "" means
-// /proc/self/exe, which requires the binary to call HelperMain.
+// /proc/self/exe, which requires the binary to call HelperMain. Another
+// helperPath must be reachable by the pod's mapped root, an unprivileged
+// host ID: the helper is exec'd after it has become that user.
 func NewManager(runDir, helperPath string) (*Manager, error) {
 	if !filepath.IsAbs(runDir) {
 		return nil, fmt.Errorf("namespace run directory %q must be an absolute path: %w", runDir, errdefs.ErrInvalidArgument)
