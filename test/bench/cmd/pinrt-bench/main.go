@@ -1,0 +1,220 @@
+// Command pinrt-bench drives any CRI v1 runtime endpoint through the bench
+// scenarios (sandbox, pod, density, restore) and prints latency tables; it
+// also serves the test image (registry) and removes leftovers (cleanup).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/pinrt/pinrt/test/bench"
+)
+
+const usage = `usage: pinrt-bench <command> [flags]
+
+commands:
+  sandbox    RunPodSandbox → PodSandboxStatus → Stop → Remove
+  pod        sandbox + one container to RUNNING and back
+  density    start N pods with a sleeping container, report runtime RSS
+  restore    N pods, restart the runtime, time until all are Ready again
+  cleanup    remove pods and containers (bench-labelled, or --all)
+  registry   serve a busybox test image from an in-process registry
+
+run "pinrt-bench <command> -h" for the flags of a command.
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run returns the exit code: 0 ok, 1 a run with errors, 2 bad usage.
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	cmd, args := args[0], args[1:]
+	switch cmd {
+	case bench.ScenarioSandbox, bench.ScenarioPod, bench.ScenarioDensity, bench.ScenarioRestore:
+		return runScenario(ctx, cmd, args, stdout, stderr)
+	case "cleanup":
+		return runCleanup(ctx, args, stdout, stderr)
+	case "registry":
+		return runRegistry(ctx, args, stdout, stderr)
+	}
+	fmt.Fprintf(stderr, "unknown command %q\n%s", cmd, usage)
+	return 2
+}
+
+func runScenario(ctx context.Context, scenario string, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet(scenario, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	endpoint := fs.String("endpoint", "unix:///run/pinrt/pinrt.sock", "CRI endpoint (unix:///path or /path)")
+	var cfg bench.Config
+	fs.IntVar(&cfg.N, "n", 10, "number of pods")
+	fs.IntVar(&cfg.P, "p", 1, "parallel workers")
+	fs.StringVar(&cfg.Variant, "variant", bench.VariantNetns, "netns, userns or hostnet")
+	fs.StringVar(&cfg.RunID, "run-id", "", "run ID used in pod names and labels (random if empty)")
+	fs.DurationVar(&cfg.RPCTimeout, "timeout", 30*time.Second, "timeout of every RPC")
+	fs.DurationVar(&cfg.WaitTimeout, "wait-timeout", time.Minute, "timeout for RUNNING / restore waits")
+	fs.StringVar(&cfg.Image, "image", "", "container image (pod, density, restore --with-containers)")
+	command := fs.String("cmd", "sleep 3600", "container command, split on spaces")
+	fs.StringVar(&cfg.LogDir, "log-dir", "", "parent of pod log directories (empty: none)")
+	usernsBase := fs.Uint("userns-base", bench.UsernsBlock, "first host ID for userns pods (multiple of 65536, not 0)")
+	fs.IntVar(&cfg.UsernsCount, "userns-count", 1024, "number of 65536-ID blocks for userns pods")
+	fs.BoolVar(&cfg.Keep, "keep", false, "density: leave the pods running")
+	pid := fs.Int("pid", 0, "runtime daemon PID for RSS (density)")
+	pidFile := fs.String("pid-file", "", "file holding the runtime daemon PID (density)")
+	fs.DurationVar(&cfg.Settle, "settle", time.Second, "density: wait this long before reading RSS after start")
+	restartCmd := fs.String("restart-cmd", "", "restore: shell command that restarts the runtime")
+	fs.BoolVar(&cfg.WithContainers, "with-containers", false, "restore: one running container per pod")
+	asJSON := fs.Bool("json", false, "print JSON instead of the table")
+	out := fs.String("out", "", "also write the JSON result to this file")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "unexpected arguments: %q\n", fs.Args())
+		return 2
+	}
+	if *usernsBase > 1<<32-1 {
+		fmt.Fprintf(stderr, "--userns-base %d out of range\n", *usernsBase)
+		return 2
+	}
+	cfg.UsernsBase = uint32(*usernsBase)
+	cfg.Command = strings.Fields(*command)
+	switch {
+	case *pid > 0:
+		p := *pid
+		cfg.PID = func() (int, error) { return p, nil }
+	case *pidFile != "":
+		cfg.PID = bench.PIDFromFile(*pidFile)
+	}
+	if *restartCmd != "" {
+		rc := *restartCmd
+		cfg.Restart = func(ctx context.Context) error {
+			c := exec.CommandContext(ctx, "sh", "-c", rc)
+			// Files, not pipes: a daemon started in the background by the
+			// command inherits them, and Wait would block on a pipe until
+			// that daemon exits.
+			c.Stdout, c.Stderr = os.Stderr, os.Stderr
+			if err := c.Run(); err != nil {
+				return fmt.Errorf("restart command %q: %w", rc, err)
+			}
+			return nil
+		}
+	}
+
+	c, err := bench.Dial(*endpoint, cfg.RPCTimeout)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 2
+	}
+	defer c.Close()
+	res, err := bench.Run(ctx, c, scenario, cfg)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 2
+	}
+	if *asJSON {
+		err = res.WriteJSON(stdout)
+	} else {
+		err = res.WriteTable(stdout)
+	}
+	if err == nil && *out != "" {
+		err = writeJSONFile(*out, res)
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	if res.Errors > 0 {
+		return 1
+	}
+	return 0
+}
+
+func writeJSONFile(path string, res *bench.Result) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	return errors.Join(res.WriteJSON(f), f.Close())
+}
+
+func runCleanup(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("cleanup", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	endpoint := fs.String("endpoint", "unix:///run/pinrt/pinrt.sock", "CRI endpoint")
+	all := fs.Bool("all", false, "remove every pod and container, not only bench-labelled ones")
+	runID := fs.String("run-id", "", "only this run's objects (without --all)")
+	timeout := fs.Duration("timeout", 30*time.Second, "timeout of every RPC")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	c, err := bench.Dial(*endpoint, *timeout)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 2
+	}
+	defer c.Close()
+	st, err := bench.Cleanup(ctx, c, *all, *runID)
+	fmt.Fprintf(stdout, "cleanup: removed %d containers, %d sandboxes\n", st.Containers, st.Sandboxes)
+	if err != nil {
+		fmt.Fprintf(stderr, "cleanup errors:\n%v\n", err)
+		return 1
+	}
+	return 0
+}
+
+func runRegistry(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("registry", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	listen := fs.String("listen", "127.0.0.1:0", "address to listen on")
+	addrFile := fs.String("addr-file", "", "write host:port here once the image is pushed")
+	busybox := fs.String("busybox", "/bin/busybox", "static busybox binary to put in the image")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	reg, err := bench.StartRegistry(ctx, *listen, *busybox)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	if *addrFile != "" {
+		// Written atomically and only after the push, so a script polling
+		// for the file never sees a partial address or a missing image.
+		tmp := *addrFile + ".tmp." + strconv.Itoa(os.Getpid())
+		if err := os.WriteFile(tmp, []byte(reg.Addr+"\n"), 0o644); err == nil {
+			err = os.Rename(tmp, *addrFile)
+		}
+		if err != nil {
+			fmt.Fprintln(stderr, err)
+			_ = reg.Close()
+			return 1
+		}
+	}
+	fmt.Fprintf(stdout, "serving %s\n", reg.Image)
+	<-ctx.Done()
+	if err := reg.Close(); err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	return 0
+}

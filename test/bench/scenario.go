@@ -1,0 +1,656 @@
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// Scenario names.
+const (
+	ScenarioSandbox = "sandbox"
+	ScenarioPod     = "pod"
+	ScenarioDensity = "density"
+	ScenarioRestore = "restore"
+)
+
+// Variant names: which namespaces the pods get.
+const (
+	VariantNetns   = "netns"   // pod netns, host userns
+	VariantUserns  = "userns"  // pod netns inside a pod userns
+	VariantHostnet = "hostnet" // host network, host userns
+)
+
+// Operation names, shared by the table, the JSON and the tests.
+const (
+	OpRunPodSandbox    = "RunPodSandbox"
+	OpPodSandboxStatus = "PodSandboxStatus"
+	OpStopPodSandbox   = "StopPodSandbox"
+	OpRemovePodSandbox = "RemovePodSandbox"
+	OpCreateContainer  = "CreateContainer"
+	OpStartContainer   = "StartContainer"
+	OpWaitRunning      = "StartContainer→RUNNING"
+	OpStopContainer    = "StopContainer"
+	OpRemoveContainer  = "RemoveContainer"
+	OpPullImage        = "PullImage (setup)"
+	OpSandboxE2E       = "sandbox end to end"
+	OpPodRunning       = "pod to Running"
+	OpPodE2E           = "pod end to end"
+	OpRestartCmd       = "restart command"
+	OpRestartVersion   = "restart→Version"
+	OpRestartReady     = "restart→sandbox Ready, same IPs"
+	OpRestartRunning   = "restart→container RUNNING"
+	OpRestartAllReady  = "restart→all Ready"
+)
+
+// Label keys put on every pod and container so that a run's objects can be
+// found again (restore, cleanup) on a runtime shared with other workloads.
+const (
+	LabelRun      = "pinrt-bench.io/run"
+	LabelScenario = "pinrt-bench.io/scenario"
+)
+
+// Config parameterises a run.
+type Config struct {
+	N       int    // pods
+	P       int    // parallel workers
+	Variant string // VariantNetns, VariantUserns or VariantHostnet
+	RunID   string // unique per run; NewRunID if empty
+
+	// RPCTimeout bounds every single RPC.
+	RPCTimeout time.Duration
+	// WaitTimeout bounds waiting for a container to be RUNNING and, in the
+	// restore scenario, for the runtime and all sandboxes to come back.
+	WaitTimeout time.Duration
+
+	Image   string   // container image (pod, density, restore with containers)
+	Command []string // container command
+
+	// LogDir, when set, is the parent of every pod's LogDirectory.
+	LogDir string
+
+	UsernsBase  uint32 // first host ID handed out to userns pods
+	UsernsCount int    // number of 65536-ID blocks available
+
+	Keep bool // density: leave the pods running
+
+	// PID returns the runtime daemon's PID (density RSS). Optional.
+	PID func() (int, error)
+	// Settle is waited before the density "after" RSS is read.
+	Settle time.Duration
+
+	// Restart restarts the runtime (restore). It returns once the restart
+	// has been initiated; the tool measures from its start.
+	Restart func(ctx context.Context) error
+	// WithContainers adds one running container per pod in restore.
+	WithContainers bool
+}
+
+func (c *Config) defaults() {
+	if c.N <= 0 {
+		c.N = 1
+	}
+	if c.P <= 0 {
+		c.P = 1
+	}
+	if c.Variant == "" {
+		c.Variant = VariantNetns
+	}
+	if c.RunID == "" {
+		c.RunID = NewRunID()
+	}
+	if c.RPCTimeout <= 0 {
+		c.RPCTimeout = 30 * time.Second
+	}
+	if c.WaitTimeout <= 0 {
+		c.WaitTimeout = time.Minute
+	}
+	if len(c.Command) == 0 {
+		c.Command = []string{"sleep", "3600"}
+	}
+	if c.UsernsBase == 0 {
+		c.UsernsBase = UsernsBlock
+	}
+	if c.UsernsCount <= 0 {
+		c.UsernsCount = 1024
+	}
+}
+
+// NewRunID returns a short random ID that makes pod names unique per run.
+func NewRunID() string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return "r" + hex.EncodeToString(b)
+}
+
+func newUID() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	b[6] = b[6]&0x0f | 0x40 // version 4, as kubelet's UIDs
+	b[8] = b[8]&0x3f | 0x80
+	h := hex.EncodeToString(b)
+	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}
+
+// Result is the outcome of one scenario run.
+type Result struct {
+	Scenario string             `json:"scenario"`
+	Variant  string             `json:"variant"`
+	N        int                `json:"n"`
+	P        int                `json:"p"`
+	RunID    string             `json:"run_id"`
+	Runtime  string             `json:"runtime,omitempty"`
+	Started  time.Time          `json:"started"`
+	WallMs   float64            `json:"wall_ms"`
+	Ops      []OpSummary        `json:"ops"`
+	Metrics  map[string]float64 `json:"metrics,omitempty"`
+	Errors   int                `json:"errors"`
+}
+
+type runner struct {
+	cfg Config
+	c   *Client
+	rec *Recorder
+	ids *IDAllocator
+	// walls overrides the wall time used for throughput of some rows,
+	// e.g. the teardown phase of density.
+	mu      sync.Mutex
+	walls   map[string]time.Duration
+	metrics map[string]float64
+}
+
+// Run executes scenario against c. RPC failures are counted in the result;
+// the error is only for a run that could not start (bad configuration).
+func Run(ctx context.Context, c *Client, scenario string, cfg Config) (*Result, error) {
+	cfg.defaults()
+	switch cfg.Variant {
+	case VariantNetns, VariantUserns, VariantHostnet:
+	default:
+		return nil, fmt.Errorf("unknown variant %q (want %s, %s or %s)", cfg.Variant, VariantNetns, VariantUserns, VariantHostnet)
+	}
+	ids, err := NewIDAllocator(cfg.UsernsBase, cfg.UsernsCount)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Variant == VariantUserns && cfg.UsernsCount < min(cfg.N, cfg.P) {
+		return nil, fmt.Errorf("userns count %d is below the parallelism %d", cfg.UsernsCount, cfg.P)
+	}
+	r := &runner{cfg: cfg, c: c, rec: NewRecorder(), ids: ids, walls: map[string]time.Duration{}, metrics: map[string]float64{}}
+	res := &Result{Scenario: scenario, Variant: cfg.Variant, N: cfg.N, P: cfg.P, RunID: cfg.RunID, Started: time.Now()}
+	res.Runtime = r.version(ctx)
+
+	var wall time.Duration
+	switch scenario {
+	case ScenarioSandbox:
+		wall = r.sandbox(ctx)
+	case ScenarioPod:
+		wall = r.pod(ctx)
+	case ScenarioDensity:
+		wall = r.density(ctx)
+	case ScenarioRestore:
+		if cfg.Restart == nil {
+			return nil, errors.New("restore needs a restart command")
+		}
+		wall = r.restore(ctx)
+	default:
+		return nil, fmt.Errorf("unknown scenario %q", scenario)
+	}
+	res.WallMs = ms(wall)
+	res.Ops = r.rec.Summaries(wall)
+	for i := range res.Ops {
+		if w, ok := r.walls[res.Ops[i].Name]; ok {
+			res.Ops[i].PerSec = Throughput(res.Ops[i].Count, w)
+		}
+	}
+	res.Errors = r.rec.Errors()
+	if len(r.metrics) > 0 {
+		res.Metrics = r.metrics
+	}
+	return res, nil
+}
+
+// version asks the runtime for its name and version. A failure is not an
+// error of the run: the scenario's first RPCs will fail and be counted.
+func (r *runner) version(ctx context.Context) string {
+	rctx, cancel := r.c.rpc(ctx)
+	defer cancel()
+	v, err := r.c.Runtime.Version(rctx, &runtimeapi.VersionRequest{Version: "v1"})
+	if err != nil {
+		return ""
+	}
+	return v.GetRuntimeName() + " " + v.GetRuntimeVersion()
+}
+
+func (r *runner) setMetric(k string, v float64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.metrics[k] = v
+}
+
+// forEach runs f(i) for i in [0,n) on p workers and returns the wall time.
+// Workers stop picking up new indexes once ctx is done.
+func forEach(ctx context.Context, n, p int, f func(i int)) time.Duration {
+	start := time.Now()
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range min(p, n) {
+		wg.Go(func() {
+			for i := range next {
+				f(i)
+			}
+		})
+	}
+	for i := range n {
+		if ctx.Err() != nil {
+			break
+		}
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	return time.Since(start)
+}
+
+// benchPod is one pod created by the tool.
+type benchPod struct {
+	idx        int
+	id         string
+	hostID     uint32 // userns block, 0 without userns
+	config     *runtimeapi.PodSandboxConfig
+	containers []string
+	ips        []string
+}
+
+func (r *runner) nsOptions(hostID uint32) *runtimeapi.NamespaceOption {
+	ns := &runtimeapi.NamespaceOption{Network: runtimeapi.NamespaceMode_POD, Pid: runtimeapi.NamespaceMode_CONTAINER, Ipc: runtimeapi.NamespaceMode_POD}
+	switch r.cfg.Variant {
+	case VariantHostnet:
+		ns.Network = runtimeapi.NamespaceMode_NODE
+	case VariantUserns:
+		ns.UsernsOptions = UsernsOption(hostID)
+	}
+	if ns.UsernsOptions == nil {
+		ns.UsernsOptions = &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_NODE}
+	}
+	return ns
+}
+
+func (r *runner) podConfig(scenario string, i int, hostID uint32) *runtimeapi.PodSandboxConfig {
+	name := fmt.Sprintf("%s-%s-%d", scenario, r.cfg.RunID, i)
+	md := &runtimeapi.PodSandboxMetadata{Name: name, Uid: newUID(), Namespace: "bench-" + r.cfg.RunID}
+	cfg := &runtimeapi.PodSandboxConfig{
+		Metadata: md,
+		Labels:   map[string]string{LabelRun: r.cfg.RunID, LabelScenario: scenario},
+		Linux: &runtimeapi.LinuxPodSandboxConfig{
+			SecurityContext: &runtimeapi.LinuxSandboxSecurityContext{NamespaceOptions: r.nsOptions(hostID)},
+		},
+	}
+	if r.cfg.Variant != VariantHostnet {
+		cfg.Hostname = name
+	}
+	if r.cfg.LogDir != "" {
+		// kubelet's layout: /var/log/pods/<namespace>_<name>_<uid>.
+		cfg.LogDirectory = fmt.Sprintf("%s/%s_%s_%s", r.cfg.LogDir, md.Namespace, md.Name, md.Uid)
+	}
+	return cfg
+}
+
+// cleanupCtx detaches teardown from a cancelled run so an interrupted run
+// still removes what it created; each RPC keeps its own timeout.
+func cleanupCtx(ctx context.Context) context.Context {
+	return context.WithoutCancel(ctx)
+}
+
+func (r *runner) runSandbox(ctx context.Context, scenario string, i int) (*benchPod, error) {
+	p := &benchPod{idx: i}
+	if r.cfg.Variant == VariantUserns {
+		id, err := r.ids.Acquire()
+		if err != nil {
+			r.rec.Fail(OpRunPodSandbox, err)
+			return nil, err
+		}
+		p.hostID = id
+	}
+	p.config = r.podConfig(scenario, i, p.hostID)
+	err := r.rec.timed(OpRunPodSandbox, func() error {
+		rctx, cancel := r.c.rpc(ctx)
+		defer cancel()
+		resp, err := r.c.Runtime.RunPodSandbox(rctx, &runtimeapi.RunPodSandboxRequest{Config: p.config})
+		if err != nil {
+			return err
+		}
+		p.id = resp.GetPodSandboxId()
+		return nil
+	})
+	if err != nil {
+		r.ids.Release(p.hostID)
+		return nil, err
+	}
+	return p, nil
+}
+
+// sandboxStatus returns the sandbox's IPs; a sandbox that is not READY is
+// an error.
+func (r *runner) sandboxStatus(ctx context.Context, p *benchPod) ([]string, error) {
+	rctx, cancel := r.c.rpc(ctx)
+	defer cancel()
+	resp, err := r.c.Runtime.PodSandboxStatus(rctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: p.id})
+	if err != nil {
+		return nil, err
+	}
+	st := resp.GetStatus()
+	if st.GetState() != runtimeapi.PodSandboxState_SANDBOX_READY {
+		return nil, fmt.Errorf("sandbox %s is %s, want SANDBOX_READY", p.id, st.GetState())
+	}
+	var ips []string
+	if ip := st.GetNetwork().GetIp(); ip != "" {
+		ips = append(ips, ip)
+	}
+	for _, a := range st.GetNetwork().GetAdditionalIps() {
+		ips = append(ips, a.GetIp())
+	}
+	return ips, nil
+}
+
+// removeSandbox stops and removes a sandbox, timing both; both are tried
+// even if the stop fails, because a remove should still clean up.
+func (r *runner) removeSandbox(ctx context.Context, p *benchPod) error {
+	ctx = cleanupCtx(ctx)
+	errStop := r.rec.timed(OpStopPodSandbox, func() error {
+		rctx, cancel := r.c.rpc(ctx)
+		defer cancel()
+		_, err := r.c.Runtime.StopPodSandbox(rctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: p.id})
+		return err
+	})
+	errRm := r.rec.timed(OpRemovePodSandbox, func() error {
+		rctx, cancel := r.c.rpc(ctx)
+		defer cancel()
+		_, err := r.c.Runtime.RemovePodSandbox(rctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: p.id})
+		return err
+	})
+	if errRm == nil {
+		// Only a removed sandbox gives its ID range back; reusing the range
+		// of a sandbox that still exists would be rejected as overlapping.
+		r.ids.Release(p.hostID)
+	}
+	return errors.Join(errStop, errRm)
+}
+
+// startContainer creates and starts one container in p and waits until the
+// runtime reports it RUNNING.
+func (r *runner) startContainer(ctx context.Context, p *benchPod) error {
+	ns := p.config.GetLinux().GetSecurityContext().GetNamespaceOptions()
+	cc := &runtimeapi.ContainerConfig{
+		Metadata: &runtimeapi.ContainerMetadata{Name: "c0"},
+		Image:    &runtimeapi.ImageSpec{Image: r.cfg.Image, UserSpecifiedImage: r.cfg.Image},
+		Command:  r.cfg.Command,
+		Labels:   p.config.Labels,
+		Linux: &runtimeapi.LinuxContainerConfig{
+			SecurityContext: &runtimeapi.LinuxContainerSecurityContext{NamespaceOptions: ns},
+		},
+	}
+	if p.config.LogDirectory != "" {
+		cc.LogPath = "c0/0.log"
+	}
+	var id string
+	err := r.rec.timed(OpCreateContainer, func() error {
+		rctx, cancel := r.c.rpc(ctx)
+		defer cancel()
+		resp, err := r.c.Runtime.CreateContainer(rctx, &runtimeapi.CreateContainerRequest{PodSandboxId: p.id, Config: cc, SandboxConfig: p.config})
+		if err != nil {
+			return err
+		}
+		id = resp.GetContainerId()
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	p.containers = append(p.containers, id)
+	err = r.rec.timed(OpStartContainer, func() error {
+		rctx, cancel := r.c.rpc(ctx)
+		defer cancel()
+		_, err := r.c.Runtime.StartContainer(rctx, &runtimeapi.StartContainerRequest{ContainerId: id})
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	return r.rec.timed(OpWaitRunning, func() error { return r.waitRunning(ctx, id) })
+}
+
+// pollInterval is how often state is polled while waiting; short enough not
+// to dominate a container start of a few tens of milliseconds.
+const pollInterval = 5 * time.Millisecond
+
+func (r *runner) waitRunning(ctx context.Context, id string) error {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.WaitTimeout)
+	defer cancel()
+	for {
+		st, err := r.containerState(ctx, id)
+		if err != nil {
+			return err
+		}
+		switch st {
+		case runtimeapi.ContainerState_CONTAINER_RUNNING:
+			return nil
+		case runtimeapi.ContainerState_CONTAINER_EXITED, runtimeapi.ContainerState_CONTAINER_UNKNOWN:
+			return fmt.Errorf("container %s is %s, want CONTAINER_RUNNING", id, st)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("container %s still %s after %s: %w", id, st, r.cfg.WaitTimeout, ctx.Err())
+		case <-time.After(pollInterval):
+		}
+	}
+}
+
+func (r *runner) containerState(ctx context.Context, id string) (runtimeapi.ContainerState, error) {
+	rctx, cancel := r.c.rpc(ctx)
+	defer cancel()
+	resp, err := r.c.Runtime.ContainerStatus(rctx, &runtimeapi.ContainerStatusRequest{ContainerId: id})
+	if err != nil {
+		return 0, err
+	}
+	return resp.GetStatus().GetState(), nil
+}
+
+// removeContainers stops and removes every container of p.
+func (r *runner) removeContainers(ctx context.Context, p *benchPod) error {
+	ctx = cleanupCtx(ctx)
+	var errs []error
+	for _, id := range p.containers {
+		errs = append(errs, r.rec.timed(OpStopContainer, func() error {
+			rctx, cancel := r.c.rpc(ctx)
+			defer cancel()
+			_, err := r.c.Runtime.StopContainer(rctx, &runtimeapi.StopContainerRequest{ContainerId: id, Timeout: 0})
+			return err
+		}))
+		errs = append(errs, r.rec.timed(OpRemoveContainer, func() error {
+			rctx, cancel := r.c.rpc(ctx)
+			defer cancel()
+			_, err := r.c.Runtime.RemoveContainer(rctx, &runtimeapi.RemoveContainerRequest{ContainerId: id})
+			return err
+		}))
+	}
+	p.containers = nil
+	return errors.Join(errs...)
+}
+
+// teardown removes the containers and then the sandbox of p.
+func (r *runner) teardown(ctx context.Context, p *benchPod) error {
+	return errors.Join(r.removeContainers(ctx, p), r.removeSandbox(ctx, p))
+}
+
+// ensureImage pulls the image once, before any timing, if the runtime does
+// not have it. A failure is counted; the container operations that follow
+// will fail and be counted too, which makes the cause obvious in the table.
+func (r *runner) ensureImage(ctx context.Context) {
+	spec := &runtimeapi.ImageSpec{Image: r.cfg.Image}
+	err := r.rec.timed(OpPullImage, func() error {
+		if r.cfg.Image == "" {
+			return errors.New("no image given (--image)")
+		}
+		rctx, cancel := r.c.rpc(ctx)
+		st, err := r.c.Image.ImageStatus(rctx, &runtimeapi.ImageStatusRequest{Image: spec})
+		cancel()
+		if err == nil && st.GetImage() != nil {
+			return nil
+		}
+		// A pull may legitimately take longer than one ordinary RPC.
+		pctx, cancel := context.WithTimeout(ctx, max(r.cfg.RPCTimeout, 5*time.Minute))
+		defer cancel()
+		_, err = r.c.Image.PullImage(pctx, &runtimeapi.PullImageRequest{Image: spec})
+		return err
+	})
+	_ = err
+}
+
+func (r *runner) sandbox(ctx context.Context) time.Duration {
+	r.rec.Declare(OpRunPodSandbox, OpPodSandboxStatus, OpStopPodSandbox, OpRemovePodSandbox)
+	r.rec.DeclareAggregate(OpSandboxE2E)
+	return forEach(ctx, r.cfg.N, r.cfg.P, func(i int) {
+		start := time.Now()
+		p, err := r.runSandbox(ctx, ScenarioSandbox, i)
+		if err != nil {
+			r.rec.Fail(OpSandboxE2E, err)
+			return
+		}
+		errSt := r.rec.timed(OpPodSandboxStatus, func() error {
+			_, err := r.sandboxStatus(ctx, p)
+			return err
+		})
+		if err := errors.Join(errSt, r.removeSandbox(ctx, p)); err != nil {
+			r.rec.Fail(OpSandboxE2E, err)
+			return
+		}
+		r.rec.Observe(OpSandboxE2E, time.Since(start))
+	})
+}
+
+func (r *runner) declarePodOps() {
+	r.rec.Declare(OpPullImage, OpRunPodSandbox, OpCreateContainer, OpStartContainer, OpWaitRunning,
+		OpStopContainer, OpRemoveContainer, OpStopPodSandbox, OpRemovePodSandbox)
+	r.rec.DeclareAggregate(OpPodRunning, OpPodE2E)
+}
+
+// startPod runs a sandbox with one running container and records "pod to
+// Running". On failure, whatever was created is torn down.
+func (r *runner) startPod(ctx context.Context, scenario string, i int, start time.Time) (*benchPod, error) {
+	p, err := r.runSandbox(ctx, scenario, i)
+	if err != nil {
+		r.rec.Fail(OpPodRunning, err)
+		return nil, err
+	}
+	if err := r.startContainer(ctx, p); err != nil {
+		r.rec.Fail(OpPodRunning, err)
+		return nil, errors.Join(err, r.teardown(ctx, p))
+	}
+	r.rec.Observe(OpPodRunning, time.Since(start))
+	return p, nil
+}
+
+func (r *runner) pod(ctx context.Context) time.Duration {
+	r.declarePodOps()
+	r.ensureImage(ctx)
+	return forEach(ctx, r.cfg.N, r.cfg.P, func(i int) {
+		start := time.Now()
+		p, err := r.startPod(ctx, ScenarioPod, i, start)
+		if err != nil {
+			r.rec.Fail(OpPodE2E, err)
+			return
+		}
+		if err := r.teardown(ctx, p); err != nil {
+			r.rec.Fail(OpPodE2E, err)
+			return
+		}
+		r.rec.Observe(OpPodE2E, time.Since(start))
+	})
+}
+
+// startPods starts cfg.N pods (with containers if withContainers) and
+// returns the ones that came up, ordered by index.
+func (r *runner) startPods(ctx context.Context, scenario string, withContainers bool) ([]*benchPod, time.Duration) {
+	var mu sync.Mutex
+	var pods []*benchPod
+	wall := forEach(ctx, r.cfg.N, r.cfg.P, func(i int) {
+		start := time.Now()
+		var p *benchPod
+		var err error
+		if withContainers {
+			p, err = r.startPod(ctx, scenario, i, start)
+		} else {
+			p, err = r.runSandbox(ctx, scenario, i)
+		}
+		if err != nil {
+			return
+		}
+		mu.Lock()
+		pods = append(pods, p)
+		mu.Unlock()
+	})
+	slices.SortFunc(pods, func(a, b *benchPod) int { return a.idx - b.idx })
+	return pods, wall
+}
+
+// teardownAll removes pods in parallel and returns the wall time.
+func (r *runner) teardownAll(ctx context.Context, pods []*benchPod) time.Duration {
+	wall := forEach(cleanupCtx(ctx), len(pods), r.cfg.P, func(i int) {
+		_ = r.teardown(ctx, pods[i])
+	})
+	r.walls[OpStopContainer] = wall
+	r.walls[OpRemoveContainer] = wall
+	r.walls[OpStopPodSandbox] = wall
+	r.walls[OpRemovePodSandbox] = wall
+	r.setMetric("teardown_wall_ms", ms(wall))
+	return wall
+}
+
+func (r *runner) density(ctx context.Context) time.Duration {
+	r.rec.Declare(OpPullImage, OpRunPodSandbox, OpCreateContainer, OpStartContainer, OpWaitRunning)
+	r.rec.DeclareAggregate(OpPodRunning)
+	r.ensureImage(ctx)
+	before, errBefore := r.rss()
+	pods, wall := r.startPods(ctx, ScenarioDensity, true)
+	r.setMetric("pods_running", float64(len(pods)))
+	if r.cfg.Settle > 0 {
+		select {
+		case <-ctx.Done():
+		case <-time.After(r.cfg.Settle):
+		}
+	}
+	after, errAfter := r.rss()
+	switch {
+	case r.cfg.PID == nil:
+	case errBefore != nil || errAfter != nil:
+		r.rec.Fail("runtime RSS", errors.Join(errBefore, errAfter))
+	default:
+		r.setMetric("rss_before_kib", float64(before))
+		r.setMetric("rss_after_kib", float64(after))
+		if len(pods) > 0 {
+			r.setMetric("rss_per_pod_kib", float64(after-before)/float64(len(pods)))
+		}
+	}
+	if !r.cfg.Keep {
+		r.teardownAll(ctx, pods)
+	}
+	return wall
+}
+
+func (r *runner) rss() (int64, error) {
+	if r.cfg.PID == nil {
+		return 0, nil
+	}
+	pid, err := r.cfg.PID()
+	if err != nil {
+		return 0, err
+	}
+	return ReadRSS(pid)
+}
