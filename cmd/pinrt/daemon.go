@@ -1,0 +1,187 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+
+	"github.com/pinrt/pinrt/conf"
+	"github.com/pinrt/pinrt/server"
+	"github.com/pinrt/pinrt/version"
+)
+
+func setupLogging(cfg *conf.Config) error {
+	format := log.TextFormat
+	if cfg.LogFormat == "json" {
+		format = log.JSONFormat
+	}
+	if err := log.SetFormat(format); err != nil {
+		return err
+	}
+	return log.SetLevel(cfg.LogLevel)
+}
+
+// lockRunRoot takes an exclusive flock on <runroot>/pinrt.lock so a second
+// daemon on the same run dir fails fast instead of stealing the socket
+// and the pins. The lock lives as long as the process.
+func lockRunRoot(runroot string) (*os.File, error) {
+	path := filepath.Join(runroot, "pinrt.lock")
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			pid, _ := os.ReadFile(path)
+			return nil, fmt.Errorf("another pinrt (pid %s) is already running on run dir %s (lock %s is held)", string(pid), runroot, path)
+		}
+		return nil, fmt.Errorf("locking %s: %w", path, err)
+	}
+	_ = f.Truncate(0)
+	_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())), 0)
+	return f, nil
+}
+
+// listen creates the CRI socket with mode 0660. The caller holds the run
+// dir lock, so any socket file already there is stale and is replaced.
+func listen(cfg *conf.Config) (net.Listener, error) {
+	path := cfg.SocketPath()
+	if err := os.MkdirAll(filepath.Dir(path), 0o711); err != nil {
+		return nil, err
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("removing stale socket %s: %w", path, err)
+	}
+	// Create the socket with no access at all, then open it up: no client
+	// can connect through a wider mode in between.
+	old := unix.Umask(0o777)
+	l, err := net.Listen("unix", path)
+	unix.Umask(old)
+	if err != nil {
+		return nil, err
+	}
+	gid := -1
+	if g := cfg.SocketGroup; g != "" {
+		if n, err := strconv.Atoi(g); err == nil {
+			gid = n
+		} else if grp, err := user.LookupGroup(g); err == nil {
+			gid, _ = strconv.Atoi(grp.Gid)
+		} else {
+			l.Close()
+			return nil, fmt.Errorf("socket_group %q: %w", g, err)
+		}
+	}
+	if err := os.Chown(path, -1, gid); err != nil {
+		l.Close()
+		return nil, err
+	}
+	if err := os.Chmod(path, 0o660); err != nil {
+		l.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+func runDaemon(o *options, cfg *conf.Config) error {
+	if err := setupLogging(cfg); err != nil {
+		return err
+	}
+	ctx := log.WithLogger(context.Background(), log.L)
+	for _, d := range []string{cfg.Root, cfg.RunRoot} {
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			return err
+		}
+	}
+	lock, err := lockRunRoot(cfg.RunRoot)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+
+	srv, err := newServer(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	l, err := listen(cfg)
+	if err != nil {
+		return err
+	}
+	g := grpc.NewServer(
+		grpc.ChainUnaryInterceptor(server.UnaryInterceptor),
+		grpc.ChainStreamInterceptor(server.StreamInterceptor),
+		grpc.MaxRecvMsgSize(16<<20), grpc.MaxSendMsgSize(16<<20),
+	)
+	srv.Register(g)
+
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT, unix.SIGHUP)
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- g.Serve(l) }()
+	log.G(ctx).WithFields(log.Fields{"socket": cfg.SocketPath(), "version": version.Version, "root": cfg.Root, "runroot": cfg.RunRoot}).Info("pinrt is serving")
+
+	for {
+		select {
+		case err := <-serveErr:
+			_ = os.Remove(cfg.SocketPath())
+			return err
+		case sig := <-sigs:
+			if sig == unix.SIGHUP {
+				reloadLogLevel(ctx, o)
+				continue
+			}
+			log.G(ctx).Infof("received %v, shutting down", sig)
+			stop(ctx, g, cfg.ShutdownTimeout.Std())
+			_ = os.Remove(cfg.SocketPath())
+			cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			err := srv.Close(cctx)
+			cancel()
+			return err
+		}
+	}
+}
+
+// stop lets in-flight calls finish for at most timeout, then cuts them.
+func stop(ctx context.Context, g *grpc.Server, timeout time.Duration) {
+	done := make(chan struct{})
+	go func() { g.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(timeout):
+		log.G(ctx).Warnf("in-flight calls still running after %v, stopping them", timeout)
+		g.Stop()
+	}
+}
+
+// reloadLogLevel re-reads the configuration on SIGHUP and applies its log
+// level; a --log-level flag keeps precedence.
+func reloadLogLevel(ctx context.Context, o *options) {
+	cfg, err := o.load()
+	if err != nil {
+		log.G(ctx).WithError(err).Error("SIGHUP: keeping the old configuration")
+		return
+	}
+	if err := log.SetLevel(cfg.LogLevel); err != nil {
+		log.G(ctx).WithError(err).Error("SIGHUP: bad log level")
+		return
+	}
+	log.G(ctx).Infof("SIGHUP: log level is now %s", cfg.LogLevel)
+}
+
+// newServer builds the domain packages and the CRI server on top.
+func newServer(ctx context.Context, cfg *conf.Config) (*server.Server, error) {
+	_ = syscall.Getpid
+	return server.New(cfg, server.Deps{}), nil
+}

@@ -1,0 +1,66 @@
+package server
+
+import (
+	"context"
+	"os/exec"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pinrt/pinrt/version"
+)
+
+// Version answers kubelet's first call.
+func (s *Server) Version(ctx context.Context, req *runtimeapi.VersionRequest) (*runtimeapi.VersionResponse, error) {
+	return &runtimeapi.VersionResponse{
+		Version:           "0.1.0",
+		RuntimeName:       version.Name,
+		RuntimeVersion:    version.Version,
+		RuntimeApiVersion: version.CRIVersion,
+	}, nil
+}
+
+// Status reports whether pinrt can run containers and pods can get a
+// network. Both conditions are computed on every call, never cached, so
+// a CNI config written later flips NetworkReady without a restart.
+func (s *Server) Status(ctx context.Context, req *runtimeapi.StatusRequest) (*runtimeapi.StatusResponse, error) {
+	runtimeCond := &runtimeapi.RuntimeCondition{Type: runtimeapi.RuntimeReady, Status: true}
+	if err := s.runtimeReady(); err != nil {
+		runtimeCond.Status = false
+		runtimeCond.Reason = "RuntimeNotReady"
+		runtimeCond.Message = err.Error()
+	}
+	netCond := &runtimeapi.RuntimeCondition{Type: runtimeapi.NetworkReady, Status: true}
+	if s.deps.Network == nil {
+		netCond.Status = false
+		netCond.Reason = "NetworkPluginNotReady"
+		netCond.Message = "no network plugin is configured"
+	} else if err := s.deps.Network.Status(); err != nil {
+		netCond.Status = false
+		netCond.Reason = "NetworkPluginNotReady"
+		netCond.Message = "network plugin is not ready: " + err.Error()
+	}
+	return &runtimeapi.StatusResponse{
+		Status: &runtimeapi.RuntimeStatus{Conditions: []*runtimeapi.RuntimeCondition{runtimeCond, netCond}},
+	}, nil
+}
+
+// runtimeReady checks that the default runtime and the monitor exist.
+func (s *Server) runtimeReady() error {
+	rt := s.cfg.Runtime
+	if _, err := exec.LookPath(rt.Runtimes[rt.DefaultRuntime].Binary); err != nil {
+		return err
+	}
+	_, err := exec.LookPath(rt.Conmon)
+	return err
+}
+
+// RuntimeConfig reports the cgroup driver so kubelet can match it.
+func (s *Server) RuntimeConfig(ctx context.Context, req *runtimeapi.RuntimeConfigRequest) (*runtimeapi.RuntimeConfigResponse, error) {
+	driver := runtimeapi.CgroupDriver_CGROUPFS
+	if s.cfg.Runtime.CgroupDriver == "systemd" {
+		driver = runtimeapi.CgroupDriver_SYSTEMD
+	}
+	return &runtimeapi.RuntimeConfigResponse{
+		Linux: &runtimeapi.LinuxRuntimeConfiguration{CgroupDriver: driver},
+	}, nil
+}
