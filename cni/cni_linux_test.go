@@ -1,0 +1,255 @@
+package cni
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/big"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+const realPluginDir = "/opt/cni/bin"
+
+func requireRootCNI(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates network namespaces, a bridge and veths")
+	}
+	for _, p := range []string{"bridge", "host-local", "loopback"} {
+		if _, err := os.Stat(filepath.Join(realPluginDir, p)); err != nil {
+			t.Skipf("needs the CNI plugins in %s (make deps): %v", realPluginDir, err)
+		}
+	}
+	for _, b := range []string{"ip", "nsenter", "/bin/busybox"} {
+		if _, err := exec.LookPath(b); err != nil {
+			t.Skipf("needs %s: %v", b, err)
+		}
+	}
+}
+
+// pinNetNS creates a network namespace, optionally inside a fresh user
+// namespace that then owns it (as pinrt does for userns pods), and pins
+// it by bind-mounting it onto path. The pin is removed on cleanup, also on
+// failure.
+func pinNetNS(t *testing.T, path string, userns bool) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	t.Cleanup(func() {
+		if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			t.Errorf("unmount %s: %v", path, err)
+		}
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("remove %s: %v", path, err)
+		}
+	})
+
+	cmd := exec.Command("/bin/busybox", "sleep", "600")
+	attr := &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET, Pdeathsig: syscall.SIGKILL}
+	if userns {
+		attr.Cloneflags |= syscall.CLONE_NEWUSER
+		attr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: 1 << 20, Size: 65536}}
+		attr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: 1 << 20, Size: 65536}}
+	}
+	cmd.SysProcAttr = attr
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start netns holder: %v", err)
+	}
+	// The namespaces exist from the clone on; the helper only has to live
+	// until the bind mount holds its own reference.
+	defer func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	}()
+	src := fmt.Sprintf("/proc/%d/ns/net", cmd.Process.Pid)
+	if err := unix.Mount(src, path, "", unix.MS_BIND, ""); err != nil {
+		t.Fatalf("pin netns: %v", err)
+	}
+}
+
+// ownedByInitUserNS reports whether the netns pinned at path belongs to
+// the host user namespace.
+func ownedByInitUserNS(t *testing.T, path string) bool {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	ufd, err := unix.IoctlRetInt(int(f.Fd()), unix.NS_GET_USERNS)
+	if err != nil {
+		t.Fatalf("NS_GET_USERNS: %v", err)
+	}
+	defer unix.Close(ufd)
+	var owner, self unix.Stat_t
+	if err := unix.Fstat(ufd, &owner); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Stat("/proc/self/ns/user", &self); err != nil {
+		t.Fatal(err)
+	}
+	return owner.Ino == self.Ino && owner.Dev == self.Dev
+}
+
+func nsRun(t *testing.T, netns string, args ...string) (string, error) {
+	t.Helper()
+	out, err := exec.Command("nsenter", append([]string{"--net=" + netns}, args...)...).CombinedOutput()
+	return string(out), err
+}
+
+func randHex(t *testing.T, n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+// TestBridgeNetworkRoot attaches two pods, one of them in a netns owned by
+// a non-init user namespace, to a private test bridge and checks their
+// addresses, lo, connectivity, IP release and teardown without the netns.
+// No ipMasq and no portmap: the test must not touch the host firewall, and
+// no isGateway, which would turn on the host's ip_forward.
+func TestBridgeNetworkRoot(t *testing.T) {
+	requireRootCNI(t)
+	ctx := context.Background()
+	root := t.TempDir()
+	confDir, cacheDir, ipamDir := filepath.Join(root, "net.d"), filepath.Join(root, "cache"), filepath.Join(root, "ipam")
+	if err := os.Mkdir(confDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	bridge := "pt" + randHex(t, 6) // 14 chars, under IFNAMSIZ
+	t.Cleanup(func() {
+		// The bridge plugin creates it on the first ADD; it outlives DEL.
+		if out, err := exec.Command("ip", "link", "del", bridge).CombinedOutput(); err != nil && !strings.Contains(string(out), "Cannot find device") {
+			t.Errorf("delete bridge %s: %v: %s", bridge, err, out)
+		}
+	})
+	octet, err := rand.Int(rand.Reader, big.NewInt(250))
+	if err != nil {
+		t.Fatal(err)
+	}
+	subnet := fmt.Sprintf("10.199.%d.0/24", octet.Int64()+1)
+	const netName = "pinrt-test"
+	writeFile(t, filepath.Join(confDir, "10-test.conflist"), fmt.Sprintf(`{
+  "cniVersion": "1.0.0",
+  "name": %q,
+  "plugins": [{
+    "type": "bridge", "bridge": %q, "isGateway": false, "ipMasq": false,
+    "ipam": {"type": "host-local", "ranges": [[{"subnet": %q}]], "dataDir": %q}
+  }]
+}`, netName, bridge, subnet, ipamDir), 0o644)
+
+	m, err := New(ctx, Config{ConfDir: confDir, PluginDirs: []string{realPluginDir}, CacheDir: cacheDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if err := m.Status(); err != nil {
+		t.Fatalf("Status() = %v", err)
+	}
+
+	nsDir := filepath.Join(root, "ns")
+	if err := os.Mkdir(nsDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	pods := []Pod{
+		{ID: "userns-" + randHex(t, 4), Name: "a", Namespace: "default", UID: "uid-a", NetNS: filepath.Join(nsDir, "a")},
+		{ID: "plain-" + randHex(t, 4), Name: "b", Namespace: "default", UID: "uid-b", NetNS: filepath.Join(nsDir, "b")},
+	}
+	pinNetNS(t, pods[0].NetNS, true)
+	pinNetNS(t, pods[1].NetNS, false)
+	if ownedByInitUserNS(t, pods[0].NetNS) {
+		t.Fatal("netns a is owned by the host userns; the test would not cover userns pods")
+	}
+	if !ownedByInitUserNS(t, pods[1].NetNS) {
+		t.Fatal("netns b is not owned by the host userns")
+	}
+
+	var ips []string
+	for _, p := range pods {
+		res, err := m.Setup(ctx, p)
+		if err != nil {
+			t.Fatalf("Setup(%s) = %v", p.ID, err)
+		}
+		// Keep the teardown on failure of a later assertion; it is
+		// idempotent, so the explicit teardowns below don't conflict.
+		t.Cleanup(func() { m.Teardown(context.Background(), Pod{ID: p.ID}) })
+		if len(res.IPs) != 1 || res.Network != netName || res.Interface != "eth0" {
+			t.Fatalf("Setup(%s) = %+v", p.ID, res)
+		}
+		ips = append(ips, res.IPs[0])
+
+		out, err := nsRun(t, p.NetNS, "ip", "-4", "-o", "addr", "show", "dev", "eth0")
+		if err != nil || !strings.Contains(out, " "+res.IPs[0]+"/24 ") {
+			t.Fatalf("eth0 in %s: %v: %s, want %s", p.ID, err, out, res.IPs[0])
+		}
+		out, err = nsRun(t, p.NetNS, "ip", "-o", "link", "show", "lo")
+		if err != nil || !strings.Contains(out, "<LOOPBACK,UP,LOWER_UP>") {
+			t.Fatalf("lo in %s is not up: %v: %s", p.ID, err, out)
+		}
+		if _, err := os.Stat(filepath.Join(ipamDir, netName, res.IPs[0])); err != nil {
+			t.Fatalf("host-local holds no lease for %s: %v", res.IPs[0], err)
+		}
+		if err := m.Check(ctx, p); err != nil {
+			t.Fatalf("Check(%s) = %v", p.ID, err)
+		}
+	}
+	if ips[0] == ips[1] {
+		t.Fatalf("both pods got %s", ips[0])
+	}
+
+	for i, j := range []int{1, 0} {
+		out, err := nsRun(t, pods[i].NetNS, "/bin/busybox", "ping", "-c1", "-W2", ips[j])
+		if err != nil {
+			t.Fatalf("ping %s -> %s: %v: %s", pods[i].ID, ips[j], err, out)
+		}
+	}
+
+	// Pod a: normal teardown with a live netns, then again.
+	if err := m.Teardown(ctx, pods[0]); err != nil {
+		t.Fatalf("Teardown(a) = %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(ipamDir, netName, ips[0])); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("lease of %s kept after teardown: %v", ips[0], err)
+	}
+	if out, err := nsRun(t, pods[0].NetNS, "ip", "link", "show", "eth0"); err == nil {
+		t.Fatalf("eth0 still in netns a after teardown: %s", out)
+	}
+	if err := m.Teardown(ctx, pods[0]); err != nil {
+		t.Fatalf("second Teardown(a) = %v", err)
+	}
+
+	// Pod b: the netns is gone first, as after a reboot. The IP is
+	// released from the cache alone.
+	if err := unix.Unmount(pods[1].NetNS, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(pods[1].NetNS); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Teardown(ctx, pods[1]); err != nil {
+		t.Fatalf("Teardown(b) without netns = %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(ipamDir, netName, ips[1])); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("lease of %s kept after teardown: %v", ips[1], err)
+	}
+	if err := m.Teardown(ctx, Pod{ID: pods[1].ID}); err != nil {
+		t.Fatalf("second Teardown(b) = %v", err)
+	}
+	if entries, _ := os.ReadDir(filepath.Join(cacheDir, "results")); len(entries) != 0 {
+		t.Fatalf("cache not empty after teardown: %d entries", len(entries))
+	}
+}
