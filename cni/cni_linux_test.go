@@ -19,7 +19,7 @@ import (
 
 const realPluginDir = "/opt/cni/bin"
 
-func requireRootCNI(t *testing.T) {
+func requireRootCNI(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: creates network namespaces, a bridge and veths")
@@ -40,7 +40,7 @@ func requireRootCNI(t *testing.T) {
 // namespace that then owns it (as pinrt does for userns pods), and pins
 // it by bind-mounting it onto path. The pin is removed on cleanup, also on
 // failure.
-func pinNetNS(t *testing.T, path string, userns bool) {
+func pinNetNS(t testing.TB, path string, userns bool) {
 	t.Helper()
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o600)
 	if err != nil {
@@ -109,7 +109,7 @@ func nsRun(t *testing.T, netns string, args ...string) (string, error) {
 	return string(out), err
 }
 
-func randHex(t *testing.T, n int) string {
+func randHex(t testing.TB, n int) string {
 	b := make([]byte, n)
 	if _, err := rand.Read(b); err != nil {
 		t.Fatal(err)
@@ -117,15 +117,14 @@ func randHex(t *testing.T, n int) string {
 	return hex.EncodeToString(b)
 }
 
-// TestBridgeNetworkRoot attaches two pods, one of them in a netns owned by
-// a non-init user namespace, to a private test bridge and checks their
-// addresses, lo, connectivity, IP release and teardown without the netns.
-// No ipMasq and no portmap: the test must not touch the host firewall, and
-// no isGateway, which would turn on the host's ip_forward.
-func TestBridgeNetworkRoot(t *testing.T) {
-	requireRootCNI(t)
+const testNetName = "pinrt-test"
+
+// newBridgeManager writes a conflist for a private test bridge into root
+// and returns a Manager for it, with host-local's leases and the result
+// cache under root. The bridge is deleted on cleanup.
+func newBridgeManager(t testing.TB, root string) (m *Manager, ipamDir, cacheDir string) {
+	t.Helper()
 	ctx := context.Background()
-	root := t.TempDir()
 	confDir, cacheDir, ipamDir := filepath.Join(root, "net.d"), filepath.Join(root, "cache"), filepath.Join(root, "ipam")
 	if err := os.Mkdir(confDir, 0o755); err != nil {
 		t.Fatal(err)
@@ -142,7 +141,6 @@ func TestBridgeNetworkRoot(t *testing.T) {
 		t.Fatal(err)
 	}
 	subnet := fmt.Sprintf("10.199.%d.0/24", octet.Int64()+1)
-	const netName = "pinrt-test"
 	writeFile(t, filepath.Join(confDir, "10-test.conflist"), fmt.Sprintf(`{
   "cniVersion": "1.0.0",
   "name": %q,
@@ -150,13 +148,26 @@ func TestBridgeNetworkRoot(t *testing.T) {
     "type": "bridge", "bridge": %q, "isGateway": false, "ipMasq": false,
     "ipam": {"type": "host-local", "ranges": [[{"subnet": %q}]], "dataDir": %q}
   }]
-}`, netName, bridge, subnet, ipamDir), 0o644)
+}`, testNetName, bridge, subnet, ipamDir), 0o644)
 
-	m, err := New(ctx, Config{ConfDir: confDir, PluginDirs: []string{realPluginDir}, CacheDir: cacheDir})
+	m, err = New(ctx, Config{ConfDir: confDir, PluginDirs: []string{realPluginDir}, CacheDir: cacheDir})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer m.Close()
+	t.Cleanup(func() { m.Close() })
+	return m, ipamDir, cacheDir
+}
+
+// TestBridgeNetworkRoot attaches two pods, one of them in a netns owned by
+// a non-init user namespace, to a private test bridge and checks their
+// addresses, lo, connectivity, IP release and teardown without the netns.
+// No ipMasq and no portmap: the test must not touch the host firewall, and
+// no isGateway, which would turn on the host's ip_forward.
+func TestBridgeNetworkRoot(t *testing.T) {
+	requireRootCNI(t)
+	ctx := context.Background()
+	root := t.TempDir()
+	m, ipamDir, cacheDir := newBridgeManager(t, root)
 	if err := m.Status(); err != nil {
 		t.Fatalf("Status() = %v", err)
 	}
@@ -187,7 +198,7 @@ func TestBridgeNetworkRoot(t *testing.T) {
 		// Keep the teardown on failure of a later assertion; it is
 		// idempotent, so the explicit teardowns below don't conflict.
 		t.Cleanup(func() { m.Teardown(context.Background(), Pod{ID: p.ID}) })
-		if len(res.IPs) != 1 || res.Network != netName || res.Interface != "eth0" {
+		if len(res.IPs) != 1 || res.Network != testNetName || res.Interface != "eth0" {
 			t.Fatalf("Setup(%s) = %+v", p.ID, res)
 		}
 		ips = append(ips, res.IPs[0])
@@ -200,7 +211,7 @@ func TestBridgeNetworkRoot(t *testing.T) {
 		if err != nil || !strings.Contains(out, "<LOOPBACK,UP,LOWER_UP>") {
 			t.Fatalf("lo in %s is not up: %v: %s", p.ID, err, out)
 		}
-		if _, err := os.Stat(filepath.Join(ipamDir, netName, res.IPs[0])); err != nil {
+		if _, err := os.Stat(filepath.Join(ipamDir, testNetName, res.IPs[0])); err != nil {
 			t.Fatalf("host-local holds no lease for %s: %v", res.IPs[0], err)
 		}
 		if err := m.Check(ctx, p); err != nil {
@@ -222,7 +233,7 @@ func TestBridgeNetworkRoot(t *testing.T) {
 	if err := m.Teardown(ctx, pods[0]); err != nil {
 		t.Fatalf("Teardown(a) = %v", err)
 	}
-	if _, err := os.Stat(filepath.Join(ipamDir, netName, ips[0])); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(ipamDir, testNetName, ips[0])); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("lease of %s kept after teardown: %v", ips[0], err)
 	}
 	if out, err := nsRun(t, pods[0].NetNS, "ip", "link", "show", "eth0"); err == nil {
@@ -243,7 +254,7 @@ func TestBridgeNetworkRoot(t *testing.T) {
 	if err := m.Teardown(ctx, pods[1]); err != nil {
 		t.Fatalf("Teardown(b) without netns = %v", err)
 	}
-	if _, err := os.Stat(filepath.Join(ipamDir, netName, ips[1])); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(ipamDir, testNetName, ips[1])); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("lease of %s kept after teardown: %v", ips[1], err)
 	}
 	if err := m.Teardown(ctx, Pod{ID: pods[1].ID}); err != nil {
@@ -251,5 +262,24 @@ func TestBridgeNetworkRoot(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(filepath.Join(cacheDir, "results")); len(entries) != 0 {
 		t.Fatalf("cache not empty after teardown: %d entries", len(entries))
+	}
+}
+
+// BenchmarkSetupTeardownRoot measures one pod's ADD (lo + bridge) and DEL
+// with the real plugins, on one pinned netns.
+func BenchmarkSetupTeardownRoot(b *testing.B) {
+	requireRootCNI(b)
+	ctx := context.Background()
+	root := b.TempDir()
+	m, _, _ := newBridgeManager(b, root)
+	pod := Pod{ID: "bench-" + randHex(b, 4), Name: "b", Namespace: "default", UID: "u", NetNS: filepath.Join(root, "netns")}
+	pinNetNS(b, pod.NetNS, true)
+	for b.Loop() {
+		if _, err := m.Setup(ctx, pod); err != nil {
+			b.Fatal(err)
+		}
+		if err := m.Teardown(ctx, pod); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

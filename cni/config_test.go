@@ -69,7 +69,7 @@ func (e *testEnv) manager(t *testing.T) *Manager {
 	return m
 }
 
-func writeFile(t *testing.T, path, content string, mode os.FileMode) {
+func writeFile(t testing.TB, path, content string, mode os.FileMode) {
 	t.Helper()
 	if err := os.WriteFile(path, []byte(content), mode); err != nil {
 		t.Fatal(err)
