@@ -1,0 +1,92 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/pinrt/pinrt/test/bench"
+	"github.com/pinrt/pinrt/test/bench/benchtest"
+)
+
+func TestRunExitCodeAndResultLine(t *testing.T) {
+	dir, err := os.MkdirTemp("", "pbc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	srv, err := benchtest.Start(filepath.Join(dir, "cri.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Stop)
+	ep := "unix://" + srv.Socket
+
+	tests := []struct {
+		name     string
+		fail     int
+		args     []string
+		code     int
+		lastLine string
+	}{
+		{"ok", 0, []string{"sandbox", "--endpoint", ep, "-n", "4", "-p", "2"}, 0, "RESULT: ok"},
+		{"errors", 3, []string{"sandbox", "--endpoint", ep, "-n", "4"}, 1, "RESULT: 3 errors"},
+		{"bad variant", 0, []string{"sandbox", "--endpoint", ep, "--variant", "x"}, 2, ""},
+		{"bad endpoint", 0, []string{"sandbox", "--endpoint", "tcp://x"}, 2, ""},
+		{"unknown command", 0, []string{"frobnicate"}, 2, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			srv.FailNext("RunPodSandbox", tc.fail)
+			var out, errOut bytes.Buffer
+			if code := run(tc.args, &out, &errOut); code != tc.code {
+				t.Fatalf("exit %d, want %d; stderr %s", code, tc.code, errOut.String())
+			}
+			if tc.lastLine == "" {
+				return
+			}
+			lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+			if got := lines[len(lines)-1]; got != tc.lastLine {
+				t.Fatalf("last line %q, want %q\n%s", got, tc.lastLine, out.String())
+			}
+			if tc.fail > 0 && !strings.Contains(out.String(), "injected failure in RunPodSandbox") {
+				t.Fatalf("error messages not shown:\n%s", out.String())
+			}
+		})
+	}
+}
+
+func TestRunJSONOut(t *testing.T) {
+	dir, err := os.MkdirTemp("", "pbj")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	srv, err := benchtest.Start(filepath.Join(dir, "cri.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Stop)
+	file := filepath.Join(dir, "out", "r.json")
+	var out, errOut bytes.Buffer
+	if code := run([]string{"sandbox", "--endpoint", srv.Socket, "-n", "3", "--json", "--out", file, "--run-id", "rjson"}, &out, &errOut); code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(b, out.Bytes()) {
+		t.Fatalf("--out differs from --json stdout")
+	}
+	var res bench.Result
+	if err := json.Unmarshal(b, &res); err != nil {
+		t.Fatal(err)
+	}
+	if res.RunID != "rjson" || res.N != 3 || res.Errors != 0 || res.Ops[0].Name != bench.OpRunPodSandbox || res.Ops[0].Count != 3 {
+		t.Fatalf("json result %+v", res)
+	}
+}

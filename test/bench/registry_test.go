@@ -1,0 +1,78 @@
+package bench
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"testing"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+)
+
+func TestBusyboxLayer(t *testing.T) {
+	b, err := BusyboxLayer([]byte("BB"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	tr := tar.NewReader(bytes.NewReader(b))
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch h.Typeflag {
+		case tar.TypeSymlink:
+			got[h.Name] = "-> " + h.Linkname
+		case tar.TypeReg:
+			data, _ := io.ReadAll(tr)
+			if h.Name == "bin/busybox" {
+				got[h.Name] = string(data)
+			}
+		}
+	}
+	for k, v := range map[string]string{"bin/busybox": "BB", "bin/sh": "-> busybox", "bin/sleep": "-> busybox", "bin/true": "-> busybox"} {
+		if got[k] != v {
+			t.Errorf("%s = %q, want %q", k, got[k], v)
+		}
+	}
+}
+
+func TestRegistryServesImage(t *testing.T) {
+	bb := filepath.Join(t.TempDir(), "busybox")
+	if err := os.WriteFile(bb, []byte("not really busybox"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	reg, err := StartRegistry(context.Background(), "127.0.0.1:0", bb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { reg.Close() })
+	ref, err := name.ParseReference(reg.Image)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := remote.Image(ref)
+	if err != nil {
+		t.Fatalf("pull %s: %v", reg.Image, err)
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	layers, err := img.Layers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cf.OS != "linux" || cf.Architecture != runtime.GOARCH || len(layers) != 1 || cf.Config.Env[0] != "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" {
+		t.Fatalf("config %+v with %d layers", cf, len(layers))
+	}
+}
