@@ -1,6 +1,7 @@
 package oci
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -42,31 +43,33 @@ func WithUser(rootfs string, u User, imageUser string) SpecOpt {
 			}
 			spec = name + ":" + strconv.FormatInt(*u.GID, 10)
 		}
-		passwd, err := openInRoot(rootfs, "etc/passwd")
+		passwd, err := readInRoot(rootfs, "etc/passwd")
 		if err != nil {
 			return err
 		}
-		if passwd != nil {
-			defer passwd.Close()
-		}
-		group, err := openInRoot(rootfs, "etc/group")
+		group, err := readInRoot(rootfs, "etc/group")
 		if err != nil {
 			return err
 		}
-		if group != nil {
-			defer group.Close()
+		resolve := func(spec string) (*user.ExecUser, error) {
+			eu, err := user.GetExecUser(spec, &user.ExecUser{Uid: 0, Gid: 0, Home: "/"}, readerOf(passwd), readerOf(group))
+			if err != nil {
+				return nil, fmt.Errorf("resolve user %q in %s: %v: %w", spec, rootfs, err, errdefs.ErrInvalidArgument)
+			}
+			return eu, nil
 		}
-		defaults := &user.ExecUser{Uid: 0, Gid: 0, Home: "/"}
-		var pr, gr io.Reader
-		if passwd != nil {
-			pr = passwd
-		}
-		if group != nil {
-			gr = group
-		}
-		eu, err := user.GetExecUser(spec, defaults, pr, gr)
+		eu, err := resolve(spec)
 		if err != nil {
-			return fmt.Errorf("resolve user %q in %s: %v: %w", spec, rootfs, err, errdefs.ErrInvalidArgument)
+			return err
+		}
+		// An explicit group makes moby/sys/user skip /etc/group
+		// memberships; Kubernetes keeps them, so look them up by user alone.
+		if name, grp, ok := strings.Cut(spec, ":"); ok && grp != "" {
+			byName, err := resolve(name)
+			if err != nil {
+				return err
+			}
+			eu.Sgids = byName.Sgids
 		}
 		p := g.Config.Process
 		p.User.UID, p.User.GID = uint32(eu.Uid), uint32(eu.Gid)
@@ -94,10 +97,17 @@ func WithUser(rootfs string, u User, imageUser string) SpecOpt {
 	}
 }
 
-// openInRoot opens name inside rootfs with every symlink resolved inside it:
-// an image's /etc/passwd may be a symlink aiming at the host. A missing
-// file is nil, nil (numeric users need no passwd).
-func openInRoot(rootfs, name string) (*os.File, error) {
+func readerOf(b []byte) io.Reader {
+	if b == nil {
+		return nil
+	}
+	return bytes.NewReader(b)
+}
+
+// readInRoot reads name inside rootfs with every symlink resolved inside
+// it: an image's /etc/passwd may be a symlink aiming at the host. A
+// missing file is nil, nil (numeric users need no passwd).
+func readInRoot(rootfs, name string) ([]byte, error) {
 	dir, err := os.Open(rootfs)
 	if err != nil {
 		return nil, fmt.Errorf("open rootfs %s: %w", rootfs, err)
@@ -111,7 +121,14 @@ func openInRoot(rootfs, name string) (*os.File, error) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("open %s in rootfs %s: %w", name, rootfs, err)
+		return nil, fmt.Errorf("open %s in rootfs %s: %v: %w", name, rootfs, err, errdefs.ErrInvalidArgument)
 	}
-	return os.NewFile(uintptr(fd), name), nil
+	f := os.NewFile(uintptr(fd), name)
+	defer f.Close()
+	// Bounded: a hostile image could make /etc/passwd huge.
+	b, err := io.ReadAll(io.LimitReader(f, 16<<20))
+	if err != nil {
+		return nil, fmt.Errorf("read %s in rootfs %s: %w", name, rootfs, err)
+	}
+	return b, nil
 }
