@@ -209,12 +209,11 @@ func (m *Manager) startHelper(req CreateRequest, kinds map[Kind]bool) (*helper, 
 	for k := range kinds {
 		flags |= cloneFlag[k]
 	}
-	attr := &syscall.SysProcAttr{
-		Cloneflags: flags,
-		// The helper must not outlive a crashed daemon; closing its stdin
-		// covers the rest.
-		Pdeathsig: syscall.SIGKILL,
-	}
+	// No Pdeathsig: it fires when the forking *thread* exits, which a
+	// caller's locked OS thread may do while the helper is still needed.
+	// The helper instead exits when its stdin (our hold pipe) hits EOF,
+	// which also happens when the daemon dies.
+	attr := &syscall.SysProcAttr{Cloneflags: flags}
 	if kinds[User] {
 		// The Go runtime writes the maps before the child goes on, so the
 		// setuid(0) below already means the pod's mapped root.
