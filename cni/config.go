@@ -73,8 +73,8 @@ func confFiles(dir string) ([]string, error) {
 	}
 	var files []string
 	for _, e := range entries {
-		// Type() is from the dirent; a symlink to a file is allowed, as
-		// kubelet allows it, so only directories are filtered here.
+		// A symlink to a file is allowed, as kubelet allows it, so only
+		// directories are filtered here.
 		if e.IsDir() || !slices.Contains(confExtensions, filepath.Ext(e.Name())) {
 			continue
 		}
@@ -196,7 +196,8 @@ func writeDefaultConfig(dir string) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("write default cni config: %w", err)
 	}
-	defer os.Remove(tmp.Name())
+	// After the link, the temp name is only a second link to drop.
+	defer func() { _ = os.Remove(tmp.Name()) }()
 	if _, err := tmp.Write(defaultConflist); err != nil {
 		tmp.Close()
 		return false, fmt.Errorf("write default cni config: %w", err)
@@ -232,7 +233,7 @@ func syncDir(dir string) error {
 	return d.Sync()
 }
 
-// sameList reports whether two loaded networks are the same, to log a
+// sameNetwork reports whether two loaded networks are the same, to log a
 // config change only once.
 func sameNetwork(a, b *network) bool {
 	if a == nil || b == nil {

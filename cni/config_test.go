@@ -15,14 +15,18 @@ import (
 
 // fakePlugin is a CNI plugin in sh. It appends one line per call to
 // calls.log next to itself, keeps the last stdin per command, answers ADD
-// with a v4 and a v6 address inside the sandbox, and fails ADD with a CNI
-// error when a file "<name>.fail" exists beside it.
+// with a v4 and a v6 address inside the sandbox, and fails ADD and STATUS
+// with a CNI error when a file "<name>.fail" exists beside it.
 const fakePlugin = `#!/bin/sh
 d=$(dirname "$0"); n=$(basename "$0")
 cat > "$d/$n.$CNI_COMMAND.stdin"
 echo "$n $CNI_COMMAND $CNI_CONTAINERID netns=$CNI_NETNS $CNI_IFNAME $CNI_ARGS" >> "$d/calls.log"
 case "$CNI_COMMAND" in
-VERSION) echo '{"cniVersion":"1.0.0","supportedVersions":["0.4.0","1.0.0"]}' ;;
+VERSION) echo '{"cniVersion":"1.0.0","supportedVersions":["0.4.0","1.0.0","1.1.0"]}' ;;
+STATUS)
+  if [ -e "$d/$n.fail" ]; then
+    echo '{"cniVersion":"1.1.0","code":50,"msg":"plugin not available"}'; exit 1
+  fi ;;
 ADD)
   if [ -e "$d/$n.fail" ]; then
     echo '{"cniVersion":"1.0.0","code":999,"msg":"injected failure"}'; exit 1
@@ -268,6 +272,26 @@ func TestStatusNonExecutablePlugin(t *testing.T) {
 	want := `network "x": plugin "bridge" not found in [` + e.plugins + `]: failed precondition`
 	if err := e.manager(t).Status(); err == nil || err.Error() != want {
 		t.Fatalf("Status() = %v, want %s", err, want)
+	}
+}
+
+// TestStatusVerb: a CNI 1.1 network is ready only if its plugins say so.
+func TestStatusVerb(t *testing.T) {
+	e := newEnv(t, "fakenet", "loopback")
+	writeFile(t, filepath.Join(e.conf, "10-x.conflist"),
+		`{"cniVersion":"1.1.0","name":"x","plugins":[{"type":"fakenet"}]}`, 0o644)
+	m := e.manager(t)
+	if err := m.Status(); err != nil {
+		t.Fatalf("Status() = %v", err)
+	}
+	if got := e.calls(t); len(got) != 1 || !strings.HasPrefix(got[0], "fakenet STATUS ") {
+		t.Fatalf("calls = %q, want one STATUS", got)
+	}
+	writeFile(t, filepath.Join(e.plugins, "fakenet.fail"), "", 0o644)
+	err := m.Status()
+	want := `network "x" is not ready: unavailable: plugin not available`
+	if err == nil || err.Error() != want || !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("Status() = %v, want %s (ErrUnavailable)", err, want)
 	}
 }
 
