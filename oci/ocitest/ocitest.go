@@ -1,0 +1,233 @@
+// Package ocitest provides a hand-written fake of the oci.Runtime method
+// set for unit tests of its consumers (server/, sandbox/).
+package ocitest
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/pinrt/pinrt/oci"
+)
+
+// ExecResult is what ExecSync returns for a command.
+type ExecResult struct {
+	Stdout, Stderr []byte
+	ExitCode       int32
+	Err            error
+}
+
+// Runtime is an in-memory fake runtime. Containers move created → running
+// → stopped like the real one. Set the *Err fields to make the matching
+// call fail; Calls records every call as "method id".
+type Runtime struct {
+	mu sync.Mutex
+
+	CreateErr, StartErr, KillErr, StopErr, DeleteErr, StateErr, UpdateErr, ReopenErr error
+	// FeaturesResult is returned by Features; nil means no features.
+	FeaturesResult *oci.Features
+	// Exec is returned by ExecSync for every command.
+	Exec ExecResult
+	// StopExitCode is the exit code Kill/Stop record (default 137 for SIGKILL,
+	// 143 otherwise).
+	StopExitCode *int32
+
+	Containers map[string]*oci.State
+	Specs      map[string]*specs.Spec
+	Resources  map[string]*specs.LinuxResources
+	Calls      []string
+	nextPid    int
+}
+
+// New returns an empty fake.
+func New() *Runtime {
+	return &Runtime{Containers: map[string]*oci.State{}, Specs: map[string]*specs.Spec{}, Resources: map[string]*specs.LinuxResources{}, nextPid: 1000}
+}
+
+func (r *Runtime) record(call, id string) { r.Calls = append(r.Calls, call+" "+id) }
+
+func (r *Runtime) get(id string) (*oci.State, error) {
+	st, ok := r.Containers[id]
+	if !ok {
+		return nil, fmt.Errorf("container %s: %w", id, errdefs.ErrNotFound)
+	}
+	return st, nil
+}
+
+// Create records the container as created.
+func (r *Runtime) Create(_ context.Context, o oci.CreateOptions) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.record("create", o.ID)
+	if r.CreateErr != nil {
+		return 0, r.CreateErr
+	}
+	if _, ok := r.Containers[o.ID]; ok {
+		return 0, fmt.Errorf("container %s: %w", o.ID, errdefs.ErrAlreadyExists)
+	}
+	r.nextPid++
+	r.Containers[o.ID] = &oci.State{ID: o.ID, Status: oci.StatusCreated, Pid: r.nextPid, Bundle: o.Bundle, Created: time.Now(), ExitCode: -1}
+	r.Specs[o.ID] = o.Spec
+	return r.nextPid, nil
+}
+
+// Start moves a created container to running.
+func (r *Runtime) Start(_ context.Context, id string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.record("start", id)
+	if r.StartErr != nil {
+		return r.StartErr
+	}
+	st, err := r.get(id)
+	if err != nil {
+		return err
+	}
+	if st.Status != oci.StatusCreated {
+		return fmt.Errorf("container %s is %s: %w", id, st.Status, errdefs.ErrFailedPrecondition)
+	}
+	st.Status = oci.StatusRunning
+	return nil
+}
+
+func (r *Runtime) stop(st *oci.State, sig syscall.Signal) {
+	code := int32(128 + int(sig))
+	if r.StopExitCode != nil {
+		code = *r.StopExitCode
+	}
+	st.Status, st.ExitCode, st.FinishedAt, st.Pid = oci.StatusStopped, code, time.Now(), 0
+}
+
+// Kill stops the container as if sig killed it.
+func (r *Runtime) Kill(_ context.Context, id string, sig syscall.Signal, _ bool) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.record("kill", id)
+	if r.KillErr != nil {
+		return r.KillErr
+	}
+	st, err := r.get(id)
+	if err != nil {
+		return err
+	}
+	if st.Status == oci.StatusStopped {
+		return fmt.Errorf("container %s not running: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	r.stop(st, sig)
+	return nil
+}
+
+// Stop stops the container; stopping a stopped one is fine.
+func (r *Runtime) Stop(_ context.Context, id string, sig syscall.Signal, _ time.Duration) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.record("stop", id)
+	if r.StopErr != nil {
+		return r.StopErr
+	}
+	st, err := r.get(id)
+	if err != nil {
+		return err
+	}
+	if st.Status != oci.StatusStopped {
+		r.stop(st, sig)
+	}
+	return nil
+}
+
+// Delete forgets the container; unknown IDs are fine.
+func (r *Runtime) Delete(_ context.Context, id string, force bool) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.record("delete", id)
+	if r.DeleteErr != nil {
+		return r.DeleteErr
+	}
+	if st, ok := r.Containers[id]; ok && st.Status == oci.StatusRunning && !force {
+		return fmt.Errorf("container %s is running: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	delete(r.Containers, id)
+	delete(r.Specs, id)
+	return nil
+}
+
+// State returns a copy of the container's state.
+func (r *Runtime) State(_ context.Context, id string) (*oci.State, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.StateErr != nil {
+		return nil, r.StateErr
+	}
+	st, err := r.get(id)
+	if err != nil {
+		return nil, err
+	}
+	c := *st
+	return &c, nil
+}
+
+// ExecSync returns r.Exec for a running container.
+func (r *Runtime) ExecSync(_ context.Context, id string, _ []string, _ time.Duration) ([]byte, []byte, int32, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.record("exec", id)
+	st, err := r.get(id)
+	if err != nil {
+		return nil, nil, -1, err
+	}
+	if st.Status != oci.StatusRunning {
+		return nil, nil, -1, fmt.Errorf("container %s is %s: %w", id, st.Status, errdefs.ErrFailedPrecondition)
+	}
+	return r.Exec.Stdout, r.Exec.Stderr, r.Exec.ExitCode, r.Exec.Err
+}
+
+// Update records the new resources.
+func (r *Runtime) Update(_ context.Context, id string, res *specs.LinuxResources) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.record("update", id)
+	if r.UpdateErr != nil {
+		return r.UpdateErr
+	}
+	if _, err := r.get(id); err != nil {
+		return err
+	}
+	r.Resources[id] = res
+	return nil
+}
+
+// ReopenLog records the call.
+func (r *Runtime) ReopenLog(_ context.Context, id string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.record("reopen", id)
+	if r.ReopenErr != nil {
+		return r.ReopenErr
+	}
+	_, err := r.get(id)
+	return err
+}
+
+// Features returns FeaturesResult (or no features).
+func (r *Runtime) Features(context.Context) (*oci.Features, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.FeaturesResult == nil {
+		return &oci.Features{}, nil
+	}
+	return r.FeaturesResult, nil
+}
+
+// CheckIDMap fails like the real runtime when idmap is missing.
+func (r *Runtime) CheckIDMap(ctx context.Context) error {
+	f, _ := r.Features(ctx)
+	if !f.IDMapMounts {
+		return fmt.Errorf("runtime %q (%s) lacks idmapped mounts (features: linux.mountExtensions.idmap.enabled is not true): %w", "fake", "fake", errdefs.ErrFailedPrecondition)
+	}
+	return nil
+}
