@@ -252,7 +252,8 @@ func (s *Store) maybeReleasePodLocked(ctx context.Context, podID string) error {
 		return err
 	}
 	for _, m := range mounts {
-		if strings.Contains(m.VFSOptions, "lowerdir="+target+"/") || strings.Contains(m.VFSOptions, ":"+target+"/") {
+		// "lowerdir+=" with the new mount API, "lowerdir=a:b" with mount(2).
+		if strings.Contains(m.VFSOptions, "="+target+"/") || strings.Contains(m.VFSOptions, ":"+target+"/") {
 			log.G(ctx).WithField("pod", podID).WithField("mount", m.Mountpoint).Debug("idmapped layers still in use")
 			return nil
 		}
