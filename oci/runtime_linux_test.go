@@ -23,7 +23,7 @@ const (
 	testConmon = "/usr/bin/conmon"
 )
 
-func requireRoot(t *testing.T) {
+func requireRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: runs real containers with runc and conmon")
@@ -35,7 +35,7 @@ func requireRoot(t *testing.T) {
 	}
 }
 
-func randID(t *testing.T) string {
+func randID(t testing.TB) string {
 	b := make([]byte, 6)
 	if _, err := rand.Read(b); err != nil {
 		t.Fatal(err)
@@ -45,7 +45,7 @@ func randID(t *testing.T) string {
 
 // testEnv is one private runc root, state dir and cgroup parent.
 type testEnv struct {
-	t       *testing.T
+	t       testing.TB
 	dir     string
 	rt      *Runtime
 	h       Handler
@@ -54,7 +54,7 @@ type testEnv struct {
 	exitDir string
 }
 
-func newTestEnv(t *testing.T) *testEnv {
+func newTestEnv(t testing.TB) *testEnv {
 	requireRoot(t)
 	dir := t.TempDir()
 	e := &testEnv{t: t, dir: dir, cgroup: "/pinrt-oci-test-" + randID(t), exitDir: filepath.Join(dir, "exits")}
@@ -375,4 +375,23 @@ func TestRuntimeFeaturesAndCheckIDMap(t *testing.T) {
 		t.Errorf("CheckIDMap(old) = %v, want FailedPrecondition containing %q", err, want)
 	}
 	_ = exec.ErrNotFound
+}
+
+// BenchmarkContainerLifecycle measures create (conmon + runc create),
+// start, wait for exit and delete of a container running `true`.
+func BenchmarkContainerLifecycle(b *testing.B) {
+	e := newTestEnv(b)
+	ctx := context.Background()
+	i := 0
+	for b.Loop() {
+		i++
+		id := fmt.Sprintf("bench-%d", i)
+		e.create(id, true, "sh", "-c", "exit 0")
+		if !e.rt.waitStopped(ctx, id, 10*time.Second) {
+			b.Fatal("container did not exit")
+		}
+		if err := e.rt.Delete(ctx, id, false); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

@@ -646,3 +646,21 @@ func TestParseFeatures(t *testing.T) {
 		t.Error("garbage parsed")
 	}
 }
+
+func BenchmarkBuildContainerSpec(b *testing.B) {
+	root := b.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "etc"), 0o755); err != nil {
+		b.Fatal(err)
+	}
+	c := &ContainerSpec{
+		ID: "c1", SandboxID: "p1", Rootfs: root, ImageCmd: []string{"/bin/sh"},
+		Namespaces: Namespaces{Net: "/n", IPC: "/i", UTS: "/u", PIDMode: PIDContainer},
+		Mounts:     []Mount{{HostPath: "/h", ContainerPath: "/d"}},
+		Host:       &HostInfo{CgroupNS: true},
+	}
+	for b.Loop() {
+		if _, err := BuildContainerSpec(context.Background(), c); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
