@@ -38,8 +38,13 @@ func (res *Result) WriteTable(w io.Writer) error {
 		if o.Errors == 0 {
 			continue
 		}
-		fmt.Fprintf(&b, "errors in %s (%d, first %d):\n", o.Name, o.Errors, len(o.ErrorSamples))
-		for _, m := range o.ErrorSamples {
+		samples := o.ErrorSamples
+		if o.Aggregate && len(samples) > 1 {
+			// Derived rows repeat the failing operation's messages.
+			samples = samples[:1]
+		}
+		fmt.Fprintf(&b, "errors in %s (%d, first %d):\n", o.Name, o.Errors, len(samples))
+		for _, m := range samples {
 			fmt.Fprintf(&b, "  %s\n", m)
 		}
 	}

@@ -1,0 +1,246 @@
+#!/usr/bin/env bash
+# run.sh — the standard pinrt benchmark set (what `make bench` runs).
+#
+# Starts bin/pinrt on a private root/runroot with its own CNI bridge, serves
+# a busybox test image from an in-process registry, runs the standard
+# scenarios with bin/pinrt-bench, prints every table and keeps the JSON in
+# bench/out/<timestamp>/. Everything it creates (pods, mounts, the bridge,
+# the temp dir) is removed on exit, also after a failure or Ctrl-C.
+#
+# Needs root and a machine prepared by `make deps` (runc, conmon, CNI
+# plugins in /opt/cni/bin, busybox-static).
+#
+# Environment:
+#   BENCH_N=200               pods per sandbox/pod scenario
+#   BENCH_P=8                 parallelism of the parallel runs (P=1 always runs too)
+#   BENCH_DENSITY_N=100       pods kept alive by density
+#   BENCH_RESTORE_N=100       pods alive across the restore restart
+#   BENCH_RESTORE_CONTAINERS= set to 1 to give each restore pod a container
+#   BENCH_ALLOW_ERRORS=       set to 1 to exit 0 even when scenarios had errors
+#   BENCH_BRIDGE=pbench0      bridge name; BENCH_SUBNET=10.200.0.0/16
+#   BENCH_TIMEOUT=60s         per-RPC timeout
+#   PINRT_BIN=bin/pinrt       the daemon binary to benchmark
+set -uo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+BIN=$REPO/bin
+PINRT=${PINRT_BIN:-$BIN/pinrt}
+N=${BENCH_N:-200}
+PAR=${BENCH_P:-8}
+DENSITY_N=${BENCH_DENSITY_N:-100}
+RESTORE_N=${BENCH_RESTORE_N:-100}
+BRIDGE=${BENCH_BRIDGE:-pbench0}
+SUBNET=${BENCH_SUBNET:-10.200.0.0/16}
+TIMEOUT=${BENCH_TIMEOUT:-60s}
+
+log() { echo "run.sh: $*" >&2; }
+die() { log "$*"; exit 2; }
+
+[ "$(id -u)" = 0 ] || die "needs root (pinrt creates namespaces, mounts and a bridge)"
+for f in "$PINRT" "$BIN/pinrt-bench"; do
+	[ -x "$f" ] || die "$f missing; run 'make build' (make bench does)"
+done
+[ -x /opt/cni/bin/bridge ] && [ -x /opt/cni/bin/host-local ] || die "CNI plugins missing in /opt/cni/bin; run 'make deps'"
+[ -x /bin/busybox ] || die "/bin/busybox missing; install busybox-static ('make deps')"
+# Refuse to touch a bridge or subnet someone else uses: cleanup deletes the
+# bridge, and an overlapping route would break the host's networking.
+ip link show "$BRIDGE" >/dev/null 2>&1 && die "interface $BRIDGE already exists; set BENCH_BRIDGE"
+ip -4 route show to match "${SUBNET%/*}" | grep -qv '^default' && die "a route already covers $SUBNET; set BENCH_SUBNET"
+
+TMP=$(mktemp -d /tmp/pinrt-bench.XXXXXX)
+OUT=$REPO/bench/out/$(date +%Y%m%d-%H%M%S)
+SOCK=$TMP/run/pinrt.sock
+PIDFILE=$TMP/pinrt.pid
+PINRT_LOG=$TMP/pinrt.log
+REG_PID=
+mkdir -p "$TMP/root" "$TMP/run" "$TMP/cni/net.d" "$TMP/cni/ipam" "$TMP/logs" "$TMP/conf.d" "$OUT"
+: >"$TMP/pinrt.toml"
+
+# Stop pinrt: TERM, then KILL after 10s. Works for a daemon started by the
+# restart helper too, since both go through the pid file.
+stop_pinrt() {
+	local pid
+	pid=$(cat "$PIDFILE" 2>/dev/null) || return 0
+	[ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 0
+	kill -TERM "$pid" 2>/dev/null
+	for _ in $(seq 100); do
+		kill -0 "$pid" 2>/dev/null || return 0
+		grep -q '^State:.*Z' "/proc/$pid/status" 2>/dev/null && return 0
+		sleep 0.1
+	done
+	log "pinrt $pid ignored SIGTERM; killing"
+	kill -KILL "$pid" 2>/dev/null
+}
+
+cleanup() {
+	local rc=$?
+	set +e
+	trap - EXIT INT TERM
+	log "cleaning up"
+	if pinrt_alive; then
+		"$BIN/pinrt-bench" cleanup --endpoint "unix://$SOCK" --all --timeout 20s >&2
+	fi
+	stop_pinrt
+	[ -n "$REG_PID" ] && kill "$REG_PID" 2>/dev/null && wait "$REG_PID" 2>/dev/null
+	# Containers whose daemon died cannot be removed through CRI; the OCI
+	# runtime's state under our runroot still knows them.
+	for root in "$TMP"/run/runtime/*; do
+		[ -d "$root" ] || continue
+		for id in $(runc --root "$root" list -q 2>/dev/null); do
+			runc --root "$root" delete -f "$id" >/dev/null 2>&1
+		done
+	done
+	# Namespace pins and rootfs mounts left under the temp dir, deepest
+	# first; lazy so a busy mount cannot keep the temp dir alive.
+	awk -v t="$TMP" '$5 == t || index($5, t "/") == 1 { print $5 }' /proc/self/mountinfo | sort -r |
+		while read -r m; do umount -l "$m" 2>/dev/null || log "could not unmount $m"; done
+	ip link del "$BRIDGE" 2>/dev/null
+	if [ -s "$PINRT_LOG" ]; then
+		cp "$PINRT_LOG" "$OUT/pinrt.log" 2>/dev/null
+	fi
+	rm -rf "$TMP" || log "could not remove $TMP"
+	exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+pinrt_alive() {
+	local pid
+	pid=$(cat "$PIDFILE" 2>/dev/null) || return 1
+	[ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && ! grep -q '^State:.*Z' "/proc/$pid/status" 2>/dev/null
+}
+
+# The CNI network: our own bridge and subnet, IPAM state inside the temp
+# dir, no ipMasq and no portmap so the host's firewall is never touched.
+# loopback is not listed: pinrt brings lo up itself.
+cat >"$TMP/cni/net.d/10-pbench.conflist" <<EOF
+{
+  "cniVersion": "1.0.0",
+  "name": "pbench",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "$BRIDGE",
+      "isGateway": true,
+      "ipMasq": false,
+      "hairpinMode": false,
+      "ipam": {
+        "type": "host-local",
+        "dataDir": "$TMP/cni/ipam",
+        "ranges": [[{ "subnet": "$SUBNET" }]],
+        "routes": [{ "dst": "0.0.0.0/0" }]
+      }
+    }
+  ]
+}
+EOF
+
+# The command that (re)starts pinrt, shared by the first start and the
+# restore scenario's restart. setsid and /dev/null stdin detach it from the
+# caller, so `sh -c` in pinrt-bench returns at once.
+cat >"$TMP/start-pinrt.sh" <<EOF
+#!/bin/sh
+setsid "$PINRT" --config "$TMP/pinrt.toml" --config-dir "$TMP/conf.d" \\
+	--root "$TMP/root" --runroot "$TMP/run" --listen "$SOCK" \\
+	--cni-config-dir "$TMP/cni/net.d" --cni-plugin-dir /opt/cni/bin \\
+	--log-level info >>"$PINRT_LOG" 2>&1 </dev/null &
+echo \$! >"$PIDFILE"
+EOF
+# restart: SIGKILL (no graceful shutdown: the point is that a crash loses
+# nothing), wait until the process is gone, start again.
+cat >"$TMP/restart-pinrt.sh" <<EOF
+#!/bin/sh
+pid=\$(cat "$PIDFILE")
+kill -KILL "\$pid"
+i=0
+while [ -e /proc/\$pid ] && ! grep -q '^State:.*Z' /proc/\$pid/status 2>/dev/null && [ \$i -lt 500 ]; do
+	sleep 0.01; i=\$((i+1))
+done
+exec sh "$TMP/start-pinrt.sh"
+EOF
+
+wait_socket() {
+	for _ in $(seq 300); do
+		[ -S "$SOCK" ] && return 0
+		pinrt_alive || break
+		sleep 0.1
+	done
+	log "pinrt did not create $SOCK; last log lines:"
+	tail -n 20 "$PINRT_LOG" >&2
+	return 1
+}
+
+start_pinrt() {
+	rm -f "$SOCK"
+	sh "$TMP/start-pinrt.sh"
+	wait_socket
+}
+
+log "temp dir $TMP, results in $OUT"
+start_pinrt || exit 1
+
+"$BIN/pinrt-bench" registry --listen 127.0.0.1:0 --addr-file "$TMP/registry.addr" >"$TMP/registry.log" 2>&1 &
+REG_PID=$!
+for _ in $(seq 100); do
+	[ -s "$TMP/registry.addr" ] && break
+	kill -0 "$REG_PID" 2>/dev/null || break
+	sleep 0.1
+done
+[ -s "$TMP/registry.addr" ] || { cat "$TMP/registry.log" >&2; die "test registry did not start"; }
+IMAGE=$(cat "$TMP/registry.addr")/bench/busybox:latest
+log "test image $IMAGE"
+
+SUMMARY=()
+FAILED=0
+
+# run_bench NAME ARGS...: one scenario; its table goes to stdout and
+# $OUT/NAME.txt, its JSON to $OUT/NAME.json. Failures are recorded and the
+# next scenario still runs on a clean runtime.
+run_bench() {
+	local name=$1 rc last
+	shift
+	if ! pinrt_alive; then
+		log "pinrt is not running (crashed?); restarting it before $name"
+		SUMMARY+=("$(printf '%-22s %s' "$name" "pinrt had died before this scenario; restarted")")
+		FAILED=$((FAILED + 1))
+		start_pinrt || { SUMMARY+=("$(printf '%-22s %s' "$name" "SKIPPED: pinrt does not start")"); return; }
+	fi
+	echo
+	echo "### $name"
+	"$BIN/pinrt-bench" "$@" --endpoint "unix://$SOCK" --timeout "$TIMEOUT" --log-dir "$TMP/logs" \
+		--out "$OUT/$name.json" | tee "$OUT/$name.txt"
+	rc=${PIPESTATUS[0]}
+	last=$(tail -n 1 "$OUT/$name.txt")
+	case $last in RESULT:*) ;; *) last="RESULT: tool failed (exit $rc)" ;; esac
+	SUMMARY+=("$(printf '%-22s %s' "$name" "$last")")
+	[ "$rc" = 0 ] || FAILED=$((FAILED + 1))
+	# A failed scenario may leave pods behind; don't let them skew the next.
+	if pinrt_alive; then
+		"$BIN/pinrt-bench" cleanup --endpoint "unix://$SOCK" --all --timeout 20s >/dev/null 2>"$TMP/cleanup.err" ||
+			{ log "cleanup after $name had errors:"; head -n 5 "$TMP/cleanup.err" >&2; }
+	fi
+}
+
+for v in netns userns; do
+	run_bench "sandbox-$v-p1" sandbox --variant "$v" -n "$N" -p 1
+	run_bench "sandbox-$v-p$PAR" sandbox --variant "$v" -n "$N" -p "$PAR"
+done
+run_bench "pod-p1" pod -n "$N" -p 1 --image "$IMAGE"
+run_bench "pod-p$PAR" pod -n "$N" -p "$PAR" --image "$IMAGE"
+run_bench "density" density -n "$DENSITY_N" -p "$PAR" --image "$IMAGE" --pid-file "$PIDFILE"
+restore_args=()
+[ "${BENCH_RESTORE_CONTAINERS:-}" = 1 ] && restore_args=(--with-containers --image "$IMAGE")
+run_bench "restore" restore -n "$RESTORE_N" -p "$PAR" --restart-cmd "sh $TMP/restart-pinrt.sh" "${restore_args[@]}"
+
+echo
+echo "### summary (JSON and tables in $OUT)"
+printf '%s\n' "${SUMMARY[@]}"
+if [ "$FAILED" -gt 0 ]; then
+	if [ "${BENCH_ALLOW_ERRORS:-}" = 1 ]; then
+		echo "BENCH: $FAILED scenario(s) had errors (allowed by BENCH_ALLOW_ERRORS=1)"
+		exit 0
+	fi
+	echo "BENCH: $FAILED scenario(s) had errors"
+	exit 1
+fi
+echo "BENCH: ok"
