@@ -1,0 +1,107 @@
+// Package imagetest is a hand-written, in-memory fake of the image
+// store's ImageService side (Pull, Get, List, Remove, FsUsage) for unit
+// tests of its consumers. Set the *Err fields to inject failures.
+package imagetest
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/containerd/errdefs"
+	"github.com/pinrt/pinrt/image"
+)
+
+// Fake serves images from Images, keyed by the reference Pull is given.
+type Fake struct {
+	mu sync.Mutex
+	// Registry maps a pull reference to the image a pull returns.
+	Registry map[string]image.Image
+	// Pulled holds what was pulled, by ID.
+	Pulled map[string]image.Image
+
+	PullErr, RemoveErr, FsUsageErr error
+	Bytes, Inodes                  uint64
+	// PullAuths records the auth of every Pull call.
+	PullAuths []*image.Auth
+}
+
+// Pull "downloads" Registry[ref].
+func (f *Fake) Pull(_ context.Context, ref string, auth *image.Auth) (*image.Image, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.PullAuths = append(f.PullAuths, auth)
+	if f.PullErr != nil {
+		return nil, f.PullErr
+	}
+	img, ok := f.Registry[ref]
+	if !ok {
+		return nil, fmt.Errorf("pull %s: %w", ref, errdefs.ErrNotFound)
+	}
+	if f.Pulled == nil {
+		f.Pulled = map[string]image.Image{}
+	}
+	if prev, ok := f.Pulled[img.ID]; ok {
+		for _, t := range img.RepoTags {
+			if !slices.Contains(prev.RepoTags, t) {
+				prev.RepoTags = append(prev.RepoTags, t)
+			}
+		}
+		img = prev
+	}
+	f.Pulled[img.ID] = img
+	return &img, nil
+}
+
+// Get matches ID, ID prefix, tag or digest exactly.
+func (f *Fake) Get(ref string) (*image.Image, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.getLocked(ref)
+}
+
+func (f *Fake) getLocked(ref string) (*image.Image, error) {
+	for _, img := range f.Pulled {
+		if img.ID == ref || strings.HasPrefix(img.ID, "sha256:"+ref) || slices.Contains(img.RepoTags, ref) || slices.Contains(img.RepoDigests, ref) {
+			return &img, nil
+		}
+	}
+	return nil, fmt.Errorf("image %q: %w", ref, errdefs.ErrNotFound)
+}
+
+// List returns the pulled images sorted by ID.
+func (f *Fake) List() []image.Image {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []image.Image
+	for _, img := range f.Pulled {
+		out = append(out, img)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// Remove drops the image ref resolves to.
+func (f *Fake) Remove(ref string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.RemoveErr != nil {
+		return f.RemoveErr
+	}
+	img, err := f.getLocked(ref)
+	if err != nil {
+		return err
+	}
+	delete(f.Pulled, img.ID)
+	return nil
+}
+
+// FsUsage returns Bytes and Inodes.
+func (f *Fake) FsUsage() (uint64, uint64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.Bytes, f.Inodes, f.FsUsageErr
+}
