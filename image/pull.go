@@ -59,7 +59,7 @@ func (s *Store) endpoints(ctx context.Context, r name.Reference, auth *Auth) ([]
 		mcfg := s.opts.Registries[host]
 		mref, err := mirrorRef(r, m, nameOpts(mcfg)...)
 		if err != nil {
-			return nil, fmt.Errorf("mirror %q: %v: %w", m, err, errdefs.ErrInvalidArgument)
+			return nil, fmt.Errorf("mirror %q: %w: %w", m, err, errdefs.ErrInvalidArgument)
 		}
 		ep, err := s.endpoint(ctx, mref, mcfg, auth)
 		if err != nil {
@@ -70,7 +70,7 @@ func (s *Store) endpoints(ctx context.Context, r name.Reference, auth *Auth) ([]
 	if !cfg.SkipOrigin {
 		oref, err := name.ParseReference(r.String(), nameOpts(cfg)...)
 		if err != nil {
-			return nil, fmt.Errorf("image reference %q: %v: %w", r, err, errdefs.ErrInvalidArgument)
+			return nil, fmt.Errorf("image reference %q: %w: %w", r, err, errdefs.ErrInvalidArgument)
 		}
 		ep, err := s.endpoint(ctx, oref, cfg, auth)
 		if err != nil {

@@ -23,7 +23,7 @@ var (
 func parseRef(ref string) (name.Reference, error) {
 	r, err := name.ParseReference(ref)
 	if err != nil {
-		return nil, fmt.Errorf("image reference %q: %v: %w", ref, err, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("image reference %q: %w: %w", ref, err, errdefs.ErrInvalidArgument)
 	}
 	return r, nil
 }

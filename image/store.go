@@ -113,7 +113,7 @@ func NewStore(opts Options) (*Store, error) {
 	default:
 		var idx indexFile
 		if err := json.Unmarshal(data, &idx); err != nil {
-			return nil, fmt.Errorf("parse %s: %v: %w", s.path("index.json"), err, errdefs.ErrDataLoss)
+			return nil, fmt.Errorf("parse %s: %w: %w", s.path("index.json"), err, errdefs.ErrDataLoss)
 		}
 		if idx.Version != indexVersion {
 			return nil, fmt.Errorf("image index version %d, want %d: %w", idx.Version, indexVersion, errdefs.ErrNotImplemented)

@@ -50,7 +50,7 @@ func UnpackLayer(r io.Reader, dir, compressedDigest, diffID string) (size int64,
 	case bytes.HasPrefix(magic, []byte{0x1f, 0x8b}):
 		zr, err := gzip.NewReader(br)
 		if err != nil {
-			return 0, fmt.Errorf("layer %s: %v: %w", compressedDigest, err, errdefs.ErrDataLoss)
+			return 0, fmt.Errorf("layer %s: %w: %w", compressedDigest, err, errdefs.ErrDataLoss)
 		}
 		defer zr.Close()
 		plain = zr
@@ -60,17 +60,17 @@ func UnpackLayer(r io.Reader, dir, compressedDigest, diffID string) (size int64,
 	uh := sha256.New()
 	if err := unpackTar(io.TeeReader(plain, uh), dir); err != nil {
 		if errors.Is(err, io.ErrUnexpectedEOF) || isCorrupt(err) {
-			return 0, fmt.Errorf("layer %s: %v: %w", compressedDigest, err, errdefs.ErrDataLoss)
+			return 0, fmt.Errorf("layer %s: %w: %w", compressedDigest, err, errdefs.ErrDataLoss)
 		}
 		return 0, fmt.Errorf("layer %s: %w", compressedDigest, err)
 	}
 	// Tar readers stop at the end-of-archive marker; the digests cover
 	// any padding after it, so read the rest.
 	if _, err := io.Copy(io.Discard, plain); err != nil {
-		return 0, fmt.Errorf("layer %s: %v: %w", compressedDigest, err, errdefs.ErrDataLoss)
+		return 0, fmt.Errorf("layer %s: %w: %w", compressedDigest, err, errdefs.ErrDataLoss)
 	}
 	if _, err := io.Copy(io.Discard, br); err != nil {
-		return 0, fmt.Errorf("layer %s: %v: %w", compressedDigest, err, errdefs.ErrDataLoss)
+		return 0, fmt.Errorf("layer %s: %w: %w", compressedDigest, err, errdefs.ErrDataLoss)
 	}
 	if err := checkDigest("compressed digest", ch, compressedDigest); err != nil {
 		return 0, err
@@ -292,7 +292,7 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 		u.dirTimes = append(u.dirTimes, dirTime{name: name, mtime: hdr.ModTime})
 		return nil
 
-	case tar.TypeReg, tar.TypeRegA:
+	case tar.TypeReg:
 		if err := removeExisting(pfd, base, false); err != nil {
 			return err
 		}

@@ -403,7 +403,7 @@ type PlatformImage struct {
 // digest reference.
 func (r *Registry) PushIndex(t testing.TB, repoTag string, imgs ...PlatformImage) string {
 	t.Helper()
-	var idx v1.ImageIndex = mutate.IndexMediaType(empty.Index, types.OCIImageIndex)
+	idx := mutate.IndexMediaType(empty.Index, types.OCIImageIndex)
 	for _, pi := range imgs {
 		p := pi.Platform
 		idx = mutate.AppendManifests(idx, mutate.IndexAddendum{
