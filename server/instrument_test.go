@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pinrt/pinrt/cni/cnitest"
 	"github.com/pinrt/pinrt/conf"
 )
 
@@ -63,7 +64,7 @@ func TestUnaryInterceptorNilError(t *testing.T) {
 	}
 }
 
-type panickingNetwork struct{}
+type panickingNetwork struct{ *cnitest.Fake }
 
 func (panickingNetwork) Status() error { panic("network plugin exploded") }
 
@@ -76,7 +77,7 @@ func TestPanicBecomesInternalAndServerKeepsServing(t *testing.T) {
 		t.Fatal(err)
 	}
 	g := grpc.NewServer(grpc.ChainUnaryInterceptor(UnaryInterceptor), grpc.ChainStreamInterceptor(StreamInterceptor))
-	New(conf.Default(), Deps{Network: panickingNetwork{}}).Register(g)
+	New(conf.Default(), Deps{Network: panickingNetwork{&cnitest.Fake{}}}).Register(g)
 	go func() { _ = g.Serve(l) }()
 	t.Cleanup(g.Stop)
 

@@ -13,18 +13,38 @@ import (
 	"google.golang.org/grpc"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pinrt/pinrt/cni"
 	"github.com/pinrt/pinrt/conf"
+	"github.com/pinrt/pinrt/nsmgr"
+	"github.com/pinrt/pinrt/sandbox"
 )
 
 // Network is the pod network (package cni).
 type Network interface {
 	// Status is nil exactly when a usable network config exists.
 	Status() error
+	Setup(ctx context.Context, pod cni.Pod) (*cni.Result, error)
+	Teardown(ctx context.Context, pod cni.Pod) error
 }
 
-// Deps are the side-effect boundaries the server drives.
+// Namespaces creates and pins pod namespaces (package nsmgr).
+type Namespaces interface {
+	Create(ctx context.Context, req nsmgr.CreateRequest) (nsmgr.Pins, error)
+	Open(ctx context.Context, id string, kinds []nsmgr.Kind) (nsmgr.Pins, error)
+	Remove(ctx context.Context, id string) error
+}
+
+var (
+	_ Network    = (*cni.Manager)(nil)
+	_ Namespaces = (*nsmgr.Manager)(nil)
+)
+
+// Deps are the side-effect boundaries the server drives, plus the ID
+// allocator, which is a plain in-memory model.
 type Deps struct {
-	Network Network
+	Network    Network
+	Namespaces Namespaces
+	IDs        *nsmgr.Allocator
 }
 
 // Server serves CRI. RPCs not built yet answer Unimplemented through the
@@ -35,11 +55,24 @@ type Server struct {
 
 	cfg  *conf.Config
 	deps Deps
+
+	sandboxes *sandbox.Store[*sandbox.Sandbox]
+	podNames  *sandbox.Names
 }
 
 // New returns a server for cfg driving deps.
 func New(cfg *conf.Config, deps Deps) *Server {
-	return &Server{cfg: cfg, deps: deps}
+	return &Server{
+		cfg: cfg, deps: deps,
+		sandboxes: sandbox.NewStore[*sandbox.Sandbox]("sandbox"),
+		podNames:  sandbox.NewNames(),
+	}
+}
+
+// Restore loads the pods and containers recorded on disk. It runs before
+// the socket opens, so kubelet never sees a half-restored runtime.
+func (s *Server) Restore(ctx context.Context) {
+	s.restorePods(ctx)
 }
 
 // Register adds both CRI services to g.

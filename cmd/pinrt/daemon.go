@@ -10,14 +10,15 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 
+	"github.com/pinrt/pinrt/cni"
 	"github.com/pinrt/pinrt/conf"
+	"github.com/pinrt/pinrt/nsmgr"
 	"github.com/pinrt/pinrt/server"
 	"github.com/pinrt/pinrt/version"
 )
@@ -180,8 +181,27 @@ func reloadLogLevel(ctx context.Context, o *options) {
 	log.G(ctx).Infof("SIGHUP: log level is now %s", cfg.LogLevel)
 }
 
-// newServer builds the domain packages and the CRI server on top.
+// newServer builds the domain packages, the CRI server on top, and
+// restores the pods and containers recorded on disk.
 func newServer(ctx context.Context, cfg *conf.Config) (*server.Server, error) {
-	_ = syscall.Getpid
-	return server.New(cfg, server.Deps{}), nil
+	network, err := cni.New(ctx, cni.Config{
+		ConfDir:        cfg.CNI.ConfDir,
+		PluginDirs:     cfg.CNI.PluginDirs,
+		CacheDir:       filepath.Join(cfg.Root, "cni", "cache"),
+		DefaultNetwork: cfg.CNI.DefaultNetwork,
+	})
+	if err != nil {
+		return nil, err
+	}
+	nsm, err := nsmgr.NewManager(cfg.RunRoot, "")
+	if err != nil {
+		return nil, err
+	}
+	ids, err := nsmgr.NewAllocator(cfg.Userns.MinHostID, cfg.Userns.MaxHostID, cfg.Userns.MaxPods)
+	if err != nil {
+		return nil, err
+	}
+	srv := server.New(cfg, server.Deps{Network: network, Namespaces: nsm, IDs: ids})
+	srv.Restore(ctx)
+	return srv, nil
 }

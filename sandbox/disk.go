@@ -1,0 +1,219 @@
+package sandbox
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+
+	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+const (
+	specFile   = "config.json"
+	metaFile   = "meta.json"
+	statusFile = "status.json"
+	// stateVersion is bumped when the on-disk format changes; a loader
+	// refuses versions it does not know instead of misreading them.
+	stateVersion = 1
+)
+
+// Annotation keys in a sandbox's config.json.
+const (
+	AnnotationName        = "io.kubernetes.cri.sandbox-name"
+	AnnotationNamespace   = "io.kubernetes.cri.sandbox-namespace"
+	AnnotationUID         = "io.kubernetes.cri.sandbox-uid"
+	AnnotationLogDir      = "io.kubernetes.cri.sandbox-log-directory"
+	AnnotationSandboxID   = "io.kubernetes.cri.sandbox-id"
+	AnnotationLabels      = "io.pinrt.sandbox.labels"
+	AnnotationAnnotations = "io.pinrt.sandbox.annotations"
+	AnnotationUIDMappings = "io.pinrt.sandbox.uid-mappings"
+	AnnotationGIDMappings = "io.pinrt.sandbox.gid-mappings"
+	AnnotationIPs         = "io.pinrt.sandbox.ips"
+)
+
+var idPattern = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}$`)
+
+// ValidateID refuses an ID that is unsafe as a path component.
+func ValidateID(id string) error {
+	if !idPattern.MatchString(id) || id == "." || id == ".." {
+		return fmt.Errorf("invalid ID %q: %w", id, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+type versioned struct {
+	Version  int       `json:"version"`
+	Metadata *Metadata `json:"metadata,omitempty"`
+	Status   *Status   `json:"status,omitempty"`
+}
+
+// writeJSON writes dir/name atomically: temp file, fsync, rename, fsync
+// of the directory, so a crash leaves either the old or the new file.
+func writeJSON(dir, name string, v any) error {
+	data, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return WriteFileAtomic(filepath.Join(dir, name), data, 0o600)
+}
+
+// WriteFileAtomic replaces path with data so that readers and crashes see
+// either the old or the new content, never a mix.
+func WriteFileAtomic(path string, data []byte, mode os.FileMode) (retErr error) {
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if retErr != nil {
+			f.Close()
+			os.Remove(f.Name())
+		}
+	}()
+	if _, err := f.Write(data); err != nil {
+		return err
+	}
+	if err := f.Chmod(mode); err != nil {
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(f.Name(), path); err != nil {
+		return err
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// Spec is the sandbox's record as an OCI spec: the namespaces by pin path
+// and the CRI metadata as annotations. It is what restore reads first.
+func (md *Metadata) Spec() *specs.Spec {
+	ann := map[string]string{
+		AnnotationName:      md.Name,
+		AnnotationNamespace: md.Namespace,
+		AnnotationUID:       md.UID,
+		AnnotationSandboxID: md.ID,
+		AnnotationLogDir:    md.LogDirectory,
+	}
+	putJSON := func(key string, v any, present bool) {
+		if present {
+			b, _ := json.Marshal(v)
+			ann[key] = string(b)
+		}
+	}
+	putJSON(AnnotationLabels, md.Labels, len(md.Labels) > 0)
+	putJSON(AnnotationAnnotations, md.Annotations, len(md.Annotations) > 0)
+	putJSON(AnnotationUIDMappings, md.UIDMappings, len(md.UIDMappings) > 0)
+	putJSON(AnnotationGIDMappings, md.GIDMappings, len(md.GIDMappings) > 0)
+	putJSON(AnnotationIPs, md.IPs, len(md.IPs) > 0)
+
+	kinds := make([]string, 0, len(md.Pins))
+	for k := range md.Pins {
+		kinds = append(kinds, k)
+	}
+	sort.Strings(kinds)
+	var nss []specs.LinuxNamespace
+	for _, k := range kinds {
+		t := specs.LinuxNamespaceType(k)
+		if k == "user" {
+			t = specs.UserNamespace
+		}
+		if k == "net" {
+			t = specs.NetworkNamespace
+		}
+		nss = append(nss, specs.LinuxNamespace{Type: t, Path: md.Pins[k]})
+	}
+	return &specs.Spec{
+		Version:     specs.Version,
+		Hostname:    md.Hostname,
+		Annotations: ann,
+		Linux:       &specs.Linux{Namespaces: nss, CgroupsPath: md.CgroupParent},
+	}
+}
+
+// Save writes config.json, meta.json and status.json into s.Dir.
+func (s *Sandbox) Save() error {
+	if err := os.MkdirAll(s.Dir, 0o700); err != nil {
+		return err
+	}
+	spec, err := json.MarshalIndent(s.Metadata.Spec(), "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := WriteFileAtomic(filepath.Join(s.Dir, specFile), spec, 0o600); err != nil {
+		return err
+	}
+	if err := writeJSON(s.Dir, metaFile, versioned{Version: stateVersion, Metadata: &s.Metadata}); err != nil {
+		return err
+	}
+	st := s.Status()
+	return writeJSON(s.Dir, statusFile, versioned{Version: stateVersion, Status: &st})
+}
+
+// Load reads a sandbox from dir. The namespace paths come from
+// config.json, which is the record the OCI runtime would join; meta.json
+// gives the rest.
+func Load(dir string) (*Sandbox, error) {
+	var meta versioned
+	if err := readJSON(filepath.Join(dir, metaFile), &meta); err != nil {
+		return nil, err
+	}
+	if meta.Version != stateVersion || meta.Metadata == nil {
+		return nil, fmt.Errorf("%s: unsupported state version %d: %w", dir, meta.Version, errdefs.ErrFailedPrecondition)
+	}
+	md := *meta.Metadata
+	if err := ValidateID(md.ID); err != nil || md.ID != filepath.Base(dir) {
+		return nil, fmt.Errorf("%s: ID %q does not match its directory: %w", dir, md.ID, errdefs.ErrFailedPrecondition)
+	}
+	var spec specs.Spec
+	if err := readJSON(filepath.Join(dir, specFile), &spec); err != nil {
+		return nil, err
+	}
+	md.Pins = map[string]string{}
+	if spec.Linux != nil {
+		for _, ns := range spec.Linux.Namespaces {
+			kind := string(ns.Type)
+			switch ns.Type {
+			case specs.NetworkNamespace:
+				kind = "net"
+			case specs.UserNamespace:
+				kind = "user"
+			}
+			md.Pins[kind] = ns.Path
+		}
+	}
+	sb := &Sandbox{Metadata: md, Dir: dir, status: Status{State: StateNotReady}}
+	var st versioned
+	if err := readJSON(filepath.Join(dir, statusFile), &st); err == nil && st.Status != nil {
+		sb.status = *st.Status
+	}
+	return sb, nil
+}
+
+func readJSON(path string, v any) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("%s: %w", path, errdefs.ErrNotFound)
+		}
+		return err
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
+}

@@ -1,0 +1,178 @@
+// Package sandbox is pinrt's model of pod sandboxes and containers: their
+// immutable metadata, their mutable status with its state machine, the
+// in-memory stores with name reservation, and their on-disk state, written
+// atomically and loaded again at restart.
+//
+// It performs no namespace, network or runtime operation itself; the
+// server drives those and records the outcome here.
+package sandbox
+
+import (
+	"strconv"
+	"sync"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// State of a sandbox.
+//
+//	              RunPodSandbox
+//	                   |
+//	                   v
+//	                 Ready ---- restore finds a pin closed ----+
+//	                   |                                       |
+//	            StopPodSandbox                                 |
+//	                   v                                       v
+//	                NotReady <---------------------------------+
+//	                   |
+//	           RemovePodSandbox
+//	                   v
+//	               (removed)
+//
+// A sandbox never goes back from NotReady to Ready: its namespaces are
+// gone, and kubelet creates a new sandbox instead.
+type State string
+
+// The sandbox states.
+const (
+	StateReady    State = "ready"
+	StateNotReady State = "notready"
+)
+
+// NamespaceMode says whether a namespace is the pod's own or the host's.
+type NamespaceMode string
+
+// The namespace modes, as CRI names them.
+const (
+	ModePod       NamespaceMode = "pod"
+	ModeNode      NamespaceMode = "node"
+	ModeContainer NamespaceMode = "container"
+)
+
+// NamespaceModes are the pod's namespace choices.
+type NamespaceModes struct {
+	Network NamespaceMode `json:"network"`
+	IPC     NamespaceMode `json:"ipc"`
+	PID     NamespaceMode `json:"pid"`
+	User    NamespaceMode `json:"user"`
+}
+
+// Metadata is what a sandbox is; it never changes after RunPodSandbox.
+type Metadata struct {
+	ID        string `json:"id"`
+	Name      string `json:"name"`
+	Namespace string `json:"namespace"`
+	UID       string `json:"uid"`
+	Attempt   uint32 `json:"attempt"`
+
+	Labels       map[string]string `json:"labels,omitempty"`
+	Annotations  map[string]string `json:"annotations,omitempty"`
+	LogDirectory string            `json:"logDirectory,omitempty"`
+	Handler      string            `json:"runtimeHandler,omitempty"`
+	Hostname     string            `json:"hostname,omitempty"`
+	CgroupParent string            `json:"cgroupParent,omitempty"`
+	CreatedAt    time.Time         `json:"createdAt"`
+
+	Modes NamespaceModes `json:"namespaceModes"`
+	// Pins maps a namespace kind (user, net, ipc, uts) to its pin path.
+	Pins map[string]string `json:"pins,omitempty"`
+	// UIDMappings and GIDMappings are the pod's user namespace mappings;
+	// Allocated says pinrt's allocator handed them out (else kubelet did).
+	UIDMappings []specs.LinuxIDMapping `json:"uidMappings,omitempty"`
+	GIDMappings []specs.LinuxIDMapping `json:"gidMappings,omitempty"`
+	Allocated   bool                   `json:"allocated,omitempty"`
+
+	// IPs are the pod's addresses from CNI, IPv4 first.
+	IPs []string `json:"ips,omitempty"`
+	// Network is the CNI network name used.
+	Network string `json:"network,omitempty"`
+
+	// Files are the pod files the containers bind-mount.
+	HostnamePath string `json:"hostnamePath,omitempty"`
+	HostsPath    string `json:"hostsPath,omitempty"`
+	ResolvPath   string `json:"resolvPath,omitempty"`
+	ShmPath      string `json:"shmPath,omitempty"`
+	// InfraID is the pause container of a shared-PID pod, "" otherwise.
+	InfraID string `json:"infraId,omitempty"`
+	// PortMappings and Bandwidth are kept for CNI DEL.
+	PortMappings []PortMapping `json:"portMappings,omitempty"`
+	Bandwidth    *Bandwidth    `json:"bandwidth,omitempty"`
+}
+
+// PortMapping is one CRI port mapping, kept for CNI DEL.
+type PortMapping struct {
+	HostPort      int32  `json:"hostPort"`
+	ContainerPort int32  `json:"containerPort"`
+	Protocol      string `json:"protocol"`
+	HostIP        string `json:"hostIP,omitempty"`
+}
+
+// Bandwidth is the pod's traffic shaping, kept for CNI DEL.
+type Bandwidth struct {
+	IngressRate  uint64 `json:"ingressRate,omitempty"`
+	IngressBurst uint64 `json:"ingressBurst,omitempty"`
+	EgressRate   uint64 `json:"egressRate,omitempty"`
+	EgressBurst  uint64 `json:"egressBurst,omitempty"`
+}
+
+// Status is what changes during a sandbox's life.
+type Status struct {
+	State     State     `json:"state"`
+	StoppedAt time.Time `json:"stoppedAt,omitempty"`
+	// Reason says why a sandbox is NotReady without a Stop (restore).
+	Reason string `json:"reason,omitempty"`
+}
+
+// Sandbox is one pod sandbox: metadata plus a locked status.
+type Sandbox struct {
+	Metadata
+	// Dir is the persistent directory, <root>/sandboxes/<id>.
+	Dir string
+
+	mu     sync.Mutex
+	status Status
+	// opMu serialises Stop and Remove of this sandbox.
+	opMu sync.Mutex
+}
+
+// New returns a Ready sandbox for md stored in dir.
+func New(md Metadata, dir string) *Sandbox {
+	return &Sandbox{Metadata: md, Dir: dir, status: Status{State: StateReady}}
+}
+
+// Status returns a copy of the current status.
+func (s *Sandbox) Status() Status {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.status
+}
+
+// UpdateStatus is the one way to change a sandbox's status: fn edits a copy,
+// the copy is persisted (if the sandbox has a directory), and only then
+// becomes the status. A failed write leaves the old status in place.
+func (s *Sandbox) UpdateStatus(fn func(*Status)) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	next := s.status
+	fn(&next)
+	if s.Dir != "" {
+		if err := writeJSON(s.Dir, statusFile, versioned{Version: stateVersion, Status: &next}); err != nil {
+			return err
+		}
+	}
+	s.status = next
+	return nil
+}
+
+// Lock serialises lifecycle operations (Stop, Remove) on one sandbox.
+func (s *Sandbox) Lock() func() {
+	s.opMu.Lock()
+	return s.opMu.Unlock
+}
+
+// NameKey is the reservation key of a pod: the same name, namespace, uid
+// and attempt may exist only once.
+func NameKey(name, namespace, uid string, attempt uint32) string {
+	return name + "_" + namespace + "_" + uid + "_" + strconv.FormatUint(uint64(attempt), 10)
+}
