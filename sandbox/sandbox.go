@@ -17,18 +17,18 @@ import (
 
 // State of a sandbox.
 //
-//	              RunPodSandbox
-//	                   |
-//	                   v
-//	                 Ready ---- restore finds a pin closed ----+
-//	                   |                                       |
-//	            StopPodSandbox                                 |
-//	                   v                                       v
-//	                NotReady <---------------------------------+
-//	                   |
-//	           RemovePodSandbox
-//	                   v
-//	               (removed)
+//	   RunPodSandbox
+//	        |
+//	        v
+//	      Ready ---- restore finds a pin closed ----+
+//	        |                                       |
+//	 StopPodSandbox                                 |
+//	        v                                       v
+//	     NotReady <---------------------------------+
+//	        |
+//	RemovePodSandbox
+//	        v
+//	    (removed)
 //
 // A sandbox never goes back from NotReady to Ready: its namespaces are
 // gone, and kubelet creates a new sandbox instead.
