@@ -15,6 +15,7 @@ import (
 
 	"github.com/pinrt/pinrt/cni"
 	"github.com/pinrt/pinrt/conf"
+	"github.com/pinrt/pinrt/image"
 	"github.com/pinrt/pinrt/nsmgr"
 	"github.com/pinrt/pinrt/sandbox"
 )
@@ -34,9 +35,24 @@ type Namespaces interface {
 	Remove(ctx context.Context, id string) error
 }
 
+// Images is the image store and rootfs mounter (package image).
+type Images interface {
+	Pull(ctx context.Context, ref string, auth *image.Auth) (*image.Image, error)
+	Get(ref string) (*image.Image, error)
+	List() []image.Image
+	Remove(ref string) error
+	FsUsage() (bytes, inodes uint64, err error)
+	Root() string
+	MountRootfs(ctx context.Context, req image.MountRequest) (string, error)
+	UnmountRootfs(ctx context.Context, containerID, podID, dir string) error
+	ReleasePod(ctx context.Context, podID string) error
+	Usage(dir string) (bytes, inodes uint64, err error)
+}
+
 var (
 	_ Network    = (*cni.Manager)(nil)
 	_ Namespaces = (*nsmgr.Manager)(nil)
+	_ Images     = (*image.Store)(nil)
 )
 
 // Deps are the side-effect boundaries the server drives, plus the ID
@@ -45,6 +61,7 @@ type Deps struct {
 	Network    Network
 	Namespaces Namespaces
 	IDs        *nsmgr.Allocator
+	Images     Images
 }
 
 // Server serves CRI. RPCs not built yet answer Unimplemented through the

@@ -18,6 +18,7 @@ import (
 
 	"github.com/pinrt/pinrt/cni"
 	"github.com/pinrt/pinrt/conf"
+	"github.com/pinrt/pinrt/image"
 	"github.com/pinrt/pinrt/nsmgr"
 	"github.com/pinrt/pinrt/server"
 	"github.com/pinrt/pinrt/version"
@@ -201,7 +202,19 @@ func newServer(ctx context.Context, cfg *conf.Config) (*server.Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	srv := server.New(cfg, server.Deps{Network: network, Namespaces: nsm, IDs: ids})
+	regs := map[string]image.RegistryConfig{}
+	for host, r := range cfg.Image.Registries {
+		regs[host] = image.RegistryConfig{Mirrors: r.Mirrors, SkipOrigin: r.SkipOrigin, Insecure: r.Insecure, CAFile: r.CAFile}
+	}
+	images, err := image.NewStore(image.Options{
+		Root:        filepath.Join(cfg.Root, "images"),
+		Registries:  regs,
+		PullTimeout: cfg.Image.PullTimeout.Std(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	srv := server.New(cfg, server.Deps{Network: network, Namespaces: nsm, IDs: ids, Images: images})
 	srv.Restore(ctx)
 	return srv, nil
 }
