@@ -41,7 +41,7 @@ func main() {
 // run returns the exit code: 0 ok, 1 a run with errors, 2 bad usage.
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		fmt.Fprint(stderr, usage)
+		_, _ = fmt.Fprint(stderr, usage)
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -55,7 +55,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "registry":
 		return runRegistry(ctx, args, stdout, stderr)
 	}
-	fmt.Fprintf(stderr, "unknown command %q\n%s", cmd, usage)
+	_, _ = fmt.Fprintf(stderr, "unknown command %q\n%s", cmd, usage)
 	return 2
 }
 
@@ -87,11 +87,11 @@ func runScenario(ctx context.Context, scenario string, args []string, stdout, st
 		return 2
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "unexpected arguments: %q\n", fs.Args())
+		_, _ = fmt.Fprintf(stderr, "unexpected arguments: %q\n", fs.Args())
 		return 2
 	}
 	if *usernsBase > 1<<32-1 {
-		fmt.Fprintf(stderr, "--userns-base %d out of range\n", *usernsBase)
+		_, _ = fmt.Fprintf(stderr, "--userns-base %d out of range\n", *usernsBase)
 		return 2
 	}
 	cfg.UsernsBase = uint32(*usernsBase)
@@ -120,13 +120,13 @@ func runScenario(ctx context.Context, scenario string, args []string, stdout, st
 
 	c, err := bench.Dial(*endpoint, cfg.RPCTimeout)
 	if err != nil {
-		fmt.Fprintln(stderr, err)
+		_, _ = fmt.Fprintln(stderr, err)
 		return 2
 	}
-	defer c.Close()
+	defer func() { _ = c.Close() }()
 	res, err := bench.Run(ctx, c, scenario, cfg)
 	if err != nil {
-		fmt.Fprintln(stderr, err)
+		_, _ = fmt.Fprintln(stderr, err)
 		return 2
 	}
 	if *asJSON {
@@ -138,7 +138,7 @@ func runScenario(ctx context.Context, scenario string, args []string, stdout, st
 		err = writeJSONFile(*out, res)
 	}
 	if err != nil {
-		fmt.Fprintln(stderr, err)
+		_, _ = fmt.Fprintln(stderr, err)
 		return 1
 	}
 	if res.Errors > 0 {
@@ -170,14 +170,14 @@ func runCleanup(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	}
 	c, err := bench.Dial(*endpoint, *timeout)
 	if err != nil {
-		fmt.Fprintln(stderr, err)
+		_, _ = fmt.Fprintln(stderr, err)
 		return 2
 	}
-	defer c.Close()
+	defer func() { _ = c.Close() }()
 	st, err := bench.Cleanup(ctx, c, *all, *runID)
-	fmt.Fprintf(stdout, "cleanup: removed %d containers, %d sandboxes\n", st.Containers, st.Sandboxes)
+	_, _ = fmt.Fprintf(stdout, "cleanup: removed %d containers, %d sandboxes\n", st.Containers, st.Sandboxes)
 	if err != nil {
-		fmt.Fprintf(stderr, "cleanup errors:\n%v\n", err)
+		_, _ = fmt.Fprintf(stderr, "cleanup errors:\n%v\n", err)
 		return 1
 	}
 	return 0
@@ -194,26 +194,27 @@ func runRegistry(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	}
 	reg, err := bench.StartRegistry(ctx, *listen, *busybox)
 	if err != nil {
-		fmt.Fprintln(stderr, err)
+		_, _ = fmt.Fprintln(stderr, err)
 		return 1
 	}
 	if *addrFile != "" {
 		// Written atomically and only after the push, so a script polling
 		// for the file never sees a partial address or a missing image.
 		tmp := *addrFile + ".tmp." + strconv.Itoa(os.Getpid())
-		if err := os.WriteFile(tmp, []byte(reg.Addr+"\n"), 0o644); err == nil {
+		err := os.WriteFile(tmp, []byte(reg.Addr+"\n"), 0o644)
+		if err == nil {
 			err = os.Rename(tmp, *addrFile)
 		}
 		if err != nil {
-			fmt.Fprintln(stderr, err)
+			_, _ = fmt.Fprintln(stderr, err)
 			_ = reg.Close()
 			return 1
 		}
 	}
-	fmt.Fprintf(stdout, "serving %s\n", reg.Image)
+	_, _ = fmt.Fprintf(stdout, "serving %s\n", reg.Image)
 	<-ctx.Done()
 	if err := reg.Close(); err != nil {
-		fmt.Fprintln(stderr, err)
+		_, _ = fmt.Fprintln(stderr, err)
 		return 1
 	}
 	return 0
