@@ -8,10 +8,10 @@
 // host facts they need (cgroup controllers, LSMs, the OOM floor) are carried
 // in a HostInfo value so tests can inject them.
 //
-// runtime-tools/generate would be the natural base, but v0.9.0 (the only
-// released version) does not compile against runtime-spec v1.3.0
-// (LinuxPids.Limit became a pointer), so Generator is a thin pinrt-owned
-// wrapper around *specs.Spec with the same role.
+// The base is runtime-tools/generate's Linux spec, trimmed by resetBase to
+// what every container shares. runtime-tools v0.9.0, its only release,
+// does not compile against runtime-spec v1.3.0 (LinuxPids.Limit became a
+// pointer), so go.mod pins the upstream commit that does.
 //
 // The runtime driver is the concrete *Runtime. Consumers declare the
 // interface they need; the method set mirrors CRI-O's RuntimeImpl:

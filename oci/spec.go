@@ -6,12 +6,13 @@ import (
 
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/opencontainers/runtime-tools/generate"
 )
 
-// Generator holds the spec being built. Options mutate Config directly; the
-// helpers exist only where the same bookkeeping would otherwise be repeated.
+// Generator holds the spec being built: runtime-tools' generator, whose
+// Config the options read and edit, plus the context for their logs.
 type Generator struct {
-	Config *specs.Spec
+	*generate.Generator
 	// Ctx carries the logger for options that drop settings with a debug
 	// log instead of failing.
 	Ctx context.Context
@@ -176,7 +177,12 @@ type ContainerSpec struct {
 
 // GenerateSpec builds a spec from pinrt's default Linux spec and opts, in order.
 func GenerateSpec(ctx context.Context, opts ...SpecOpt) (*specs.Spec, error) {
-	g := &Generator{Config: defaultSpec(), Ctx: ctx}
+	base, err := generate.New("linux")
+	if err != nil {
+		return nil, fmt.Errorf("generating the base spec: %w", err)
+	}
+	resetBase(base.Config)
+	g := &Generator{Generator: &base, Ctx: ctx}
 	for _, o := range opts {
 		if err := o(g); err != nil {
 			return nil, err
@@ -267,31 +273,32 @@ var (
 	}
 )
 
-// defaultSpec is the base every container starts from: the usual Linux
-// pseudo filesystems and nothing that depends on the request.
-func defaultSpec() *specs.Spec {
-	return &specs.Spec{
-		Version: specs.Version,
-		Root:    &specs.Root{Path: "rootfs"},
-		Process: &specs.Process{
-			Cwd: "/",
-			// No rlimits: raising NOFILE needs CAP_SYS_RESOURCE, which the
-			// daemon may lack, so containers inherit its limits.
-		},
-		Mounts: []specs.Mount{
-			{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
-			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
-			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
-			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
-			{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
-			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
-			{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}},
-		},
-		Linux: &specs.Linux{
-			Resources: &specs.LinuxResources{
-				// Deny every device, then allow the defaults runc creates.
-				Devices: []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}},
-			},
+// resetBase trims runtime-tools' Linux default spec to the base every
+// container starts from: the usual pseudo filesystems and nothing that
+// depends on the request. Process identity, namespaces, capabilities and
+// masked paths are set by the options; the generator's placeholders for
+// them (args "sh", hostname, its capability set) must not leak through.
+func resetBase(s *specs.Spec) {
+	s.Hostname = ""
+	s.Root = &specs.Root{Path: "rootfs"}
+	s.Process = &specs.Process{
+		Cwd: "/",
+		// No rlimits: raising NOFILE needs CAP_SYS_RESOURCE, which the
+		// daemon may lack, so containers inherit its limits.
+	}
+	s.Mounts = []specs.Mount{
+		{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
+		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
+		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+		{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
+		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+		{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}},
+	}
+	s.Linux = &specs.Linux{
+		Resources: &specs.LinuxResources{
+			// Deny every device, then allow the defaults runc creates.
+			Devices: []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}},
 		},
 	}
 }

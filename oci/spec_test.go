@@ -15,6 +15,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/opencontainers/runtime-tools/generate"
 	"github.com/sirupsen/logrus"
 )
 
@@ -390,7 +391,7 @@ func TestWithMounts(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			g := &Generator{Config: &specs.Spec{Linux: &specs.Linux{}}}
+			g := generatorFor(&specs.Spec{Linux: &specs.Linux{}})
 			err := WithMounts(tt.mounts, tt.userNS, podMap, podMap, tt.feat)(g)
 			if !errors.Is(err, tt.wantErr) {
 				t.Fatalf("err = %v, want %v", err, tt.wantErr)
@@ -443,7 +444,7 @@ func TestWithSysfs(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			g := &Generator{Config: s}
+			g := generatorFor(s)
 			if got := s.Mounts[g.mount("/sys")]; !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("/sys = %+v, want %+v", got, tt.want)
 			}
@@ -602,7 +603,7 @@ func TestBuildContainerSpecUserns(t *testing.T) {
 	if s.Linux.CgroupsPath != "/pinrt/p1/c1" || s.Annotations["a"] != "b" || s.Root.Path != root {
 		t.Errorf("cgroups %q annotations %v root %q", s.Linux.CgroupsPath, s.Annotations, s.Root.Path)
 	}
-	g := &Generator{Config: s}
+	g := generatorFor(s)
 	if m := s.Mounts[g.mount("/data")]; !reflect.DeepEqual(m.UIDMappings, podMap) {
 		t.Errorf("/data mappings = %v", m.UIDMappings)
 	}
@@ -663,4 +664,10 @@ func BenchmarkBuildContainerSpec(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// generatorFor wraps a hand-made spec the way GenerateSpec wraps its base.
+func generatorFor(s *specs.Spec) *Generator {
+	g := generate.NewFromSpec(s)
+	return &Generator{Generator: &g}
 }
