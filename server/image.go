@@ -1,0 +1,163 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pinrt/pinrt/image"
+)
+
+// PullImage pulls an image and returns its ID. The ID is the config
+// digest, so kubelet gets the same ImageRef here, in ImageStatus and in
+// ListImages, whichever tag or digest it pulled by.
+func (s *Server) PullImage(ctx context.Context, req *runtimeapi.PullImageRequest) (*runtimeapi.PullImageResponse, error) {
+	ref, err := imageRef(req.GetImage())
+	if err != nil {
+		return nil, err
+	}
+	img, err := s.deps.Images.Pull(ctx, ref, toAuth(req.GetAuth()))
+	if err != nil {
+		return nil, err
+	}
+	log.G(ctx).WithField("image", ref).WithField("id", img.ID).Debug("pulled image over CRI")
+	return &runtimeapi.PullImageResponse{ImageRef: img.ID}, nil
+}
+
+// ListImages lists the images, or only the one the filter's image
+// reference resolves to (by ID, short ID, tag or digest, as ImageStatus).
+func (s *Server) ListImages(ctx context.Context, req *runtimeapi.ListImagesRequest) (*runtimeapi.ListImagesResponse, error) {
+	if ref := req.GetFilter().GetImage().GetImage(); ref != "" {
+		img, err := s.deps.Images.Get(ref)
+		if errdefs.IsNotFound(err) {
+			return &runtimeapi.ListImagesResponse{}, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		return &runtimeapi.ListImagesResponse{Images: []*runtimeapi.Image{toCRIImage(img)}}, nil
+	}
+	imgs := s.deps.Images.List()
+	out := make([]*runtimeapi.Image, 0, len(imgs))
+	for i := range imgs {
+		out = append(out, toCRIImage(&imgs[i]))
+	}
+	return &runtimeapi.ListImagesResponse{Images: out}, nil
+}
+
+// ImageStatus reports one image. CRI wants an absent image reported as a
+// response with a nil Image, not as an error: kubelet calls it to decide
+// whether to pull.
+func (s *Server) ImageStatus(ctx context.Context, req *runtimeapi.ImageStatusRequest) (*runtimeapi.ImageStatusResponse, error) {
+	ref, err := imageRef(req.GetImage())
+	if err != nil {
+		return nil, err
+	}
+	img, err := s.deps.Images.Get(ref)
+	if errdefs.IsNotFound(err) {
+		return &runtimeapi.ImageStatusResponse{}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	resp := &runtimeapi.ImageStatusResponse{Image: toCRIImage(img)}
+	if req.GetVerbose() {
+		if resp.Info, err = imageInfo(img); err != nil {
+			return nil, err
+		}
+	}
+	return resp, nil
+}
+
+// RemoveImage removes an image with all its tags and digests. Like
+// containerd, an image that is already gone is success: CRI requires the
+// call to be idempotent, and kubelet's image GC may race a second
+// removal.
+func (s *Server) RemoveImage(ctx context.Context, req *runtimeapi.RemoveImageRequest) (*runtimeapi.RemoveImageResponse, error) {
+	ref, err := imageRef(req.GetImage())
+	if err != nil {
+		return nil, err
+	}
+	if err := s.deps.Images.Remove(ref); err != nil && !errdefs.IsNotFound(err) {
+		return nil, err
+	}
+	return &runtimeapi.RemoveImageResponse{}, nil
+}
+
+// ImageFsInfo reports the bytes and inodes used by the image store.
+// Container writable layers live elsewhere and are reported per container
+// by ContainerStats, so ContainerFilesystems stays empty and kubelet
+// treats the image filesystem as the only one.
+func (s *Server) ImageFsInfo(ctx context.Context, req *runtimeapi.ImageFsInfoRequest) (*runtimeapi.ImageFsInfoResponse, error) {
+	bytes, inodes, err := s.deps.Images.FsUsage()
+	if err != nil {
+		return nil, fmt.Errorf("image filesystem usage: %w", err)
+	}
+	return &runtimeapi.ImageFsInfoResponse{ImageFilesystems: []*runtimeapi.FilesystemUsage{{
+		Timestamp:  time.Now().UnixNano(),
+		FsId:       &runtimeapi.FilesystemIdentifier{Mountpoint: s.deps.Images.Root()},
+		UsedBytes:  &runtimeapi.UInt64Value{Value: bytes},
+		InodesUsed: &runtimeapi.UInt64Value{Value: inodes},
+	}}}, nil
+}
+
+// imageRef validates the reference of an ImageSpec.
+func imageRef(spec *runtimeapi.ImageSpec) (string, error) {
+	if spec.GetImage() == "" {
+		return "", fmt.Errorf("image reference is empty: %w", errdefs.ErrInvalidArgument)
+	}
+	return spec.GetImage(), nil
+}
+
+// toAuth converts CRI credentials; nil and empty both mean anonymous.
+func toAuth(a *runtimeapi.AuthConfig) *image.Auth {
+	if a == nil {
+		return nil
+	}
+	return &image.Auth{
+		Username: a.Username, Password: a.Password, Auth: a.Auth,
+		IdentityToken: a.IdentityToken, RegistryToken: a.RegistryToken,
+	}
+}
+
+func toCRIImage(img *image.Image) *runtimeapi.Image {
+	out := &runtimeapi.Image{
+		Id: img.ID, RepoTags: img.RepoTags, RepoDigests: img.RepoDigests, Size: img.Size,
+		Spec: &runtimeapi.ImageSpec{Image: img.ID},
+	}
+	// kubelet checks runAsNonRoot against these: a numeric USER goes in
+	// Uid, a name in Username (it can't tell whether a name is root).
+	uid, user := img.UIDOrUser()
+	if uid != nil {
+		out.Uid = &runtimeapi.Int64Value{Value: *uid}
+	}
+	out.Username = user
+	return out
+}
+
+// verboseImage is the "info" JSON of a verbose ImageStatus.
+type verboseImage struct {
+	ID          string    `json:"id"`
+	RepoTags    []string  `json:"repoTags"`
+	RepoDigests []string  `json:"repoDigests"`
+	Size        uint64    `json:"size"`
+	ChainIDs    []string  `json:"chainIDs"`
+	Config      v1.Config `json:"config"`
+}
+
+func imageInfo(img *image.Image) (map[string]string, error) {
+	b, err := json.Marshal(verboseImage{
+		ID: img.ID, RepoTags: img.RepoTags, RepoDigests: img.RepoDigests,
+		Size: img.Size, ChainIDs: img.ChainIDs, Config: img.Config,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("image %s info: %w: %w", img.ID, err, errdefs.ErrInternal)
+	}
+	return map[string]string{"info": string(b)}, nil
+}
