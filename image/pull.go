@@ -132,12 +132,12 @@ func (s *Store) endpoint(ctx context.Context, ref name.Reference, cfg RegistryCo
 func classify(err error) error {
 	var terr *transport.Error
 	if errors.As(err, &terr) {
-		switch {
-		case terr.StatusCode == http.StatusNotFound:
+		switch terr.StatusCode {
+		case http.StatusNotFound:
 			return fmt.Errorf("%w: %w", err, errdefs.ErrNotFound)
-		case terr.StatusCode == http.StatusUnauthorized:
+		case http.StatusUnauthorized:
 			return fmt.Errorf("%w: %w", err, errdefs.ErrUnauthenticated)
-		case terr.StatusCode == http.StatusForbidden:
+		case http.StatusForbidden:
 			return fmt.Errorf("%w: %w", err, errdefs.ErrPermissionDenied)
 		}
 		for _, d := range terr.Errors {

@@ -116,7 +116,7 @@ func (r *Runtime) Create(ctx context.Context, o CreateOptions) (pid int, retErr 
 	startW.Close()
 	// The first conmon process exits right after forking its daemon half.
 	if err := cmd.Wait(); err != nil {
-		return 0, fmt.Errorf("conmon for %s: %v: %s: %w", o.ID, err, bytes.TrimSpace(stderr.Bytes()), errdefs.ErrUnknown)
+		return 0, fmt.Errorf("conmon for %s: %w: %s: %w", o.ID, err, bytes.TrimSpace(stderr.Bytes()), errdefs.ErrUnknown)
 	}
 
 	msgCh := make(chan syncMsg, 1)
@@ -138,7 +138,7 @@ func (r *Runtime) Create(ctx context.Context, o CreateOptions) (pid int, retErr 
 		}
 		return m.Data, nil
 	case err := <-errCh:
-		return 0, fmt.Errorf("create container %s: reading conmon sync pipe: %v (see %s): %w", o.ID, err, filepath.Join(o.Bundle, "runtime.log"), errdefs.ErrUnknown)
+		return 0, fmt.Errorf("create container %s: reading conmon sync pipe: %w (see %s): %w", o.ID, err, filepath.Join(o.Bundle, "runtime.log"), errdefs.ErrUnknown)
 	case <-timer.C:
 		return 0, fmt.Errorf("create container %s: conmon did not report a pid within %s: %w", o.ID, createTimeout, context.DeadlineExceeded)
 	case <-ctx.Done():
@@ -209,7 +209,7 @@ func (r *Runtime) ReopenLog(ctx context.Context, id string) error {
 	// ENXIO instead of hanging.
 	fd, err := unix.Open(filepath.Join(rec.Bundle, "ctl"), unix.O_WRONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return fmt.Errorf("open conmon control fifo of %s: %v: %w", id, err, errdefs.ErrUnavailable)
+		return fmt.Errorf("open conmon control fifo of %s: %w: %w", id, err, errdefs.ErrUnavailable)
 	}
 	f := os.NewFile(uintptr(fd), "ctl")
 	defer f.Close()

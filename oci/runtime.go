@@ -105,7 +105,7 @@ func NewRuntime(h Handler, stateDir string) (*Runtime, error) {
 	}
 	bin, err := exec.LookPath(h.Binary)
 	if err != nil {
-		return nil, fmt.Errorf("runtime %q binary %q: %v: %w", h.Name, h.Binary, err, errdefs.ErrNotFound)
+		return nil, fmt.Errorf("runtime %q binary %q: %w: %w", h.Name, h.Binary, err, errdefs.ErrNotFound)
 	}
 	mon := h.MonitorPath
 	if mon == "" {
@@ -113,7 +113,7 @@ func NewRuntime(h Handler, stateDir string) (*Runtime, error) {
 	}
 	mon, err = exec.LookPath(mon)
 	if err != nil {
-		return nil, fmt.Errorf("runtime %q monitor: %v: %w", h.Name, err, errdefs.ErrNotFound)
+		return nil, fmt.Errorf("runtime %q monitor: %w: %w", h.Name, err, errdefs.ErrNotFound)
 	}
 	for _, d := range []string{stateDir, filepath.Join(stateDir, "containers"), filepath.Join(stateDir, "attach")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
@@ -148,7 +148,7 @@ func (r *Runtime) run(ctx context.Context, stdin []byte, args ...string) ([]byte
 	}
 	if err := cmd.Run(); err != nil {
 		msg := strings.TrimSpace(stderr.String())
-		return stdout.Bytes(), classify(fmt.Errorf("%s %s: %v: %s", filepath.Base(r.binary), args[0], err, msg), msg)
+		return stdout.Bytes(), classify(fmt.Errorf("%s %s: %w: %s", filepath.Base(r.binary), args[0], err, msg), msg)
 	}
 	return stdout.Bytes(), nil
 }
@@ -181,7 +181,7 @@ func (r *Runtime) loadRecord(id string) (*record, error) {
 	}
 	var rec record
 	if err := json.Unmarshal(b, &rec); err != nil {
-		return nil, fmt.Errorf("container %s record: %v: %w", id, err, errdefs.ErrDataLoss)
+		return nil, fmt.Errorf("container %s record: %w: %w", id, err, errdefs.ErrDataLoss)
 	}
 	return &rec, nil
 }
@@ -422,7 +422,7 @@ func (r *Runtime) ExecSync(ctx context.Context, id string, cmd []string, timeout
 			}
 		}
 		select {
-		case <-done:
+		case <-done: // The wait error adds nothing to killedBy.
 		case <-time.After(5 * time.Second):
 			_ = c.Process.Kill()
 			<-done

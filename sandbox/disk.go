@@ -150,7 +150,7 @@ func (s *Sandbox) Save() error {
 	if err := os.MkdirAll(s.Dir, 0o700); err != nil {
 		return err
 	}
-	spec, err := json.MarshalIndent(s.Metadata.Spec(), "", "  ")
+	spec, err := json.MarshalIndent(s.Spec(), "", "  ")
 	if err != nil {
 		return err
 	}

@@ -64,7 +64,7 @@ func Binary(t testing.TB) string {
 		cmd.Dir = RepoRoot()
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
-			errBuild = fmt.Errorf("go build: %v\n%s", err, out)
+			errBuild = fmt.Errorf("go build: %w\n%s", err, out)
 		}
 	})
 	if errBuild != nil {
@@ -221,7 +221,7 @@ func (d *Daemon) connect() error {
 		select {
 		case err := <-d.waitErr:
 			d.waitErr <- err
-			return fmt.Errorf("pinrt exited during start (%v):\n%s", err, d.Log())
+			return fmt.Errorf("pinrt exited during start (%w):\n%s", err, d.Log())
 		default:
 		}
 		if _, err := os.Stat(d.Socket); err == nil {
