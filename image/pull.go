@@ -132,27 +132,30 @@ func (s *Store) endpoint(ctx context.Context, ref name.Reference, cfg RegistryCo
 func classify(err error) error {
 	var terr *transport.Error
 	if errors.As(err, &terr) {
-		switch terr.StatusCode {
-		case http.StatusNotFound:
-			return fmt.Errorf("%w: %w", err, errdefs.ErrNotFound)
-		case http.StatusUnauthorized:
-			return fmt.Errorf("%w: %w", err, errdefs.ErrUnauthenticated)
-		case http.StatusForbidden:
-			return fmt.Errorf("%w: %w", err, errdefs.ErrPermissionDenied)
+		switch {
+		case terr.StatusCode == http.StatusNotFound:
+			return withClass(err, errdefs.ErrNotFound)
+		case terr.StatusCode == http.StatusUnauthorized:
+			return withClass(err, errdefs.ErrUnauthenticated)
+		case terr.StatusCode == http.StatusForbidden:
+			return withClass(err, errdefs.ErrPermissionDenied)
 		}
 		for _, d := range terr.Errors {
 			if d.Code == transport.ManifestUnknownErrorCode || d.Code == transport.NameUnknownErrorCode {
-				return fmt.Errorf("%w: %w", err, errdefs.ErrNotFound)
+				return withClass(err, errdefs.ErrNotFound)
 			}
 		}
-		return fmt.Errorf("%w: %w", err, errdefs.ErrUnavailable)
+		return withClass(err, errdefs.ErrUnavailable)
 	}
+	// A timeout is the registry not answering in time: unavailable. The
+	// error still wraps context.DeadlineExceeded, which withClass keeps
+	// from deciding the gRPC code.
 	if errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("timed out: %w: %w", err, errdefs.ErrUnavailable)
+		return withClass(fmt.Errorf("timed out: %w", err), errdefs.ErrUnavailable)
 	}
 	var nerr net.Error
 	if errors.As(err, &nerr) || errors.Is(err, unix.ECONNREFUSED) || errors.Is(err, io.ErrUnexpectedEOF) {
-		return fmt.Errorf("registry unreachable: %w: %w", err, errdefs.ErrUnavailable)
+		return withClass(fmt.Errorf("registry unreachable: %w", err), errdefs.ErrUnavailable)
 	}
 	return err
 }
@@ -231,13 +234,23 @@ func (s *Store) pull(ctx context.Context, r name.Reference, auth *Auth) (*Image,
 	return img, nil
 }
 
-// withClass adds class to err unless err already carries it.
+// withClass makes class the class of err. errdefs.Resolve, and with it
+// the gRPC code, takes the first class found walking the wrap chain in
+// order, so appending class is not enough when err already wraps another
+// one (context.DeadlineExceeded inside a timeout, or NotFound from a
+// mirror joined with an unreachable origin): the class goes first in the
+// chain, while the message keeps err's text first.
 func withClass(err, class error) error {
-	if errors.Is(err, class) {
+	if errdefs.Resolve(err) == class {
 		return err
 	}
-	return fmt.Errorf("%w: %w", err, class)
+	return &classError{err: err, class: class}
 }
+
+type classError struct{ err, class error }
+
+func (e *classError) Error() string   { return e.err.Error() + ": " + e.class.Error() }
+func (e *classError) Unwrap() []error { return []error{e.class, e.err} }
 
 // fetch stores the manifest, config and layers of desc.
 func (s *Store) fetch(ctx context.Context, desc *remote.Descriptor) (*record, error) {
