@@ -64,9 +64,33 @@ func writeJSON(dir, name string, v any) error {
 
 // WriteFileAtomic replaces path with data so that readers and crashes see
 // either the old or the new content, never a mix.
-func WriteFileAtomic(path string, data []byte, mode os.FileMode) (retErr error) {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
+func WriteFileAtomic(path string, data []byte, mode os.FileMode) error {
+	return writeFiles(filepath.Dir(path), map[string][]byte{filepath.Base(path): data}, mode, true)
+}
+
+// writeFiles replaces several files of one directory: each goes to a temp
+// file and is renamed into place. With durable, each temp file is synced
+// before its rename and the directory once after all of them, which costs
+// one directory sync for the set instead of one per file.
+func writeFiles(dir string, files map[string][]byte, mode os.FileMode, durable bool) error {
+	for name, data := range files {
+		if err := writeTemp(dir, name, data, mode, durable); err != nil {
+			return err
+		}
+	}
+	if !durable {
+		return nil
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+func writeTemp(dir, name string, data []byte, mode os.FileMode, durable bool) (retErr error) {
+	f, err := os.CreateTemp(dir, "."+name+".tmp*")
 	if err != nil {
 		return err
 	}
@@ -82,21 +106,15 @@ func WriteFileAtomic(path string, data []byte, mode os.FileMode) (retErr error) 
 	if err := f.Chmod(mode); err != nil {
 		return err
 	}
-	if err := f.Sync(); err != nil {
-		return err
+	if durable {
+		if err := f.Sync(); err != nil {
+			return err
+		}
 	}
 	if err := f.Close(); err != nil {
 		return err
 	}
-	if err := os.Rename(f.Name(), path); err != nil {
-		return err
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return os.Rename(f.Name(), filepath.Join(dir, name))
 }
 
 // Spec is the sandbox's record as an OCI spec: the namespaces by pin path
@@ -145,23 +163,26 @@ func (md *Metadata) Spec() *specs.Spec {
 	}
 }
 
-// Save writes config.json, meta.json and status.json into s.Dir.
+// Save writes config.json, meta.json and status.json into s.Dir, durably
+// and each atomically.
 func (s *Sandbox) Save() error {
 	if err := os.MkdirAll(s.Dir, 0o700); err != nil {
 		return err
 	}
-	spec, err := json.MarshalIndent(s.Spec(), "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := WriteFileAtomic(filepath.Join(s.Dir, specFile), spec, 0o600); err != nil {
-		return err
-	}
-	if err := writeJSON(s.Dir, metaFile, versioned{Version: stateVersion, Metadata: &s.Metadata}); err != nil {
-		return err
-	}
 	st := s.Status()
-	return writeJSON(s.Dir, statusFile, versioned{Version: stateVersion, Status: &st})
+	files := map[string][]byte{}
+	for name, v := range map[string]any{
+		specFile:   s.Spec(),
+		metaFile:   versioned{Version: stateVersion, Metadata: &s.Metadata},
+		statusFile: versioned{Version: stateVersion, Status: &st},
+	} {
+		b, err := json.MarshalIndent(v, "", "  ")
+		if err != nil {
+			return err
+		}
+		files[name] = b
+	}
+	return writeFiles(s.Dir, files, 0o600, true)
 }
 
 // Load reads a sandbox from dir. The namespace paths come from

@@ -28,16 +28,15 @@ var (
 )
 
 // WritePodFiles writes hostname, hosts and resolv.conf into dir. A pod on
-// the host network sees the host's /etc/hosts; any pod without a DNS
-// config sees the host's resolv.conf.
-func WritePodFiles(dir, hostname string, dns *DNS, hostNetwork bool) (PodFiles, error) {
+// the host network sees the host's /etc/hosts, a pod with an IP has it in
+// its hosts file, and any pod without a DNS config sees the host's
+// resolv.conf. The files live in the run dir and die with the pod's pins,
+// so they are replaced atomically but not synced to disk.
+func WritePodFiles(dir, hostname, ip string, dns *DNS, hostNetwork bool) (PodFiles, error) {
 	f := PodFiles{
 		Hostname: filepath.Join(dir, "hostname"),
 		Hosts:    filepath.Join(dir, "hosts"),
 		Resolv:   filepath.Join(dir, "resolv.conf"),
-	}
-	if err := WriteFileAtomic(f.Hostname, []byte(hostname+"\n"), 0o644); err != nil {
-		return f, err
 	}
 	hosts := []byte("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n" +
 		"fe00::0\tip6-localnet\nff00::0\tip6-mcastprefix\nff02::1\tip6-allnodes\nff02::2\tip6-allrouters\n")
@@ -46,24 +45,18 @@ func WritePodFiles(dir, hostname string, dns *DNS, hostNetwork bool) (PodFiles, 
 			hosts = b
 		}
 	}
-	if err := WriteFileAtomic(f.Hosts, hosts, 0o644); err != nil {
-		return f, err
+	if ip != "" {
+		hosts = append(hosts, []byte(ip+"\t"+hostname+"\n")...)
 	}
 	resolv, err := resolvConf(dns)
 	if err != nil {
 		return f, err
 	}
-	return f, WriteFileAtomic(f.Resolv, resolv, 0o644)
-}
-
-// AddHostsEntry appends "ip hostname" to a pod's hosts file once the IP is
-// known.
-func AddHostsEntry(path, ip, hostname string) error {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err
-	}
-	return WriteFileAtomic(path, append(b, []byte(ip+"\t"+hostname+"\n")...), 0o644)
+	return f, writeFiles(dir, map[string][]byte{
+		filepath.Base(f.Hostname): []byte(hostname + "\n"),
+		filepath.Base(f.Hosts):    hosts,
+		filepath.Base(f.Resolv):   resolv,
+	}, 0o644, false)
 }
 
 func resolvConf(dns *DNS) ([]byte, error) {
@@ -89,6 +82,16 @@ func resolvConf(dns *DNS) ([]byte, error) {
 	}
 	return []byte(b.String()), nil
 }
+
+// Tmpfs mounts pods' /dev/shm as tmpfs; it is the real implementation of
+// the server's shm boundary.
+type Tmpfs struct{}
+
+// Mount mounts a pod's shm at path, owned by uid and gid.
+func (Tmpfs) Mount(path string, uid, gid uint32) error { return MountShm(path, uid, gid) }
+
+// Unmount unmounts and removes a pod's shm; it is idempotent.
+func (Tmpfs) Unmount(path string) error { return UnmountShm(path) }
 
 // shmSize is the size of a pod's /dev/shm, as Docker and containerd use.
 const shmSize = 64 << 20

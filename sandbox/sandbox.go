@@ -8,6 +8,7 @@
 package sandbox
 
 import (
+	"encoding/json"
 	"strconv"
 	"sync"
 	"time"
@@ -85,8 +86,9 @@ type Metadata struct {
 
 	// IPs are the pod's addresses from CNI, IPv4 first.
 	IPs []string `json:"ips,omitempty"`
-	// Network is the CNI network name used.
-	Network string `json:"network,omitempty"`
+	// Network is the CNI network name used, CNIResult its full result.
+	Network   string          `json:"network,omitempty"`
+	CNIResult json.RawMessage `json:"cniResult,omitempty"`
 
 	// Files are the pod files the containers bind-mount.
 	HostnamePath string `json:"hostnamePath,omitempty"`

@@ -266,7 +266,7 @@ func TestWritePodFiles(t *testing.T) {
 	hostResolvConf = hostResolv
 	t.Cleanup(func() { hostResolvConf = old })
 
-	f, err := WritePodFiles(dir, "web-0", &DNS{Servers: []string{"10.0.0.10"}, Searches: []string{"ns.svc", "svc"}, Options: []string{"ndots:5"}}, false)
+	f, err := WritePodFiles(dir, "web-0", "10.1.0.5", &DNS{Servers: []string{"10.0.0.10"}, Searches: []string{"ns.svc", "svc"}, Options: []string{"ndots:5"}}, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -277,20 +277,17 @@ func TestWritePodFiles(t *testing.T) {
 	if got := read(f.Hostname); got != "web-0\n" {
 		t.Errorf("hostname = %q", got)
 	}
-	if err := AddHostsEntry(f.Hosts, "10.1.0.5", "web-0"); err != nil {
-		t.Fatal(err)
-	}
 	if got := read(f.Hosts); !strings.HasPrefix(got, "127.0.0.1\tlocalhost\n") || !strings.HasSuffix(got, "10.1.0.5\tweb-0\n") {
 		t.Errorf("hosts = %q", got)
 	}
-	f2, err := WritePodFiles(t.TempDir(), "h", nil, false)
+	f2, err := WritePodFiles(t.TempDir(), "h", "", nil, false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got := read(f2.Resolv); got != "nameserver 9.9.9.9\n" {
 		t.Errorf("resolv.conf without DNS config = %q, want the host's", got)
 	}
-	if _, err := WritePodFiles(t.TempDir(), "h", &DNS{Servers: []string{"1.1.1.1\nnameserver 6.6.6.6"}}, false); err == nil {
+	if _, err := WritePodFiles(t.TempDir(), "h", "", &DNS{Servers: []string{"1.1.1.1\nnameserver 6.6.6.6"}}, false); err == nil {
 		t.Error("a DNS server with a newline was accepted")
 	}
 }

@@ -123,18 +123,13 @@ func (s *Server) runPod(ctx context.Context, req *podRequest) (_ *sandbox.Sandbo
 	if err := os.MkdirAll(runDir, 0o711); err != nil {
 		return nil, err
 	}
-	files, err := sandbox.WritePodFiles(runDir, md.Hostname, req.dns, md.Modes.Network == sandbox.ModeNode)
-	if err != nil {
-		return nil, fmt.Errorf("writing pod files: %w", err)
-	}
-	md.HostnamePath, md.HostsPath, md.ResolvPath = files.Hostname, files.Hosts, files.Resolv
 	if md.Modes.IPC == sandbox.ModePod {
 		md.ShmPath = filepath.Join(runDir, "shm")
 		uid, gid := rootOf(md.UIDMappings), rootOf(md.GIDMappings)
-		if err := sandbox.MountShm(md.ShmPath, uid, gid); err != nil {
+		if err := s.deps.Shm.Mount(md.ShmPath, uid, gid); err != nil {
 			return nil, err
 		}
-		undo.add("unmount shm", func(context.Context) error { return sandbox.UnmountShm(md.ShmPath) })
+		undo.add("unmount shm", func(context.Context) error { return s.deps.Shm.Unmount(md.ShmPath) })
 	}
 
 	if md.Modes.Network == sandbox.ModePod {
@@ -143,16 +138,17 @@ func (s *Server) runPod(ctx context.Context, req *podRequest) (_ *sandbox.Sandbo
 			return nil, fmt.Errorf("setting up the pod network: %w", err)
 		}
 		undo.add("CNI DEL", func(ctx context.Context) error { return s.deps.Network.Teardown(ctx, cniPod(&md)) })
-		md.IPs, md.Network = res.IPs, res.Network
-		if len(res.IPs) > 0 {
-			if err := sandbox.AddHostsEntry(md.HostsPath, res.IPs[0], md.Hostname); err != nil {
-				return nil, err
-			}
-		}
-		if err := sandbox.WriteFileAtomic(filepath.Join(dir, cniResultFile), res.Raw, 0o600); err != nil {
-			return nil, err
-		}
+		md.IPs, md.Network, md.CNIResult = res.IPs, res.Network, res.Raw
 	}
+	ip := ""
+	if len(md.IPs) > 0 {
+		ip = md.IPs[0]
+	}
+	files, err := sandbox.WritePodFiles(runDir, md.Hostname, ip, req.dns, md.Modes.Network == sandbox.ModeNode)
+	if err != nil {
+		return nil, fmt.Errorf("writing pod files: %w", err)
+	}
+	md.HostnamePath, md.HostsPath, md.ResolvPath = files.Hostname, files.Hosts, files.Resolv
 
 	sb := sandbox.New(md, dir)
 	if err := sb.Save(); err != nil {
@@ -162,8 +158,6 @@ func (s *Server) runPod(ctx context.Context, req *podRequest) (_ *sandbox.Sandbo
 	log.G(ctx).WithField("ips", md.IPs).Debug("sandbox ready")
 	return sb, nil
 }
-
-const cniResultFile = "cni-result.json"
 
 // resolveMappings fills the pod's user namespace mappings: kubelet's,
 // validated and recorded, or a fresh block from the allocator.
@@ -247,7 +241,7 @@ func (s *Server) stopPod(ctx context.Context, sb *sandbox.Sandbox) error {
 	if err := s.deps.Namespaces.Remove(ctx, sb.ID); err != nil {
 		return fmt.Errorf("removing pod namespaces: %w", err)
 	}
-	if err := sandbox.UnmountShm(sb.ShmPath); err != nil {
+	if err := s.deps.Shm.Unmount(sb.ShmPath); err != nil {
 		return err
 	}
 	if sb.Status().State == sandbox.StateNotReady && sb.Status().StoppedAt.After(time.Time{}) {
@@ -332,7 +326,6 @@ func (s *Server) restorePod(ctx context.Context, id string) error {
 
 // podInfo is the verbose PodSandboxStatus info.
 func (s *Server) podInfo(sb *sandbox.Sandbox) (map[string]string, error) {
-	raw, _ := os.ReadFile(filepath.Join(sb.Dir, cniResultFile))
 	info := map[string]any{
 		"pins":        sb.Pins,
 		"uidMappings": sb.UIDMappings,
@@ -341,8 +334,8 @@ func (s *Server) podInfo(sb *sandbox.Sandbox) (map[string]string, error) {
 		"configPath":  filepath.Join(sb.Dir, "config.json"),
 		"status":      sb.Status(),
 	}
-	if len(raw) > 0 {
-		info["cniResult"] = json.RawMessage(raw)
+	if len(sb.CNIResult) > 0 {
+		info["cniResult"] = sb.CNIResult
 	}
 	b, err := json.Marshal(info)
 	if err != nil {

@@ -1,0 +1,274 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/containerd/errdefs"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pinrt/pinrt/cni/cnitest"
+	"github.com/pinrt/pinrt/conf"
+	"github.com/pinrt/pinrt/image"
+	"github.com/pinrt/pinrt/image/imagetest"
+	"github.com/pinrt/pinrt/nsmgr"
+	"github.com/pinrt/pinrt/nsmgr/nsmgrtest"
+)
+
+// fakeShm records shm mounts instead of mounting tmpfs.
+type fakeShm struct {
+	mu      sync.Mutex
+	mounted map[string]bool
+}
+
+func (f *fakeShm) Mount(path string, uid, gid uint32) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.mounted[path] = true
+	return nil
+}
+
+func (f *fakeShm) Unmount(path string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.mounted, path)
+	return nil
+}
+
+// podImages is the image store as far as pods are concerned: nothing
+// is mounted, releases are recorded.
+type podImages struct {
+	*imagetest.Fake
+	released []string
+}
+
+func (p *podImages) Root() string { return "/nonexistent" }
+func (p *podImages) MountRootfs(context.Context, image.MountRequest) (string, error) {
+	return "", errdefs.ErrNotImplemented
+}
+func (p *podImages) UnmountRootfs(context.Context, string, string, string) error { return nil }
+func (p *podImages) ReleasePod(_ context.Context, id string) error {
+	p.released = append(p.released, id)
+	return nil
+}
+func (p *podImages) Usage(string) (uint64, uint64, error) { return 0, 0, nil }
+
+type podFixture struct {
+	srv *Server
+	ns  *nsmgrtest.Manager
+	net *cnitest.Fake
+	shm *fakeShm
+	ids *nsmgr.Allocator
+	cfg *conf.Config
+}
+
+func newPodFixture(t *testing.T) *podFixture {
+	t.Helper()
+	cfg := conf.Default()
+	cfg.Root, cfg.RunRoot = t.TempDir(), t.TempDir()
+	ids, err := nsmgr.NewAllocator(cfg.Userns.MinHostID, cfg.Userns.MaxHostID, cfg.Userns.MaxPods)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &podFixture{ns: nsmgrtest.New(cfg.RunRoot), net: &cnitest.Fake{}, shm: &fakeShm{mounted: map[string]bool{}}, ids: ids, cfg: cfg}
+	f.srv = New(cfg, Deps{Network: f.net, Namespaces: f.ns, IDs: ids, Shm: f.shm, Images: &podImages{Fake: &imagetest.Fake{}}})
+	return f
+}
+
+// unitPod is a pod config as kubelet sends it, optionally with a user
+// namespace.
+func unitPod(name string, userns bool) *runtimeapi.RunPodSandboxRequest {
+	ns := &runtimeapi.NamespaceOption{Pid: runtimeapi.NamespaceMode_CONTAINER}
+	if userns {
+		ns.UsernsOptions = &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_POD}
+	}
+	return &runtimeapi.RunPodSandboxRequest{Config: &runtimeapi.PodSandboxConfig{
+		Metadata: &runtimeapi.PodSandboxMetadata{Name: name, Namespace: "ns", Uid: "u-" + name},
+		Linux:    &runtimeapi.LinuxPodSandboxConfig{SecurityContext: &runtimeapi.LinuxSandboxSecurityContext{NamespaceOptions: ns}},
+	}}
+}
+
+// assertNothingLeft checks that a failed RunPodSandbox undid every step.
+func (f *podFixture) assertNothingLeft(t *testing.T) {
+	t.Helper()
+	for _, d := range []string{filepath.Join(f.cfg.Root, "sandboxes"), filepath.Join(f.cfg.RunRoot, "sandboxes")} {
+		if entries, _ := os.ReadDir(d); len(entries) > 0 {
+			t.Errorf("%s still has %d entries", d, len(entries))
+		}
+	}
+	if a := f.net.Attached(); len(a) > 0 {
+		t.Errorf("pods still attached to the network: %v", a)
+	}
+	if len(f.shm.mounted) > 0 {
+		t.Errorf("shm still mounted: %v", f.shm.mounted)
+	}
+	for _, c := range f.ns.Calls() {
+		if c.Method == "Create" && len(f.ns.Pinned(c.ID)) > 0 {
+			t.Errorf("pins of %s remain: %v", c.ID, f.ns.Pinned(c.ID))
+		}
+	}
+	// The first block is free again: the allocator released the range.
+	m, err := f.ids.Allocate("probe")
+	if err != nil || m.HostID != f.cfg.Userns.MinHostID {
+		t.Errorf("allocator after rollback gave %+v, %v; want the first block %d", m, err, f.cfg.Userns.MinHostID)
+	}
+	f.ids.Release("probe")
+}
+
+func TestRunPodSandboxRollback(t *testing.T) {
+	tests := []struct {
+		name   string
+		inject func(f *podFixture)
+		want   error
+	}{
+		{"namespaces fail", func(f *podFixture) { f.ns.CreateErr = fmt.Errorf("clone: %w", errdefs.ErrUnavailable) }, errdefs.ErrUnavailable},
+		{"network fails", func(f *podFixture) { f.net.SetupErr = fmt.Errorf("bridge: %w", errdefs.ErrUnknown) }, errdefs.ErrUnknown},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newPodFixture(t)
+			tc.inject(f)
+			_, err := f.srv.RunPodSandbox(context.Background(), unitPod("p", true))
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("RunPodSandbox = %v, want %v", err, tc.want)
+			}
+			f.assertNothingLeft(t)
+			// The name is free again.
+			f.ns.CreateErr, f.net.SetupErr = nil, nil
+			if _, err := f.srv.RunPodSandbox(context.Background(), unitPod("p", true)); err != nil {
+				t.Errorf("retry after rollback: %v", err)
+			}
+		})
+	}
+}
+
+func TestRunPodSandboxNamespaceKinds(t *testing.T) {
+	f := newPodFixture(t)
+	resp, err := f.srv.RunPodSandbox(context.Background(), unitPod("kinds", true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pins := f.ns.Pinned(resp.PodSandboxId)
+	for _, k := range []nsmgr.Kind{nsmgr.User, nsmgr.Net, nsmgr.UTS} {
+		if pins[k] == "" {
+			t.Errorf("no %s pin: %v", k, pins)
+		}
+	}
+	if pins[nsmgr.IPC] == "" {
+		t.Errorf("no ipc pin: %v", pins)
+	}
+	if len(f.shm.mounted) != 1 {
+		t.Errorf("shm mounts = %v, want the pod's one", f.shm.mounted)
+	}
+	st, err := f.srv.PodSandboxStatus(context.Background(), &runtimeapi.PodSandboxStatusRequest{PodSandboxId: resp.PodSandboxId})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Status.Network.GetIp() != "10.89.0.2" {
+		t.Errorf("IP = %q, want the fake's first address", st.Status.Network.GetIp())
+	}
+	u := st.Status.Linux.Namespaces.Options.UsernsOptions
+	if u.Mode != runtimeapi.NamespaceMode_POD || len(u.Uids) != 1 || u.Uids[0].HostId != f.cfg.Userns.MinHostID || u.Uids[0].Length != 65536 {
+		t.Errorf("userns options = %v, want the allocated first block", u)
+	}
+}
+
+func TestStopAndRemoveAreIdempotent(t *testing.T) {
+	f := newPodFixture(t)
+	ctx := context.Background()
+	resp, err := f.srv.RunPodSandbox(ctx, unitPod("idem", false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.PodSandboxId
+	for range 2 {
+		if _, err := f.srv.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if a := f.net.Attached(); len(a) != 0 {
+		t.Errorf("still attached after stop: %v", a)
+	}
+	if _, err := f.srv.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: id}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.srv.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: id}); !errdefs.IsNotFound(err) {
+		t.Errorf("second remove = %v, want NotFound", err)
+	}
+	if _, err := f.srv.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
+		t.Errorf("stop of a removed pod = %v, want success", err)
+	}
+	f.assertNothingLeft(t)
+}
+
+func TestStopFailsCleanlyAndRetries(t *testing.T) {
+	f := newPodFixture(t)
+	ctx := context.Background()
+	resp, err := f.srv.RunPodSandbox(ctx, unitPod("retry", false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.net.TeardownErr = fmt.Errorf("plugin busy: %w", errdefs.ErrUnavailable)
+	if _, err := f.srv.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: resp.PodSandboxId}); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("stop with a failing teardown = %v, want Unavailable", err)
+	}
+	st, _ := f.srv.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: resp.PodSandboxId})
+	if st.Status.State != runtimeapi.PodSandboxState_SANDBOX_READY {
+		t.Errorf("state after a failed stop = %v, want still READY so kubelet retries", st.Status.State)
+	}
+	f.net.TeardownErr = nil
+	if _, err := f.srv.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: resp.PodSandboxId}); err != nil {
+		t.Errorf("retried stop: %v", err)
+	}
+}
+
+func TestPodRequestValidation(t *testing.T) {
+	f := newPodFixture(t)
+	mk := func(mut func(r *runtimeapi.RunPodSandboxRequest)) *runtimeapi.RunPodSandboxRequest {
+		r := unitPod("v", false)
+		mut(r)
+		return r
+	}
+	tests := []struct {
+		name string
+		req  *runtimeapi.RunPodSandboxRequest
+		want error
+	}{
+		{"nil config", &runtimeapi.RunPodSandboxRequest{}, errdefs.ErrInvalidArgument},
+		{"namespace with slash", mk(func(r *runtimeapi.RunPodSandboxRequest) { r.Config.Metadata.Namespace = "a/b" }), errdefs.ErrInvalidArgument},
+		{"uid with newline", mk(func(r *runtimeapi.RunPodSandboxRequest) { r.Config.Metadata.Uid = "a\nb" }), errdefs.ErrInvalidArgument},
+		{"unclean log dir", mk(func(r *runtimeapi.RunPodSandboxRequest) { r.Config.LogDirectory = "/var/log/../etc" }), errdefs.ErrInvalidArgument},
+		{"hostname with space", mk(func(r *runtimeapi.RunPodSandboxRequest) { r.Config.Hostname = "a b" }), errdefs.ErrInvalidArgument},
+		{"net sysctl on host network", mk(func(r *runtimeapi.RunPodSandboxRequest) {
+			r.Config.Linux.SecurityContext.NamespaceOptions.Network = runtimeapi.NamespaceMode_NODE
+			r.Config.Linux.Sysctls = map[string]string{"net.ipv4.ip_forward": "1"}
+		}), errdefs.ErrInvalidArgument},
+		{"userns with host network", mk(func(r *runtimeapi.RunPodSandboxRequest) {
+			r.Config.Linux.SecurityContext.NamespaceOptions.Network = runtimeapi.NamespaceMode_NODE
+			r.Config.Linux.SecurityContext.NamespaceOptions.UsernsOptions = &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_POD}
+		}), errdefs.ErrInvalidArgument},
+		{"mappings without userns", mk(func(r *runtimeapi.RunPodSandboxRequest) {
+			r.Config.Linux.SecurityContext.NamespaceOptions.UsernsOptions = &runtimeapi.UserNamespace{
+				Mode: runtimeapi.NamespaceMode_NODE, Uids: []*runtimeapi.IDMapping{{HostId: 65536, Length: 65536}},
+			}
+		}), errdefs.ErrInvalidArgument},
+		{"pid target", mk(func(r *runtimeapi.RunPodSandboxRequest) {
+			r.Config.Linux.SecurityContext.NamespaceOptions.Pid = runtimeapi.NamespaceMode_TARGET
+		}), errdefs.ErrInvalidArgument},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := f.srv.RunPodSandbox(context.Background(), tc.req); !errors.Is(err, tc.want) {
+				t.Fatalf("RunPodSandbox = %v, want %v", err, tc.want)
+			}
+			if calls := f.ns.Calls(); len(calls) != 0 {
+				t.Errorf("namespaces touched for an invalid request: %v", calls)
+			}
+		})
+	}
+}
