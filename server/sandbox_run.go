@@ -231,7 +231,7 @@ func (s *Server) stopPod(ctx context.Context, sb *sandbox.Sandbox) error {
 		pod := cniPod(&sb.Metadata)
 		// After a reboot the pin is gone: DEL runs from the cached result
 		// with no netns, as the CNI spec allows.
-		if _, err := s.deps.Namespaces.Open(ctx, sb.ID, []nsmgr.Kind{nsmgr.Net}); err != nil {
+		if _, err := s.deps.Namespaces.Open(ctx, sb.ID, pinnedKinds(sb)); err != nil {
 			pod.NetNS = ""
 		}
 		if err := s.deps.Network.Teardown(ctx, pod); err != nil {
@@ -307,11 +307,7 @@ func (s *Server) restorePod(ctx context.Context, id string) error {
 		}
 	}
 	if sb.Status().State == sandbox.StateReady {
-		kinds := make([]nsmgr.Kind, 0, len(sb.Pins))
-		for k := range sb.Pins {
-			kinds = append(kinds, nsmgr.Kind(k))
-		}
-		if _, err := s.deps.Namespaces.Open(ctx, id, kinds); err != nil {
+		if _, err := s.deps.Namespaces.Open(ctx, id, pinnedKinds(sb)); err != nil {
 			log.G(ctx).WithError(err).WithField("sandbox", id).Warn("restore: sandbox is NotReady")
 			if uerr := sb.UpdateStatus(func(st *sandbox.Status) {
 				st.State, st.Reason = sandbox.StateNotReady, err.Error()
@@ -322,6 +318,16 @@ func (s *Server) restorePod(ctx context.Context, id string) error {
 	}
 	s.sandboxes.Add(id, sb)
 	return nil
+}
+
+// pinnedKinds are the namespaces a sandbox pinned. Open checks them as a
+// set: net, ipc and uts must be owned by the pinned user namespace.
+func pinnedKinds(sb *sandbox.Sandbox) []nsmgr.Kind {
+	kinds := make([]nsmgr.Kind, 0, len(sb.Pins))
+	for k := range sb.Pins {
+		kinds = append(kinds, nsmgr.Kind(k))
+	}
+	return kinds
 }
 
 // podInfo is the verbose PodSandboxStatus info.
