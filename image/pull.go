@@ -132,12 +132,12 @@ func (s *Store) endpoint(ctx context.Context, ref name.Reference, cfg RegistryCo
 func classify(err error) error {
 	var terr *transport.Error
 	if errors.As(err, &terr) {
-		switch {
-		case terr.StatusCode == http.StatusNotFound:
+		switch terr.StatusCode {
+		case http.StatusNotFound:
 			return withClass(err, errdefs.ErrNotFound)
-		case terr.StatusCode == http.StatusUnauthorized:
+		case http.StatusUnauthorized:
 			return withClass(err, errdefs.ErrUnauthenticated)
-		case terr.StatusCode == http.StatusForbidden:
+		case http.StatusForbidden:
 			return withClass(err, errdefs.ErrPermissionDenied)
 		}
 		for _, d := range terr.Errors {
@@ -241,7 +241,7 @@ func (s *Store) pull(ctx context.Context, r name.Reference, auth *Auth) (*Image,
 // mirror joined with an unreachable origin): the class goes first in the
 // chain, while the message keeps err's text first.
 func withClass(err, class error) error {
-	if errdefs.Resolve(err) == class {
+	if errors.Is(errdefs.Resolve(err), class) {
 		return err
 	}
 	return &classError{err: err, class: class}
