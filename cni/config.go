@@ -13,6 +13,8 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/containernetworking/cni/libcni"
+
+	"github.com/pinrt/pinrt/internal/atomicfile"
 )
 
 // confExtensions are the file name extensions kubelet, containerd and CRI-O
@@ -221,16 +223,7 @@ func writeDefaultConfig(dir string) (bool, error) {
 		}
 		return false, fmt.Errorf("write default cni config: %w", err)
 	}
-	return true, syncDir(dir)
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return true, atomicfile.SyncDir(dir)
 }
 
 // sameNetwork reports whether two loaded networks are the same, to log a

@@ -26,6 +26,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 	"golang.org/x/sys/unix"
+
+	"github.com/pinrt/pinrt/internal/atomicfile"
 )
 
 // authenticator turns CRI credentials into a go-containerregistry
@@ -332,7 +334,7 @@ func (s *Store) putBlob(digest string, data []byte) error {
 	if _, err := os.Stat(s.blobPath(digest)); err == nil {
 		return nil
 	}
-	return writeFileAtomic(s.blobPath(digest), data, 0o600)
+	return atomicfile.WriteFile(s.blobPath(digest), data, 0o600)
 }
 
 // ensureLayer makes layers/<chain> exist. The compressed stream is
@@ -403,14 +405,14 @@ func (s *Store) ensureLayer(ctx context.Context, layer v1.Layer, lr layerRecord)
 		if err := os.Rename(blobTmp.Name(), s.blobPath(lr.Digest)); err != nil {
 			return err
 		}
-		if err := syncDir(filepath.Dir(s.blobPath(lr.Digest))); err != nil {
+		if err := atomicfile.SyncDir(filepath.Dir(s.blobPath(lr.Digest))); err != nil {
 			return err
 		}
 	}
 	if err := os.Rename(tmpDir, final); err != nil {
 		return err
 	}
-	return syncDir(s.path("layers"))
+	return atomicfile.SyncDir(s.path("layers"))
 }
 
 func syncFS(dir string) error {

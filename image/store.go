@@ -16,6 +16,8 @@ import (
 	"github.com/containerd/errdefs"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"golang.org/x/sys/unix"
+
+	"github.com/pinrt/pinrt/internal/atomicfile"
 )
 
 const indexVersion = 1
@@ -151,48 +153,7 @@ func (s *Store) saveLocked() error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(s.path("index.json"), data, 0o600)
-}
-
-// writeFileAtomic writes via temp file, fsync, rename and directory fsync
-// so a crash leaves either the old or the new content.
-func writeFileAtomic(path string, data []byte, mode os.FileMode) (retErr error) {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-")
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if retErr != nil {
-			f.Close()
-			os.Remove(f.Name())
-		}
-	}()
-	if _, err := f.Write(data); err != nil {
-		return err
-	}
-	if err := f.Chmod(mode); err != nil {
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(f.Name(), path); err != nil {
-		return err
-	}
-	return syncDir(dir)
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return atomicfile.WriteFile(s.path("index.json"), data, 0o600)
 }
 
 // Get finds an image by full or short (>= 4 hex chars, unambiguous) ID,

@@ -11,6 +11,8 @@ import (
 
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/pinrt/pinrt/internal/atomicfile"
 )
 
 const (
@@ -65,56 +67,7 @@ func writeJSON(dir, name string, v any) error {
 // WriteFileAtomic replaces path with data so that readers and crashes see
 // either the old or the new content, never a mix.
 func WriteFileAtomic(path string, data []byte, mode os.FileMode) error {
-	return writeFiles(filepath.Dir(path), map[string][]byte{filepath.Base(path): data}, mode, true)
-}
-
-// writeFiles replaces several files of one directory: each goes to a temp
-// file and is renamed into place. With durable, each temp file is synced
-// before its rename and the directory once after all of them, which costs
-// one directory sync for the set instead of one per file.
-func writeFiles(dir string, files map[string][]byte, mode os.FileMode, durable bool) error {
-	for name, data := range files {
-		if err := writeTemp(dir, name, data, mode, durable); err != nil {
-			return err
-		}
-	}
-	if !durable {
-		return nil
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
-}
-
-func writeTemp(dir, name string, data []byte, mode os.FileMode, durable bool) (retErr error) {
-	f, err := os.CreateTemp(dir, "."+name+".tmp*")
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if retErr != nil {
-			f.Close()
-			os.Remove(f.Name())
-		}
-	}()
-	if _, err := f.Write(data); err != nil {
-		return err
-	}
-	if err := f.Chmod(mode); err != nil {
-		return err
-	}
-	if durable {
-		if err := f.Sync(); err != nil {
-			return err
-		}
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(f.Name(), filepath.Join(dir, name))
+	return atomicfile.WriteFile(path, data, mode)
 }
 
 // Spec is the sandbox's record as an OCI spec: the namespaces by pin path
@@ -182,7 +135,7 @@ func (s *Sandbox) Save() error {
 		}
 		files[name] = b
 	}
-	return writeFiles(s.Dir, files, 0o600, true)
+	return atomicfile.WriteFiles(s.Dir, files, 0o600, true)
 }
 
 // Load reads a sandbox from dir. The namespace paths come from

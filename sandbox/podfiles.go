@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/pinrt/pinrt/internal/atomicfile"
 )
 
 // DNS is the pod's resolver configuration.
@@ -52,7 +54,7 @@ func WritePodFiles(dir, hostname, ip string, dns *DNS, hostNetwork bool) (PodFil
 	if err != nil {
 		return f, err
 	}
-	return f, writeFiles(dir, map[string][]byte{
+	return f, atomicfile.WriteFiles(dir, map[string][]byte{
 		filepath.Base(f.Hostname): []byte(hostname + "\n"),
 		filepath.Base(f.Hosts):    hosts,
 		filepath.Base(f.Resolv):   resolv,

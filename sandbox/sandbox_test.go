@@ -148,25 +148,6 @@ func TestUpdateStatusPersistsOrKeepsOld(t *testing.T) {
 	}
 }
 
-func TestWriteFileAtomicLeavesNoTemp(t *testing.T) {
-	dir := t.TempDir()
-	p := filepath.Join(dir, "f.json")
-	for _, body := range []string{"one", "two"} {
-		if err := WriteFileAtomic(p, []byte(body), 0o640); err != nil {
-			t.Fatal(err)
-		}
-	}
-	b, _ := os.ReadFile(p)
-	fi, _ := os.Stat(p)
-	entries, _ := os.ReadDir(dir)
-	if string(b) != "two" || fi.Mode().Perm() != 0o640 || len(entries) != 1 {
-		t.Errorf("content %q mode %v entries %d, want two 0640 1", b, fi.Mode().Perm(), len(entries))
-	}
-	if err := WriteFileAtomic(filepath.Join(dir, "missing", "f"), []byte("x"), 0o600); err == nil {
-		t.Error("write into a missing directory succeeded")
-	}
-}
-
 func TestNames(t *testing.T) {
 	n := NewNames()
 	key := NameKey("web", "default", "u1", 0)
