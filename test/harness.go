@@ -34,6 +34,16 @@ var (
 	errBuild  error
 )
 
+// Main runs the e2e tests and then removes the binary Binary built. Every
+// e2e test package's TestMain calls it.
+func Main(m *testing.M) int {
+	code := m.Run()
+	if binPath != "" {
+		_ = os.RemoveAll(filepath.Dir(binPath))
+	}
+	return code
+}
+
 // RequireRoot skips a test that needs root, saying why.
 func RequireRoot(t testing.TB) {
 	t.Helper()
