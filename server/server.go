@@ -49,7 +49,14 @@ type Images interface {
 	Usage(dir string) (bytes, inodes uint64, err error)
 }
 
+// Shm mounts a pod's shared /dev/shm.
+type Shm interface {
+	Mount(path string, uid, gid uint32) error
+	Unmount(path string) error
+}
+
 var (
+	_ Shm        = sandbox.Tmpfs{}
 	_ Network    = (*cni.Manager)(nil)
 	_ Namespaces = (*nsmgr.Manager)(nil)
 	_ Images     = (*image.Store)(nil)
@@ -62,6 +69,8 @@ type Deps struct {
 	Namespaces Namespaces
 	IDs        *nsmgr.Allocator
 	Images     Images
+	// Shm defaults to sandbox.Tmpfs.
+	Shm Shm
 }
 
 // Server serves CRI. RPCs not built yet answer Unimplemented through the
@@ -79,6 +88,9 @@ type Server struct {
 
 // New returns a server for cfg driving deps.
 func New(cfg *conf.Config, deps Deps) *Server {
+	if deps.Shm == nil {
+		deps.Shm = sandbox.Tmpfs{}
+	}
 	return &Server{
 		cfg: cfg, deps: deps,
 		sandboxes: sandbox.NewStore[*sandbox.Sandbox]("sandbox"),
