@@ -231,6 +231,14 @@ func (s *Server) podRequest(req *runtimeapi.RunPodSandboxRequest) (*podRequest, 
 			Protocol: strings.ToLower(pm.Protocol.String()), HostIP: pm.HostIp,
 		})
 	}
+	bw, err := podBandwidth(cfg.Annotations)
+	if err != nil {
+		return nil, err
+	}
+	if bw != nil && modes.Network == sandbox.ModeNode {
+		return nil, invalid("bandwidth annotations need a pod network, not the host's")
+	}
+	pr.md.Bandwidth = bw
 	userns := linux.GetSecurityContext().GetNamespaceOptions().GetUsernsOptions()
 	for _, u := range userns.GetUids() {
 		pr.uids = append(pr.uids, specs.LinuxIDMapping{ContainerID: u.ContainerId, HostID: u.HostId, Size: u.Length})
