@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"os/exec"
+	"sort"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -40,8 +41,38 @@ func (s *Server) Status(ctx context.Context, req *runtimeapi.StatusRequest) (*ru
 		netCond.Message = "network plugin is not ready: " + err.Error()
 	}
 	return &runtimeapi.StatusResponse{
-		Status: &runtimeapi.RuntimeStatus{Conditions: []*runtimeapi.RuntimeCondition{runtimeCond, netCond}},
+		Status:          &runtimeapi.RuntimeStatus{Conditions: []*runtimeapi.RuntimeCondition{runtimeCond, netCond}},
+		RuntimeHandlers: s.runtimeHandlers(ctx),
 	}, nil
+}
+
+// runtimeHandlers lists every configured handler with the features its
+// binary reports; kubelet refuses hostUsers: false pods unless the handler
+// claims user namespaces. A handler whose binary is missing, or whose
+// probe fails, has no features: that is not an error of Status.
+func (s *Server) runtimeHandlers(ctx context.Context) []*runtimeapi.RuntimeHandler {
+	names := make([]string, 0, len(s.cfg.Runtime.Runtimes))
+	for name := range s.cfg.Runtime.Runtimes {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	var out []*runtimeapi.RuntimeHandler
+	for _, name := range names {
+		f := &runtimeapi.RuntimeHandlerFeatures{}
+		if rt, ok := s.deps.Runtimes[name]; ok && rt != nil {
+			if feat, err := rt.Features(ctx); err == nil && feat != nil {
+				// A userns pod's volumes are idmapped mounts.
+				f.UserNamespaces = feat.IDMapMounts
+				f.RecursiveReadOnlyMounts = feat.RecursiveReadOnly
+			}
+		}
+		out = append(out, &runtimeapi.RuntimeHandler{Name: name, Features: f})
+		// kubelet looks the default handler up by the empty name.
+		if name == s.cfg.Runtime.DefaultRuntime {
+			out = append(out, &runtimeapi.RuntimeHandler{Name: "", Features: f})
+		}
+	}
+	return out
 }
 
 // runtimeReady checks that the default runtime and the monitor exist.

@@ -280,8 +280,5 @@ func namespaceModes(o *runtimeapi.NamespaceOption) (sandbox.NamespaceModes, erro
 	if m.User == sandbox.ModePod && (m.Network == sandbox.ModeNode || m.IPC == sandbox.ModeNode || m.PID == sandbox.ModeNode) {
 		return m, invalid("a pod with its own user namespace cannot share the host's network, IPC or PID namespace")
 	}
-	if m.PID == sandbox.ModePod {
-		return m, fmt.Errorf("a shared PID namespace (pid POD) needs an infra process, which pinrt does not run yet: %w", errdefs.ErrNotImplemented)
-	}
 	return m, nil
 }

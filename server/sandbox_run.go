@@ -150,6 +150,15 @@ func (s *Server) runPod(ctx context.Context, req *podRequest) (_ *sandbox.Sandbo
 	}
 	md.HostnamePath, md.HostsPath, md.ResolvPath = files.Hostname, files.Hosts, files.Resolv
 
+	// A shared PID namespace lives as long as its first process: the
+	// pod's pause process, started last so it joins the finished pins.
+	if md.Modes.PID == sandbox.ModePod {
+		if err := s.startInfra(ctx, &md); err != nil {
+			return nil, fmt.Errorf("starting the pod's infra process: %w", err)
+		}
+		undo.add("remove infra process", func(ctx context.Context) error { return s.removeInfra(ctx, &md) })
+	}
+
 	sb := sandbox.New(md, dir)
 	if err := sb.Save(); err != nil {
 		return nil, fmt.Errorf("saving sandbox state: %w", err)

@@ -69,6 +69,9 @@ type Deps struct {
 	Namespaces Namespaces
 	IDs        *nsmgr.Allocator
 	Images     Images
+	// Runtimes are the OCI runtimes by handler name. A configured handler
+	// whose binary was missing at start has no entry.
+	Runtimes map[string]ContainerRuntime
 	// Shm defaults to sandbox.Tmpfs.
 	Shm Shm
 }
@@ -84,6 +87,10 @@ type Server struct {
 
 	sandboxes *sandbox.Store[*sandbox.Sandbox]
 	podNames  *sandbox.Names
+
+	containers *sandbox.Store[*sandbox.Container]
+	ctrNames   *sandbox.Names
+	pause      pauseRootfs
 }
 
 // New returns a server for cfg driving deps.
@@ -95,6 +102,9 @@ func New(cfg *conf.Config, deps Deps) *Server {
 		cfg: cfg, deps: deps,
 		sandboxes: sandbox.NewStore[*sandbox.Sandbox]("sandbox"),
 		podNames:  sandbox.NewNames(),
+
+		containers: sandbox.NewStore[*sandbox.Container]("container"),
+		ctrNames:   sandbox.NewNames(),
 	}
 }
 
@@ -102,6 +112,7 @@ func New(cfg *conf.Config, deps Deps) *Server {
 // the socket opens, so kubelet never sees a half-restored runtime.
 func (s *Server) Restore(ctx context.Context) {
 	s.restorePods(ctx)
+	s.restoreContainers(ctx)
 }
 
 // Register adds both CRI services to g.

@@ -20,6 +20,7 @@ import (
 	"github.com/pinrt/pinrt/conf"
 	"github.com/pinrt/pinrt/image"
 	"github.com/pinrt/pinrt/nsmgr"
+	"github.com/pinrt/pinrt/oci"
 	"github.com/pinrt/pinrt/server"
 	"github.com/pinrt/pinrt/version"
 )
@@ -214,7 +215,20 @@ func newServer(ctx context.Context, cfg *conf.Config) (*server.Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	srv := server.New(cfg, server.Deps{Network: network, Namespaces: nsm, IDs: ids, Images: images})
+	runtimes := map[string]server.ContainerRuntime{}
+	for name, h := range cfg.Runtime.Runtimes {
+		rt, err := oci.NewRuntime(oci.Handler{
+			Name: name, Binary: h.Binary, Root: cfg.RuntimeRoot(name), Type: h.Type, MonitorPath: cfg.Runtime.Conmon,
+		}, filepath.Join(cfg.RunRoot, "oci", name))
+		if err != nil {
+			// A handler may name a runtime this node lacks (crun by
+			// default); only pods that use it fail.
+			log.G(ctx).WithError(err).Warnf("runtime handler %q is not available", name)
+			continue
+		}
+		runtimes[name] = rt
+	}
+	srv := server.New(cfg, server.Deps{Network: network, Namespaces: nsm, IDs: ids, Images: images, Runtimes: runtimes})
 	srv.Restore(ctx)
 	return srv, nil
 }

@@ -1,0 +1,196 @@
+package sandbox
+
+import (
+	"fmt"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// ContainerState of a container.
+//
+//	CreateContainer
+//	      |
+//	      v
+//	   Created ---- StartContainer ----> Running
+//	      |                                 |
+//	      | (stopped before start)          | exit, StopContainer, pod stop
+//	      v                                 v
+//	   Exited <-----------------------------+
+//	      |
+//	RemoveContainer (any state: a live one is killed first)
+//	      v
+//	  (removed)
+//
+// The runtime is the source of truth: the server refreshes the state from
+// it (and conmon's exit file) before reporting, so a container that exits
+// on its own, even while pinrt is down, becomes Exited with its real code.
+type ContainerState string
+
+// The container states, as CRI names them.
+const (
+	ContainerCreated ContainerState = "created"
+	ContainerRunning ContainerState = "running"
+	ContainerExited  ContainerState = "exited"
+	ContainerUnknown ContainerState = "unknown"
+)
+
+// ContainerMount is one volume as CreateContainer asked for it.
+type ContainerMount struct {
+	ContainerPath string `json:"containerPath"`
+	HostPath      string `json:"hostPath"`
+	Readonly      bool   `json:"readonly,omitempty"`
+	// Propagation is the CRI enum value (0 private, 1 rslave, 2 rshared).
+	Propagation       int32                  `json:"propagation,omitempty"`
+	RecursiveReadOnly bool                   `json:"recursiveReadOnly,omitempty"`
+	UIDMappings       []specs.LinuxIDMapping `json:"uidMappings,omitempty"`
+	GIDMappings       []specs.LinuxIDMapping `json:"gidMappings,omitempty"`
+}
+
+// ContainerUser is the process identity the spec resolved.
+type ContainerUser struct {
+	UID                uint32   `json:"uid"`
+	GID                uint32   `json:"gid"`
+	SupplementalGroups []uint32 `json:"supplementalGroups,omitempty"`
+}
+
+// ContainerMetadata is what a container is; it never changes after
+// CreateContainer.
+type ContainerMetadata struct {
+	ID        string `json:"id"`
+	SandboxID string `json:"sandboxId"`
+	Name      string `json:"name"`
+	Attempt   uint32 `json:"attempt"`
+
+	Labels      map[string]string `json:"labels,omitempty"`
+	Annotations map[string]string `json:"annotations,omitempty"`
+	// Image is the image as the request named it; ImageID is the config
+	// digest and ImageRef a digest reference (or the ID without one).
+	Image    string `json:"image"`
+	ImageID  string `json:"imageId"`
+	ImageRef string `json:"imageRef"`
+	// StopSignal is the image's STOPSIGNAL ("" means SIGTERM).
+	StopSignal string `json:"stopSignal,omitempty"`
+	// LogPath is the absolute CRI log path; "" means no log.
+	LogPath string           `json:"logPath,omitempty"`
+	Mounts  []ContainerMount `json:"mounts,omitempty"`
+	User    ContainerUser    `json:"user"`
+	// Handler is the runtime handler the container runs under (the pod's).
+	Handler   string    `json:"runtimeHandler"`
+	CreatedAt time.Time `json:"createdAt"`
+}
+
+// ContainerStatus is what changes during a container's life.
+type ContainerStatus struct {
+	State      ContainerState `json:"state"`
+	Pid        int            `json:"pid,omitempty"`
+	StartedAt  time.Time      `json:"startedAt,omitempty"`
+	FinishedAt time.Time      `json:"finishedAt,omitempty"`
+	ExitCode   int32          `json:"exitCode"`
+	// Reason is Completed, Error or OOMKilled once exited.
+	Reason  string `json:"reason,omitempty"`
+	Message string `json:"message,omitempty"`
+}
+
+// Container is one container: metadata plus a locked status.
+type Container struct {
+	ContainerMetadata
+	// Dir is the persistent directory, <root>/containers/<id>; it is also
+	// the OCI bundle (config.json) and conmon's exit directory.
+	Dir string
+
+	mu     sync.Mutex
+	status ContainerStatus
+	// opMu serialises lifecycle operations on this container.
+	opMu sync.Mutex
+}
+
+type containerVersioned struct {
+	Version  int                `json:"version"`
+	Metadata *ContainerMetadata `json:"metadata,omitempty"`
+	Status   *ContainerStatus   `json:"status,omitempty"`
+}
+
+// NewContainer returns a Created container for md stored in dir.
+func NewContainer(md ContainerMetadata, dir string) *Container {
+	return &Container{ContainerMetadata: md, Dir: dir, status: ContainerStatus{State: ContainerCreated}}
+}
+
+// Status returns a copy of the current status.
+func (c *Container) Status() ContainerStatus {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.status
+}
+
+// UpdateStatus is the one way to change a container's status: fn edits a
+// copy, the copy is persisted (if the container has a directory), and only
+// then becomes the status. A failed write leaves the old status in place.
+func (c *Container) UpdateStatus(fn func(*ContainerStatus)) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	next := c.status
+	fn(&next)
+	if next == c.status {
+		return nil
+	}
+	if c.Dir != "" {
+		if err := writeJSON(c.Dir, statusFile, containerVersioned{Version: stateVersion, Status: &next}); err != nil {
+			return err
+		}
+	}
+	c.status = next
+	return nil
+}
+
+// Lock serialises lifecycle operations (Start, Stop, Remove) on one
+// container.
+func (c *Container) Lock() func() {
+	c.opMu.Lock()
+	return c.opMu.Unlock
+}
+
+// Save writes meta.json and status.json into c.Dir. config.json, the OCI
+// spec, is written by the runtime driver as part of the bundle.
+func (c *Container) Save() error {
+	if err := writeJSON(c.Dir, metaFile, containerVersioned{Version: stateVersion, Metadata: &c.ContainerMetadata}); err != nil {
+		return err
+	}
+	st := c.Status()
+	return writeJSON(c.Dir, statusFile, containerVersioned{Version: stateVersion, Status: &st})
+}
+
+// LoadContainer reads a container from dir. A missing status file means
+// the daemon died between the metadata and status writes: the state is
+// unknown until the runtime is asked.
+func LoadContainer(dir string) (*Container, error) {
+	var meta containerVersioned
+	if err := readJSON(filepath.Join(dir, metaFile), &meta); err != nil {
+		return nil, err
+	}
+	if meta.Version != stateVersion || meta.Metadata == nil {
+		return nil, fmt.Errorf("%s: unsupported state version %d: %w", dir, meta.Version, errdefs.ErrFailedPrecondition)
+	}
+	md := *meta.Metadata
+	if err := ValidateID(md.ID); err != nil || md.ID != filepath.Base(dir) {
+		return nil, fmt.Errorf("%s: ID %q does not match its directory: %w", dir, md.ID, errdefs.ErrFailedPrecondition)
+	}
+	if err := ValidateID(md.SandboxID); err != nil {
+		return nil, fmt.Errorf("%s: %w", dir, err)
+	}
+	c := &Container{ContainerMetadata: md, Dir: dir, status: ContainerStatus{State: ContainerUnknown}}
+	var st containerVersioned
+	if err := readJSON(filepath.Join(dir, statusFile), &st); err == nil && st.Status != nil {
+		c.status = *st.Status
+	}
+	return c, nil
+}
+
+// ContainerNameKey is the reservation key of a container: one name and
+// attempt per sandbox.
+func ContainerNameKey(sandboxID, name string, attempt uint32) string {
+	return NameKey(name, sandboxID, "", attempt)
+}

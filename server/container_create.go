@@ -1,0 +1,453 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pinrt/pinrt/image"
+	"github.com/pinrt/pinrt/oci"
+	"github.com/pinrt/pinrt/sandbox"
+)
+
+// Annotations pinrt puts on every container spec, as containerd and CRI-O
+// name them, so tools reading config.json can tell what a container is.
+const (
+	annContainerType = "io.kubernetes.cri.container-type"
+	annSandboxID     = "io.kubernetes.cri.sandbox-id"
+	annContainerName = "io.kubernetes.cri.container-name"
+	annImageName     = "io.kubernetes.cri.image-name"
+)
+
+func (s *Server) containerDir(id string) string { return filepath.Join(s.cfg.Root, "containers", id) }
+
+// containerRequest is a validated CreateContainer request: the metadata to
+// record and the spec input, still without anything that needs the image,
+// the rootfs or the runtime.
+type containerRequest struct {
+	md   sandbox.ContainerMetadata
+	spec oci.ContainerSpec
+	// pidMode is the requested PID namespace mode; target is the container
+	// whose PID namespace TARGET mode joins.
+	pidMode runtimeapi.NamespaceMode
+	target  string
+}
+
+// containerRequest validates cfg against the pod and converts it. Nothing
+// has been created when it fails.
+func (s *Server) containerRequest(sb *sandbox.Sandbox, cfg *runtimeapi.ContainerConfig) (*containerRequest, error) {
+	m := cfg.GetMetadata()
+	if m == nil {
+		return nil, invalid("container config metadata is missing")
+	}
+	if err := validName("container name", m.Name); err != nil {
+		return nil, err
+	}
+	if cfg.GetImage().GetImage() == "" {
+		return nil, invalid("container %q names no image", m.Name)
+	}
+	logPath, err := containerLogPath(sb.LogDirectory, cfg.LogPath)
+	if err != nil {
+		return nil, err
+	}
+	r := &containerRequest{
+		md: sandbox.ContainerMetadata{
+			SandboxID: sb.ID, Name: m.Name, Attempt: m.Attempt,
+			Labels: cfg.Labels, Annotations: cfg.Annotations, Image: cfg.Image.Image,
+			LogPath: logPath, Handler: sb.Handler,
+		},
+		spec: oci.ContainerSpec{
+			SandboxID: sb.ID,
+			Namespaces: oci.Namespaces{
+				User: sb.Pins["user"], Net: sb.Pins["net"], IPC: sb.Pins["ipc"], UTS: sb.Pins["uts"],
+			},
+			PodUIDMappings: sb.UIDMappings, PodGIDMappings: sb.GIDMappings,
+			Hostname:  sb.Hostname,
+			HostsPath: sb.HostsPath, ResolvPath: sb.ResolvPath, HostnamePath: sb.HostnamePath, ShmPath: sb.ShmPath,
+			Command: cfg.Command, Args: cfg.Args, WorkingDir: cfg.WorkingDir,
+			Tty: cfg.Tty, Stdin: cfg.Stdin,
+			CgroupParent: sb.CgroupParent,
+		},
+	}
+	if r.spec.CgroupParent == "" && s.cfg.Runtime.CgroupParent != "" {
+		r.spec.CgroupParent = path.Join(s.cfg.Runtime.CgroupParent, sb.ID)
+	}
+	for _, kv := range cfg.Envs {
+		r.spec.Env = append(r.spec.Env, kv.Key+"="+string(kv.Value))
+	}
+	for _, mnt := range cfg.Mounts {
+		cm, om, err := convertMount(mnt)
+		if err != nil {
+			return nil, err
+		}
+		r.md.Mounts = append(r.md.Mounts, cm)
+		r.spec.Mounts = append(r.spec.Mounts, om)
+	}
+	for _, d := range cfg.Devices {
+		if !filepath.IsAbs(d.HostPath) || !path.IsAbs(d.ContainerPath) {
+			return nil, invalid("device %q -> %q: paths must be absolute", d.HostPath, d.ContainerPath)
+		}
+		r.spec.Devices = append(r.spec.Devices, oci.Device{HostPath: d.HostPath, ContainerPath: d.ContainerPath, Permissions: d.Permissions})
+	}
+	linux := cfg.GetLinux()
+	r.spec.Resources = toResources(linux.GetResources())
+	if err := securityContext(&r.spec, linux.GetSecurityContext()); err != nil {
+		return nil, err
+	}
+	ns := linux.GetSecurityContext().GetNamespaceOptions()
+	r.pidMode, r.target = podPIDMode(sb), ns.GetTargetId()
+	if ns != nil {
+		r.pidMode = ns.Pid
+	}
+	if r.pidMode == runtimeapi.NamespaceMode_NODE && sb.Modes.User == sandbox.ModePod {
+		return nil, invalid("a container in a pod with its own user namespace cannot use the host's PID namespace")
+	}
+	r.spec.Annotations = map[string]string{}
+	for k, v := range cfg.Annotations {
+		r.spec.Annotations[k] = v
+	}
+	r.spec.Annotations[annContainerType] = "container"
+	r.spec.Annotations[annSandboxID] = sb.ID
+	r.spec.Annotations[annContainerName] = m.Name
+	r.spec.Annotations[annImageName] = cfg.Image.Image
+	return r, nil
+}
+
+// podPIDMode is the PID mode a container gets when it names none: the pod's.
+func podPIDMode(sb *sandbox.Sandbox) runtimeapi.NamespaceMode {
+	switch sb.Modes.PID {
+	case sandbox.ModePod:
+		return runtimeapi.NamespaceMode_POD
+	case sandbox.ModeNode:
+		return runtimeapi.NamespaceMode_NODE
+	}
+	return runtimeapi.NamespaceMode_CONTAINER
+}
+
+// containerLogPath joins the pod's log directory and the container's
+// relative log path, refusing any path that leaves the directory. Without
+// either, the container has no log.
+func containerLogPath(dir, rel string) (string, error) {
+	if dir == "" || rel == "" {
+		return "", nil
+	}
+	if filepath.IsAbs(rel) {
+		return "", invalid("log path %q must be relative to the pod's log directory", rel)
+	}
+	p := filepath.Join(dir, rel)
+	if !strings.HasPrefix(p, filepath.Clean(dir)+string(filepath.Separator)) {
+		return "", invalid("log path %q escapes the pod's log directory %q", rel, dir)
+	}
+	return p, nil
+}
+
+func convertMount(m *runtimeapi.Mount) (sandbox.ContainerMount, oci.Mount, error) {
+	if !filepath.IsAbs(m.HostPath) {
+		return sandbox.ContainerMount{}, oci.Mount{}, invalid("mount host path %q is not absolute", m.HostPath)
+	}
+	if !path.IsAbs(m.ContainerPath) {
+		return sandbox.ContainerMount{}, oci.Mount{}, invalid("mount container path %q is not absolute", m.ContainerPath)
+	}
+	if m.GetImage().GetImage() != "" {
+		return sandbox.ContainerMount{}, oci.Mount{}, fmt.Errorf("image volumes (%s): %w", m.ContainerPath, errdefs.ErrNotImplemented)
+	}
+	cm := sandbox.ContainerMount{
+		ContainerPath: m.ContainerPath, HostPath: m.HostPath, Readonly: m.Readonly,
+		Propagation: int32(m.Propagation), RecursiveReadOnly: m.RecursiveReadOnly,
+		UIDMappings: idMappings(m.UidMappings), GIDMappings: idMappings(m.GidMappings),
+	}
+	om := oci.Mount{
+		HostPath: m.HostPath, ContainerPath: m.ContainerPath, Readonly: m.Readonly,
+		RecursiveReadOnly: m.RecursiveReadOnly, SelinuxRelabel: m.SelinuxRelabel,
+		UIDMappings: cm.UIDMappings, GIDMappings: cm.GIDMappings,
+	}
+	switch m.Propagation {
+	case runtimeapi.MountPropagation_PROPAGATION_PRIVATE:
+		om.Propagation = oci.PropagationPrivate
+	case runtimeapi.MountPropagation_PROPAGATION_HOST_TO_CONTAINER:
+		om.Propagation = oci.PropagationHostToContainer
+	case runtimeapi.MountPropagation_PROPAGATION_BIDIRECTIONAL:
+		om.Propagation = oci.PropagationBidirectional
+	default:
+		return cm, om, invalid("mount %s: unknown propagation %v", m.ContainerPath, m.Propagation)
+	}
+	return cm, om, nil
+}
+
+func idMappings(in []*runtimeapi.IDMapping) []specs.LinuxIDMapping {
+	var out []specs.LinuxIDMapping
+	for _, m := range in {
+		out = append(out, specs.LinuxIDMapping{ContainerID: m.ContainerId, HostID: m.HostId, Size: m.Length})
+	}
+	return out
+}
+
+func toResources(r *runtimeapi.LinuxContainerResources) *oci.Resources {
+	if r == nil {
+		return nil
+	}
+	out := &oci.Resources{
+		CPUShares: uint64(r.CpuShares), CPUQuota: r.CpuQuota, CPUPeriod: uint64(r.CpuPeriod),
+		CpusetCpus: r.CpusetCpus, CpusetMems: r.CpusetMems,
+		MemoryLimit: r.MemoryLimitInBytes, MemorySwapLimit: r.MemorySwapLimitInBytes,
+		Unified: r.Unified, OOMScoreAdj: int(r.OomScoreAdj),
+	}
+	for _, h := range r.HugepageLimits {
+		out.Hugepages = append(out.Hugepages, oci.Hugepage{PageSize: h.PageSize, Limit: h.Limit})
+	}
+	return out
+}
+
+func securityProfile(p *runtimeapi.SecurityProfile) (oci.SecurityProfile, error) {
+	switch p.GetProfileType() {
+	case runtimeapi.SecurityProfile_RuntimeDefault:
+		return oci.SecurityProfile{Type: oci.ProfileRuntimeDefault}, nil
+	case runtimeapi.SecurityProfile_Unconfined:
+		return oci.SecurityProfile{Type: oci.ProfileUnconfined}, nil
+	case runtimeapi.SecurityProfile_Localhost:
+		if p.LocalhostRef == "" {
+			return oci.SecurityProfile{}, invalid("localhost security profile without a reference")
+		}
+		return oci.SecurityProfile{Type: oci.ProfileLocalhost, Localhost: p.LocalhostRef}, nil
+	}
+	return oci.SecurityProfile{}, invalid("unknown security profile type %v", p.GetProfileType())
+}
+
+// securityContext copies the container security context into c. A missing
+// seccomp profile is RuntimeDefault: kubelet always sends one, and a bare
+// crictl config should not be less confined than a kubelet pod.
+func securityContext(c *oci.ContainerSpec, sc *runtimeapi.LinuxContainerSecurityContext) error {
+	if sc == nil {
+		return nil
+	}
+	c.Privileged, c.ReadonlyRootfs, c.NoNewPrivs = sc.Privileged, sc.ReadonlyRootfs, sc.NoNewPrivs
+	c.CapAdd, c.CapDrop = sc.GetCapabilities().GetAddCapabilities(), sc.GetCapabilities().GetDropCapabilities()
+	if sc.RunAsUser != nil {
+		v := sc.RunAsUser.Value
+		c.User.UID = &v
+	}
+	if sc.RunAsGroup != nil {
+		v := sc.RunAsGroup.Value
+		c.User.GID = &v
+	}
+	c.User.Username = sc.RunAsUsername
+	c.User.SupplementalGroups = sc.SupplementalGroups
+	// CRI sends empty lists for "use the defaults"; oci reads nil as that.
+	if len(sc.MaskedPaths) > 0 {
+		c.MaskedPaths = sc.MaskedPaths
+	}
+	if len(sc.ReadonlyPaths) > 0 {
+		c.ReadonlyPaths = sc.ReadonlyPaths
+	}
+	var err error
+	if sc.Seccomp != nil {
+		if c.Seccomp, err = securityProfile(sc.Seccomp); err != nil {
+			return err
+		}
+	}
+	if sc.Apparmor != nil {
+		if c.AppArmor, err = securityProfile(sc.Apparmor); err != nil {
+			return err
+		}
+	}
+	if o := sc.SelinuxOptions; o != nil && o.Type != "" {
+		c.SELinuxLabel = strings.Join([]string{o.User, o.Role, o.Type, o.Level}, ":")
+	}
+	return nil
+}
+
+// createContainer creates a container in its pod: name, rootfs, spec,
+// state on disk and the runtime container under conmon, undoing all of it
+// on failure.
+func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *runtimeapi.ContainerConfig) (_ *sandbox.Container, retErr error) {
+	sb, err := s.sandboxes.Get(sandboxID)
+	if err != nil {
+		return nil, err
+	}
+	if sb.Status().State != sandbox.StateReady {
+		return nil, fmt.Errorf("sandbox %s is not ready: %w", sb.ID, errdefs.ErrFailedPrecondition)
+	}
+	req, err := s.containerRequest(sb, cfg)
+	if err != nil {
+		return nil, err
+	}
+	rt, err := s.runtimeFor(sb.Handler)
+	if err != nil {
+		return nil, err
+	}
+	img, err := s.deps.Images.Get(req.md.Image)
+	if err != nil {
+		return nil, fmt.Errorf("image %q: %w", req.md.Image, err)
+	}
+	md := req.md
+	md.ID, md.CreatedAt = newID(), time.Now()
+	md.ImageID, md.ImageRef, md.StopSignal = img.ID, img.ID, img.Config.StopSignal
+	if len(img.RepoDigests) > 0 {
+		md.ImageRef = img.RepoDigests[0]
+	}
+	ctx = log.WithLogger(ctx, log.G(ctx).WithFields(log.Fields{"sandbox": sb.ID, "container": md.ID}))
+
+	var undo cleanups
+	defer func() {
+		if retErr != nil {
+			undo.run(ctx)
+		}
+	}()
+	key := sandbox.ContainerNameKey(sb.ID, md.Name, md.Attempt)
+	if err := s.ctrNames.Reserve(key, md.ID); err != nil {
+		return nil, fmt.Errorf("container %q (attempt %d) in sandbox %s: %w", md.Name, md.Attempt, sb.ID, err)
+	}
+	undo.add("release name", func(context.Context) error { s.ctrNames.Release(key, md.ID); return nil })
+
+	dir := s.containerDir(md.ID)
+	undo.add("remove directory", func(context.Context) error { return os.RemoveAll(dir) })
+	// The rootfs below must be reachable by a userns container's mapped root.
+	if err := os.MkdirAll(dir, 0o711); err != nil {
+		return nil, err
+	}
+	rootfs, err := s.deps.Images.MountRootfs(ctx, s.mountRequest(sb, md.ID, img.ID, dir))
+	if err != nil {
+		return nil, fmt.Errorf("mounting the rootfs: %w", err)
+	}
+	undo.add("unmount rootfs", func(ctx context.Context) error {
+		return s.deps.Images.UnmountRootfs(ctx, md.ID, sb.ID, dir)
+	})
+
+	spec, err := s.buildSpec(ctx, rt, sb, req, md.ID, rootfs, img)
+	if err != nil {
+		return nil, err
+	}
+	md.User = sandbox.ContainerUser{UID: spec.Process.User.UID, GID: spec.Process.User.GID, SupplementalGroups: spec.Process.User.AdditionalGids}
+	if md.LogPath != "" {
+		if err := os.MkdirAll(filepath.Dir(md.LogPath), 0o755); err != nil {
+			return nil, fmt.Errorf("creating the log directory: %w", err)
+		}
+	}
+
+	c := sandbox.NewContainer(md, dir)
+	if err := c.Save(); err != nil {
+		return nil, fmt.Errorf("saving container state: %w", err)
+	}
+	pid, err := rt.Create(ctx, oci.CreateOptions{
+		ID: md.ID, Bundle: dir, Spec: spec, LogPath: md.LogPath,
+		Stdin: cfg.Stdin, StdinOnce: cfg.StdinOnce, Tty: cfg.Tty, ExitDir: dir,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("creating container %q: %w", md.Name, err)
+	}
+	undo.add("delete runtime container", func(ctx context.Context) error { return rt.Delete(ctx, md.ID, true) })
+	if err := c.UpdateStatus(func(st *sandbox.ContainerStatus) { st.Pid = pid }); err != nil {
+		return nil, err
+	}
+	s.containers.Add(md.ID, c)
+	log.G(ctx).Debug("container created")
+	return c, nil
+}
+
+// mountRequest describes a container's rootfs; for a userns pod the image
+// layers are idmapped through the pod's pinned user namespace.
+func (s *Server) mountRequest(sb *sandbox.Sandbox, id, imageID, dir string) image.MountRequest {
+	return image.MountRequest{
+		ContainerID: id, PodID: sb.ID, ImageID: imageID, Dir: dir,
+		UsernsPath: sb.Pins["user"], RootUID: rootOf(sb.UIDMappings), RootGID: rootOf(sb.GIDMappings),
+	}
+}
+
+// buildSpec completes the spec input with the image, the rootfs, the PID
+// namespace and the runtime's features, and generates the OCI spec.
+func (s *Server) buildSpec(ctx context.Context, rt ContainerRuntime, sb *sandbox.Sandbox, req *containerRequest, id, rootfs string, img *image.Image) (*specs.Spec, error) {
+	c := req.spec
+	c.ID, c.Rootfs = id, rootfs
+	c.ImageEntrypoint, c.ImageCmd, c.ImageEnv = img.Config.Entrypoint, img.Config.Cmd, img.Config.Env
+	c.ImageWorkingDir, c.ImageUser = img.Config.WorkingDir, img.Config.User
+	switch req.pidMode {
+	case runtimeapi.NamespaceMode_NODE:
+		c.Namespaces.PIDMode = oci.PIDNode
+	case runtimeapi.NamespaceMode_POD:
+		c.Namespaces.PIDMode = oci.PIDContainer
+		// A container asking for the pod's PID namespace in a pod that has
+		// none (no infra process) gets its own, as in containerd.
+		if sb.InfraID != "" {
+			p, err := s.pidNamespaceOf(ctx, sb.Handler, sb.InfraID)
+			if err != nil {
+				return nil, fmt.Errorf("the pod's infra process: %w", err)
+			}
+			c.Namespaces.PIDMode, c.Namespaces.PID = oci.PIDPod, p
+		}
+	case runtimeapi.NamespaceMode_TARGET:
+		t, err := s.containers.Get(req.target)
+		if err != nil {
+			return nil, fmt.Errorf("pid namespace target: %w", err)
+		}
+		if t.SandboxID != sb.ID {
+			return nil, invalid("pid namespace target %s is in another pod", t.ID)
+		}
+		p, err := s.pidNamespaceOf(ctx, t.Handler, t.ID)
+		if err != nil {
+			return nil, fmt.Errorf("pid namespace target: %w", err)
+		}
+		c.Namespaces.PIDMode, c.Namespaces.PID = oci.PIDPod, p
+	default:
+		c.Namespaces.PIDMode = oci.PIDContainer
+	}
+	if c.Namespaces.User != "" && len(c.Mounts) > 0 {
+		if err := rt.CheckIDMap(ctx); err != nil {
+			return nil, err
+		}
+	}
+	feat, err := rt.Features(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c.RuntimeFeatures = feat
+	spec, err := oci.BuildContainerSpec(ctx, &c)
+	if err != nil {
+		return nil, err
+	}
+	// nsmgr pins the UTS namespace but does not name it; runc sets the
+	// hostname in the joined namespace, the same value for every container.
+	if c.Namespaces.UTS != "" {
+		spec.Hostname = sb.Hostname
+	}
+	return spec, nil
+}
+
+// pidNamespaceOf is the PID namespace of a running container.
+func (s *Server) pidNamespaceOf(ctx context.Context, handler, id string) (string, error) {
+	rt, err := s.runtimeFor(handler)
+	if err != nil {
+		return "", err
+	}
+	st, err := rt.State(ctx, id)
+	if err != nil {
+		return "", err
+	}
+	if st.Status != oci.StatusRunning || st.Pid <= 0 {
+		return "", fmt.Errorf("container %s is %s, not running: %w", id, st.Status, errdefs.ErrFailedPrecondition)
+	}
+	return fmt.Sprintf("/proc/%d/ns/pid", st.Pid), nil
+}
+
+// runtimeFor is the runtime of a handler. A configured handler whose
+// binary was missing at start has no runtime.
+func (s *Server) runtimeFor(handler string) (ContainerRuntime, error) {
+	if rt, ok := s.deps.Runtimes[handler]; ok && rt != nil {
+		return rt, nil
+	}
+	if _, ok := s.cfg.Runtime.Runtimes[handler]; ok {
+		return nil, fmt.Errorf("runtime handler %q is configured but its binary was not found at start: %w", handler, errdefs.ErrFailedPrecondition)
+	}
+	return nil, fmt.Errorf("unknown runtime handler %q: %w", handler, errdefs.ErrInvalidArgument)
+}
+
+var errGone = errors.New("container is gone from the runtime")

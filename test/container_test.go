@@ -1,0 +1,824 @@
+package test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pinrt/pinrt/test/testimage"
+)
+
+// ctrEnv is one daemon and one registry shared by the container subtests,
+// so the suite builds, pushes and pulls each image once.
+type ctrEnv struct {
+	d       *Daemon
+	reg     *testimage.Registry
+	busybox string // the pushed digest reference
+	bbID    string // its image ID, as PullImage returns it
+	fakeRT  string // a runtime whose features lack idmapped mounts
+}
+
+// fakeRuntime is runc behind a features command that reports no idmap.
+const fakeRuntime = `#!/bin/sh
+if [ "$1" = features ]; then
+	echo '{"ociVersionMin":"1.0.0","ociVersionMax":"1.2.0"}'
+	exit 0
+fi
+exec /usr/local/bin/runc "$@"
+`
+
+func newCtrEnv(t *testing.T) *ctrEnv {
+	t.Helper()
+	RequireRoot(t)
+	for _, b := range []string{"/usr/local/bin/runc", "/usr/bin/conmon"} {
+		if _, err := os.Stat(b); err != nil {
+			t.Skipf("container e2e tests need %s (make deps): %v", b, err)
+		}
+	}
+	binDir := t.TempDir()
+	fake := filepath.Join(binDir, "noidmap-runc")
+	if err := os.WriteFile(fake, []byte(fakeRuntime), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg := fmt.Sprintf(`[runtime]
+conmon = "/usr/bin/conmon"
+[runtime.runtimes.runc]
+binary = "/usr/local/bin/runc"
+[runtime.runtimes.noidmap]
+binary = %q
+[runtime.runtimes.crun]
+binary = "/usr/bin/crun"
+[runtime.runtimes.missing]
+binary = "/nonexistent/runtime"
+`, fake)
+	d := StartDaemon(t, Options{Network: true, Config: cfg})
+	// MkdirTemp made the base 0700; a userns container's mapped root must
+	// traverse it to reach its rootfs and the pod files, as under /var/lib.
+	if err := os.Chmod(d.Dir, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	e := &ctrEnv{d: d, reg: testimage.StartRegistry(t), fakeRT: fake}
+	e.busybox = e.reg.Push(t, "busybox:1", testimage.Busybox(t))
+	e.bbID = e.pull(t, e.busybox)
+	return e
+}
+
+func (e *ctrEnv) pull(t *testing.T, ref string) string {
+	t.Helper()
+	resp, err := e.d.Image.PullImage(Ctx(t), &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: ref}})
+	if err != nil {
+		t.Fatalf("PullImage(%s): %v", ref, err)
+	}
+	return resp.ImageRef
+}
+
+// pod starts a pod with a log directory and removes it at the end.
+func (e *ctrEnv) pod(t *testing.T, cfg *runtimeapi.PodSandboxConfig) (string, *runtimeapi.PodSandboxConfig) {
+	t.Helper()
+	cfg.LogDirectory = filepath.Join(e.d.Dir, "logs", cfg.Metadata.Name)
+	id := e.d.RunPod(t, cfg)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if _, err := e.d.Runtime.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: id}); err != nil && status.Code(err) != codes.NotFound && e.d.Running() {
+			t.Errorf("RemovePodSandbox(%s): %v", id, err)
+		}
+	})
+	return id, cfg
+}
+
+// ctr is a container config running cmd in image (busybox when empty).
+func (e *ctrEnv) ctr(name string, cmd ...string) *runtimeapi.ContainerConfig {
+	return &runtimeapi.ContainerConfig{
+		Metadata: &runtimeapi.ContainerMetadata{Name: name},
+		Image:    &runtimeapi.ImageSpec{Image: e.busybox},
+		Command:  cmd,
+		LogPath:  name + ".log",
+		Linux: &runtimeapi.LinuxContainerConfig{SecurityContext: &runtimeapi.LinuxContainerSecurityContext{
+			NamespaceOptions: &runtimeapi.NamespaceOption{Pid: runtimeapi.NamespaceMode_CONTAINER},
+		}},
+	}
+}
+
+func (e *ctrEnv) create(t *testing.T, pod string, podCfg *runtimeapi.PodSandboxConfig, cfg *runtimeapi.ContainerConfig) string {
+	t.Helper()
+	resp, err := e.d.Runtime.CreateContainer(Ctx(t), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: cfg, SandboxConfig: podCfg})
+	if err != nil {
+		t.Fatalf("CreateContainer(%s): %v", cfg.Metadata.Name, err)
+	}
+	return resp.ContainerId
+}
+
+func (e *ctrEnv) run(t *testing.T, pod string, podCfg *runtimeapi.PodSandboxConfig, cfg *runtimeapi.ContainerConfig) string {
+	t.Helper()
+	id := e.create(t, pod, podCfg, cfg)
+	if _, err := e.d.Runtime.StartContainer(Ctx(t), &runtimeapi.StartContainerRequest{ContainerId: id}); err != nil {
+		t.Fatalf("StartContainer(%s): %v", cfg.Metadata.Name, err)
+	}
+	return id
+}
+
+func (e *ctrEnv) status(t *testing.T, id string) *runtimeapi.ContainerStatus {
+	t.Helper()
+	resp, err := e.d.Runtime.ContainerStatus(Ctx(t), &runtimeapi.ContainerStatusRequest{ContainerId: id})
+	if err != nil {
+		t.Fatalf("ContainerStatus(%s): %v", id, err)
+	}
+	return resp.Status
+}
+
+// ctrInfo is the part of the verbose ContainerStatus info the tests read.
+type ctrInfo struct {
+	Pid         int `json:"pid"`
+	RuntimeSpec struct {
+		Linux struct {
+			CgroupsPath string `json:"cgroupsPath"`
+		} `json:"linux"`
+	} `json:"runtimeSpec"`
+}
+
+func (e *ctrEnv) info(t *testing.T, id string) ctrInfo {
+	t.Helper()
+	resp, err := e.d.Runtime.ContainerStatus(Ctx(t), &runtimeapi.ContainerStatusRequest{ContainerId: id, Verbose: true})
+	if err != nil {
+		t.Fatalf("ContainerStatus(%s): %v", id, err)
+	}
+	var info ctrInfo
+	if err := json.Unmarshal([]byte(resp.Info["info"]), &info); err != nil {
+		t.Fatalf("verbose info: %v (%q)", err, resp.Info["info"])
+	}
+	return info
+}
+
+// waitExit polls until the container has exited, for at most d.
+func (e *ctrEnv) waitExit(t *testing.T, id string, d time.Duration) *runtimeapi.ContainerStatus {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		st := e.status(t, id)
+		if st.State == runtimeapi.ContainerState_CONTAINER_EXITED {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("container %s still %v after %v", id, st.State, d)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (e *ctrEnv) exec(t *testing.T, id string, cmd ...string) (string, int32) {
+	t.Helper()
+	resp, err := e.d.Runtime.ExecSync(Ctx(t), &runtimeapi.ExecSyncRequest{ContainerId: id, Cmd: cmd, Timeout: 20})
+	if err != nil {
+		t.Fatalf("ExecSync(%v): %v", cmd, err)
+	}
+	return string(resp.Stdout) + string(resp.Stderr), resp.ExitCode
+}
+
+// mustExec runs cmd and fails unless it exits 0.
+func (e *ctrEnv) mustExec(t *testing.T, id string, cmd ...string) string {
+	t.Helper()
+	out, code := e.exec(t, id, cmd...)
+	if code != 0 {
+		t.Fatalf("exec %v exited %d: %s", cmd, code, out)
+	}
+	return out
+}
+
+func wantCode(t *testing.T, err error, code codes.Code, sub string) {
+	t.Helper()
+	if status.Code(err) != code || !strings.Contains(status.Convert(err).Message(), sub) {
+		t.Fatalf("got %v, want %v with %q in the message", err, code, sub)
+	}
+}
+
+func TestContainers(t *testing.T) {
+	e := newCtrEnv(t)
+	t.Run("ExitCodesAndLogs", e.testExitCodesAndLogs)
+	t.Run("ReopenLog", e.testReopenLog)
+	t.Run("UsernsPod", e.testUsernsPod)
+	t.Run("IDMappedVolume", e.testIDMappedVolume)
+	t.Run("RuntimeWithoutIDMap", e.testRuntimeWithoutIDMap)
+	t.Run("RuntimeHandlers", e.testRuntimeHandlers)
+	t.Run("OOMKilled", e.testOOM)
+	t.Run("Stop", e.testStop)
+	t.Run("ExecSync", e.testExecSync)
+	t.Run("Security", e.testSecurity)
+	t.Run("Seccomp", e.testSeccomp)
+	t.Run("SharedPID", e.testSharedPID)
+	t.Run("UpdateResources", e.testUpdateResources)
+	t.Run("List", e.testList)
+	t.Run("BadInput", e.testBadInput)
+	// Restart kills the shared daemon: keep it last.
+	t.Run("Restart", e.testRestart)
+}
+
+// criLine is one parsed CRI log line: "<time> <stream> <P|F> <text>".
+type criLine struct{ stream, tag, text string }
+
+func readCRILog(t *testing.T, path string) []criLine {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("reading log: %v", err)
+	}
+	var out []criLine
+	for _, l := range strings.Split(strings.TrimSuffix(string(b), "\n"), "\n") {
+		f := strings.SplitN(l, " ", 4)
+		if len(f) != 4 {
+			t.Fatalf("log line %q is not in CRI format", l)
+		}
+		if _, err := time.Parse(time.RFC3339Nano, f[0]); err != nil {
+			t.Fatalf("log line %q: bad time: %v", l, err)
+		}
+		out = append(out, criLine{f[1], f[2], f[3]})
+	}
+	return out
+}
+
+func (e *ctrEnv) testExitCodesAndLogs(t *testing.T) {
+	pod, podCfg := e.pod(t, PodConfig("exits"))
+	ok := e.run(t, pod, podCfg, e.ctr("ok", "sh", "-c", "echo to-stdout; echo to-stderr >&2"))
+	bad := e.run(t, pod, podCfg, e.ctr("bad", "sh", "-c", "exit 3"))
+	long := e.run(t, pod, podCfg, e.ctr("long", "awk", `BEGIN { for (i = 0; i < 20000; i++) printf "a"; print "" }`))
+
+	st := e.waitExit(t, ok, 30*time.Second)
+	if st.ExitCode != 0 || st.Reason != "Completed" || st.StartedAt == 0 || st.FinishedAt < st.StartedAt {
+		t.Errorf("ok: exit %d reason %q started %d finished %d, want 0 Completed with times", st.ExitCode, st.Reason, st.StartedAt, st.FinishedAt)
+	}
+	if want := filepath.Join(podCfg.LogDirectory, "ok.log"); st.LogPath != want {
+		t.Errorf("log path %q, want %q", st.LogPath, want)
+	}
+	if st.ImageRef != e.busybox || st.Image.Image != e.busybox || st.ImageId != e.bbID {
+		t.Errorf("image %q ref %q id %q, want %q %q %q", st.Image.Image, st.ImageRef, st.ImageId, e.busybox, e.busybox, e.bbID)
+	}
+	lines := readCRILog(t, st.LogPath)
+	got := map[string]bool{}
+	for _, l := range lines {
+		got[l.stream+" "+l.tag+" "+l.text] = true
+	}
+	if len(lines) != 2 || !got["stdout F to-stdout"] || !got["stderr F to-stderr"] {
+		t.Errorf("log lines %+v, want stdout F to-stdout and stderr F to-stderr", lines)
+	}
+
+	st = e.waitExit(t, bad, 30*time.Second)
+	if st.ExitCode != 3 || st.Reason != "Error" {
+		t.Errorf("bad: exit %d reason %q, want 3 Error", st.ExitCode, st.Reason)
+	}
+
+	st = e.waitExit(t, long, 30*time.Second)
+	lines = readCRILog(t, st.LogPath)
+	var text strings.Builder
+	for i, l := range lines {
+		if want := map[bool]string{true: "F", false: "P"}[i == len(lines)-1]; l.tag != want || l.stream != "stdout" {
+			t.Errorf("line %d of %d: stream %s tag %s, want stdout %s", i, len(lines), l.stream, l.tag, want)
+		}
+		text.WriteString(l.text)
+	}
+	if len(lines) < 2 || text.String() != strings.Repeat("a", 20000) {
+		t.Errorf("long line came back as %d lines of %d bytes in all, want >=2 partial lines joining to 20000 a's", len(lines), text.Len())
+	}
+}
+
+func (e *ctrEnv) testReopenLog(t *testing.T) {
+	pod, podCfg := e.pod(t, PodConfig("reopen"))
+	id := e.run(t, pod, podCfg, e.ctr("ticker", "sh", "-c", "while true; do echo tick; sleep 0.1; done"))
+	path := e.status(t, id).LogPath
+	waitFor(t, 10*time.Second, "first log lines", func() bool {
+		b, _ := os.ReadFile(path)
+		return strings.Contains(string(b), "stdout F tick")
+	})
+	if err := os.Rename(path, path+".1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.d.Runtime.ReopenContainerLog(Ctx(t), &runtimeapi.ReopenContainerLogRequest{ContainerId: id}); err != nil {
+		t.Fatalf("ReopenContainerLog: %v", err)
+	}
+	waitFor(t, 10*time.Second, "lines in the new log", func() bool {
+		b, _ := os.ReadFile(path)
+		return strings.Contains(string(b), "stdout F tick")
+	})
+	old1, _ := os.ReadFile(path + ".1")
+	time.Sleep(300 * time.Millisecond)
+	old2, _ := os.ReadFile(path + ".1")
+	if len(old1) != len(old2) {
+		t.Errorf("the rotated log still grows (%d -> %d bytes)", len(old1), len(old2))
+	}
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func fileOwner(t *testing.T, path string) uint32 {
+	t.Helper()
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Uid
+}
+
+func (e *ctrEnv) testUsernsPod(t *testing.T) {
+	pod, podCfg := e.pod(t, UsernsPod(PodConfig("userns"), 0))
+	pst, info := e.d.PodStatus(t, pod)
+	if len(info.UIDMappings) != 1 || info.UIDMappings[0].HostID == 0 {
+		t.Fatalf("pod mappings %+v, want one allocated range", info.UIDMappings)
+	}
+	hostRoot := info.UIDMappings[0].HostID
+	id := e.run(t, pod, podCfg, e.ctr("c", "sleep", "1000"))
+
+	if out := e.mustExec(t, id, "stat", "-c", "%u", "/"); strings.TrimSpace(out) != "0" {
+		t.Errorf("owner of / inside = %q, want 0", out)
+	}
+	e.mustExec(t, id, "touch", "/created-inside")
+	upper := filepath.Join(e.d.Root, "containers", id, "upper", "created-inside")
+	if got := fileOwner(t, upper); got != hostRoot {
+		t.Errorf("host owner of a file root created = %d, want the mapped root %d", got, hostRoot)
+	}
+	if out := e.mustExec(t, id, "grep", " /sys ", "/proc/self/mountinfo"); !strings.Contains(out, " - sysfs ") {
+		t.Errorf("/sys is not a fresh sysfs: %q", out)
+	}
+	if out := e.mustExec(t, id, "ls", "/sys/class/net"); !strings.Contains(out, "eth0") {
+		t.Errorf("/sys/class/net = %q, want eth0", out)
+	}
+	ip := pst.GetNetwork().GetIp()
+	if out := e.mustExec(t, id, "ip", "-4", "addr", "show", "eth0"); ip == "" || !strings.Contains(out, "inet "+ip+"/") {
+		t.Errorf("eth0 = %q, want the pod IP %q", out, ip)
+	}
+	if out := e.mustExec(t, id, "hostname"); strings.TrimSpace(out) != "userns" {
+		t.Errorf("hostname = %q, want userns", out)
+	}
+	if out := e.mustExec(t, id, "cat", "/proc/self/uid_map"); !strings.Contains(strings.Join(strings.Fields(out), " "), fmt.Sprintf("0 %d 65536", hostRoot)) {
+		t.Errorf("uid_map = %q, want 0 %d 65536", out, hostRoot)
+	}
+}
+
+func (e *ctrEnv) testIDMappedVolume(t *testing.T) {
+	pod, podCfg := e.pod(t, UsernsPod(PodConfig("idmap"), 0))
+	_, info := e.d.PodStatus(t, pod)
+	hostRoot := info.UIDMappings[0].HostID
+
+	pod0 := t.TempDir() // owned by host root, mode 0755 after chmod below
+	explicit := t.TempDir()
+	for _, d := range []string{pod0, explicit} {
+		if err := os.Chmod(d, 0o777); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chmod(pod0, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg := e.ctr("vol", "sleep", "1000")
+	// The explicit mapping puts container root (host hostRoot) at ID 1000
+	// on disk, where the pod's own mapping puts it at 0.
+	m := []*runtimeapi.IDMapping{{ContainerId: 1000, HostId: hostRoot, Length: 65536}}
+	cfg.Mounts = []*runtimeapi.Mount{
+		{HostPath: pod0, ContainerPath: "/podmap"},
+		{HostPath: explicit, ContainerPath: "/explicit", UidMappings: m, GidMappings: m},
+	}
+	id := e.run(t, pod, podCfg, cfg)
+	if out := e.mustExec(t, id, "stat", "-c", "%u", "/podmap"); strings.TrimSpace(out) != "0" {
+		t.Errorf("inside, the host-root-owned volume is owned by %q, want 0", out)
+	}
+	e.mustExec(t, id, "touch", "/podmap/f")
+	if out, code := e.exec(t, id, "touch", "/explicit/f"); code != 0 {
+		dbg, _ := e.exec(t, id, "sh", "-c", "id; stat -c '%u %g %a' /explicit; grep explicit /proc/self/mountinfo")
+		t.Fatalf("touch /explicit/f: %d %s\n%s", code, out, dbg)
+	}
+	if got := fileOwner(t, filepath.Join(pod0, "f")); got != 0 {
+		t.Errorf("pod-mapped volume: host owner %d, want 0", got)
+	}
+	if got := fileOwner(t, filepath.Join(explicit, "f")); got != 1000 {
+		t.Errorf("explicitly mapped volume: host owner %d, want 1000", got)
+	}
+	st := e.status(t, id)
+	if len(st.Mounts) != 2 || len(st.Mounts[1].UidMappings) != 1 || st.Mounts[1].UidMappings[0].ContainerId != 1000 {
+		t.Errorf("status mounts %+v, want both volumes with the explicit mapping kept", st.Mounts)
+	}
+}
+
+func (e *ctrEnv) testRuntimeWithoutIDMap(t *testing.T) {
+	handlers := map[string]string{"noidmap": e.fakeRT}
+	if _, err := os.Stat("/usr/bin/crun"); err == nil {
+		handlers["crun"] = "/usr/bin/crun"
+	}
+	for handler, bin := range handlers {
+		t.Run(handler, func(t *testing.T) {
+			cfg := UsernsPod(PodConfig("rt-"+handler), 0)
+			cfg.LogDirectory = filepath.Join(e.d.Dir, "logs", "rt-"+handler)
+			resp, err := e.d.Runtime.RunPodSandbox(Ctx(t), &runtimeapi.RunPodSandboxRequest{Config: cfg, RuntimeHandler: handler})
+			if err != nil {
+				t.Fatalf("RunPodSandbox(%s): %v", handler, err)
+			}
+			t.Cleanup(func() {
+				_, _ = e.d.Runtime.RemovePodSandbox(context.Background(), &runtimeapi.RemovePodSandboxRequest{PodSandboxId: resp.PodSandboxId})
+			})
+			c := e.ctr("vol", "true")
+			c.Mounts = []*runtimeapi.Mount{{HostPath: t.TempDir(), ContainerPath: "/vol"}}
+			_, err = e.d.Runtime.CreateContainer(Ctx(t), &runtimeapi.CreateContainerRequest{PodSandboxId: resp.PodSandboxId, Config: c, SandboxConfig: cfg})
+			wantCode(t, err, codes.FailedPrecondition, bin)
+			if left := e.containerLeftovers(); len(left) > 0 {
+				t.Errorf("left behind: %v", left)
+			}
+		})
+	}
+}
+
+func (e *ctrEnv) testRuntimeHandlers(t *testing.T) {
+	resp, err := e.d.Runtime.Status(Ctx(t), &runtimeapi.StatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, h := range resp.RuntimeHandlers {
+		got[h.Name] = fmt.Sprintf("userns=%v rro=%v", h.Features.GetUserNamespaces(), h.Features.GetRecursiveReadOnlyMounts())
+	}
+	want := map[string]string{
+		"":        "userns=true rro=true",
+		"runc":    "userns=true rro=true",
+		"noidmap": "userns=false rro=false",
+		"crun":    "userns=false rro=false",
+		"missing": "userns=false rro=false",
+	}
+	for name, w := range want {
+		if got[name] != w {
+			t.Errorf("handler %q: %q, want %q (all: %v)", name, got[name], w, got)
+		}
+	}
+}
+
+func (e *ctrEnv) testOOM(t *testing.T) {
+	pod, podCfg := e.pod(t, PodConfig("oom"))
+	cfg := e.ctr("hog", "dd", "if=/dev/zero", "of=/dev/null", "bs=200M", "count=1")
+	limit := int64(32 << 20)
+	cfg.Linux.Resources = &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: limit, MemorySwapLimitInBytes: limit}
+	id := e.run(t, pod, podCfg, cfg)
+	st := e.waitExit(t, id, 30*time.Second)
+	if st.Reason != "OOMKilled" || st.ExitCode != 137 {
+		t.Errorf("memory hog: reason %q exit %d, want OOMKilled 137", st.Reason, st.ExitCode)
+	}
+}
+
+// stopOnUSR1 exits 42 on SIGUSR1 and ignores SIGTERM.
+const stopOnUSR1 = `package main
+
+import (
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	c := make(chan os.Signal, 1)
+	signal.Notify(c, syscall.SIGUSR1, syscall.SIGTERM)
+	for s := range c {
+		if s == syscall.SIGUSR1 {
+			os.Exit(42)
+		}
+	}
+}
+`
+
+func (e *ctrEnv) testStop(t *testing.T) {
+	img := e.pull(t, e.reg.Push(t, "stopsig:1", testimage.Build(t, testimage.Spec{
+		Programs:   map[string]string{"/stopper": stopOnUSR1},
+		Entrypoint: []string{"/stopper"}, StopSignal: "SIGUSR1",
+	})))
+	pod, podCfg := e.pod(t, PodConfig("stop"))
+
+	stubborn := e.run(t, pod, podCfg, e.ctr("stubborn", "sleep", "1000"))
+	cfg := e.ctr("usr1")
+	cfg.Image.Image = img
+	usr1 := e.run(t, pod, podCfg, cfg)
+	time.Sleep(300 * time.Millisecond) // let the program install its handler
+
+	start := time.Now()
+	if _, err := e.d.Runtime.StopContainer(Ctx(t), &runtimeapi.StopContainerRequest{ContainerId: stubborn, Timeout: 2}); err != nil {
+		t.Fatalf("StopContainer: %v", err)
+	}
+	if took := time.Since(start); took < 2*time.Second || took > 10*time.Second {
+		t.Errorf("stopping a container that ignores SIGTERM took %v, want the 2s timeout then SIGKILL", took)
+	}
+	if st := e.status(t, stubborn); st.State != runtimeapi.ContainerState_CONTAINER_EXITED || st.ExitCode != 137 {
+		t.Errorf("stubborn: %v exit %d, want EXITED 137", st.State, st.ExitCode)
+	}
+	start = time.Now()
+	if _, err := e.d.Runtime.StopContainer(Ctx(t), &runtimeapi.StopContainerRequest{ContainerId: usr1, Timeout: 20}); err != nil {
+		t.Fatalf("StopContainer: %v", err)
+	}
+	if st := e.status(t, usr1); st.ExitCode != 42 || time.Since(start) > 10*time.Second {
+		t.Errorf("STOPSIGNAL SIGUSR1: exit %d after %v, want 42 at once", st.ExitCode, time.Since(start))
+	}
+	// Stopping again is fine.
+	if _, err := e.d.Runtime.StopContainer(Ctx(t), &runtimeapi.StopContainerRequest{ContainerId: usr1, Timeout: 1}); err != nil {
+		t.Errorf("second StopContainer: %v", err)
+	}
+}
+
+func (e *ctrEnv) testExecSync(t *testing.T) {
+	pod, podCfg := e.pod(t, PodConfig("exec"))
+	id := e.run(t, pod, podCfg, e.ctr("c", "sleep", "1000"))
+	resp, err := e.d.Runtime.ExecSync(Ctx(t), &runtimeapi.ExecSyncRequest{ContainerId: id, Cmd: []string{"sh", "-c", "echo out; echo err >&2; exit 5"}, Timeout: 10})
+	if err != nil {
+		t.Fatalf("ExecSync: %v", err)
+	}
+	if string(resp.Stdout) != "out\n" || string(resp.Stderr) != "err\n" || resp.ExitCode != 5 {
+		t.Errorf("ExecSync = %q %q %d, want out err 5", resp.Stdout, resp.Stderr, resp.ExitCode)
+	}
+	start := time.Now()
+	_, err = e.d.Runtime.ExecSync(Ctx(t), &runtimeapi.ExecSyncRequest{ContainerId: id, Cmd: []string{"sleep", "60"}, Timeout: 1})
+	wantCode(t, err, codes.DeadlineExceeded, "timed out after 1s")
+	if took := time.Since(start); took > 8*time.Second {
+		t.Errorf("timed-out exec returned after %v", took)
+	}
+	if out := e.mustExec(t, id, "ps"); strings.Contains(out, "sleep 60") {
+		t.Errorf("the timed-out exec is still running:\n%s", out)
+	}
+}
+
+func (e *ctrEnv) testSecurity(t *testing.T) {
+	img := e.pull(t, e.reg.Push(t, "user1002:1", testimage.Build(t, testimage.Spec{User: "1002", Cmd: []string{"sleep", "1000"}})))
+	pod, podCfg := e.pod(t, PodConfig("security"))
+
+	cfg := e.ctr("ro", "sleep", "1000")
+	cfg.Linux.SecurityContext.ReadonlyRootfs = true
+	cfg.Linux.SecurityContext.Capabilities = &runtimeapi.Capability{DropCapabilities: []string{"ALL"}}
+	cfg.Linux.SecurityContext.SupplementalGroups = []int64{1234, 5678}
+	ro := e.run(t, pod, podCfg, cfg)
+	if out, code := e.exec(t, ro, "touch", "/x"); code == 0 || !strings.Contains(out, "Read-only file system") {
+		t.Errorf("touch on a read-only rootfs: %d %q", code, out)
+	}
+	if out := e.mustExec(t, ro, "grep", "CapEff", "/proc/self/status"); strings.Join(strings.Fields(out), " ") != "CapEff: 0000000000000000" {
+		t.Errorf("capabilities after dropping ALL: %q", out)
+	}
+	if out := e.mustExec(t, ro, "id", "-G"); strings.Join(strings.Fields(out), " ") != "0 1234 5678" {
+		t.Errorf("id -G = %q, want 0 1234 5678", out)
+	}
+	st := e.status(t, ro)
+	if g := st.GetUser().GetLinux().GetSupplementalGroups(); len(g) != 2 || g[0] != 1234 || g[1] != 5678 {
+		t.Errorf("status supplemental groups %v, want [1234 5678]", g)
+	}
+
+	cfg = e.ctr("user")
+	cfg.Image.Image = img
+	user := e.run(t, pod, podCfg, cfg)
+	if out := e.mustExec(t, user, "id", "-u"); strings.TrimSpace(out) != "1002" {
+		t.Errorf("id -u = %q, want the image's USER 1002", out)
+	}
+	if uid := e.status(t, user).GetUser().GetLinux().GetUid(); uid != 1002 {
+		t.Errorf("status uid %d, want 1002", uid)
+	}
+}
+
+// addKey calls add_key(2) with null arguments: the kernel answers EFAULT,
+// moby's default seccomp profile EPERM before the kernel sees it.
+const addKey = `package main
+
+import (
+	"fmt"
+	"syscall"
+)
+
+func main() {
+	_, _, errno := syscall.Syscall6(syscall.SYS_ADD_KEY, 0, 0, 0, 0, 0, 0)
+	fmt.Println(errno.Error())
+}
+`
+
+func (e *ctrEnv) testSeccomp(t *testing.T) {
+	img := e.pull(t, e.reg.Push(t, "addkey:1", testimage.Build(t, testimage.Spec{
+		Programs: map[string]string{"/addkey": addKey}, Cmd: []string{"sleep", "1000"},
+	})))
+	pod, podCfg := e.pod(t, PodConfig("seccomp"))
+	for _, tc := range []struct {
+		name    string
+		profile runtimeapi.SecurityProfile_ProfileType
+		want    string
+	}{
+		{"default", runtimeapi.SecurityProfile_RuntimeDefault, "operation not permitted"},
+		{"unconfined", runtimeapi.SecurityProfile_Unconfined, "bad address"},
+	} {
+		cfg := e.ctr(tc.name)
+		cfg.Image.Image = img
+		cfg.Linux.SecurityContext.Seccomp = &runtimeapi.SecurityProfile{ProfileType: tc.profile}
+		id := e.run(t, pod, podCfg, cfg)
+		if out := e.mustExec(t, id, "/addkey"); strings.TrimSpace(out) != tc.want {
+			t.Errorf("%s: add_key -> %q, want %q", tc.name, out, tc.want)
+		}
+	}
+}
+
+func (e *ctrEnv) testSharedPID(t *testing.T) {
+	cfg := PodConfig("sharedpid")
+	cfg.Linux.SecurityContext.NamespaceOptions.Pid = runtimeapi.NamespaceMode_POD
+	pod, podCfg := e.pod(t, UsernsPod(cfg, 0))
+	a := e.ctr("a", "sleep", "1001")
+	a.Linux.SecurityContext.NamespaceOptions.Pid = runtimeapi.NamespaceMode_POD
+	b := e.ctr("b", "sleep", "1002")
+	b.Linux.SecurityContext.NamespaceOptions.Pid = runtimeapi.NamespaceMode_POD
+	aID := e.run(t, pod, podCfg, a)
+	e.run(t, pod, podCfg, b)
+	out := e.mustExec(t, aID, "ps", "-o", "pid,args")
+	lines := map[string]string{}
+	for _, l := range strings.Split(out, "\n") {
+		if f := strings.Fields(l); len(f) >= 2 {
+			lines[strings.Join(f[1:], " ")] = f[0]
+		}
+	}
+	if lines["/pause pause"] != "1" || lines["sleep 1002"] == "" || lines["sleep 1001"] == "" {
+		t.Errorf("ps in container a:\n%s\nwant /pause as PID 1 and both sleeps", out)
+	}
+	if out := e.mustExec(t, aID, "hostname"); strings.TrimSpace(out) != "sharedpid" {
+		t.Errorf("hostname = %q", out)
+	}
+}
+
+func (e *ctrEnv) testUpdateResources(t *testing.T) {
+	pod, podCfg := e.pod(t, PodConfig("update"))
+	cfg := e.ctr("c", "sleep", "1000")
+	cfg.Linux.Resources = &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 64 << 20}
+	id := e.run(t, pod, podCfg, cfg)
+	limitFile := filepath.Join("/sys/fs/cgroup/memory", e.info(t, id).RuntimeSpec.Linux.CgroupsPath, "memory.limit_in_bytes")
+	read := func() string {
+		b, err := os.ReadFile(limitFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	if got := read(); got != strconv.Itoa(64<<20) {
+		t.Fatalf("initial limit %s, want %d", got, 64<<20)
+	}
+	if _, err := e.d.Runtime.UpdateContainerResources(Ctx(t), &runtimeapi.UpdateContainerResourcesRequest{
+		ContainerId: id, Linux: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 96 << 20},
+	}); err != nil {
+		t.Fatalf("UpdateContainerResources: %v", err)
+	}
+	if got := read(); got != strconv.Itoa(96<<20) {
+		t.Errorf("limit after update %s, want %d", got, 96<<20)
+	}
+}
+
+func (e *ctrEnv) testList(t *testing.T) {
+	pod, podCfg := e.pod(t, PodConfig("list"))
+	cfg := e.ctr("running", "sleep", "1000")
+	cfg.Labels = map[string]string{"tier": "x"}
+	running := e.run(t, pod, podCfg, cfg)
+	created := e.create(t, pod, podCfg, e.ctr("created", "true"))
+	list := func(f *runtimeapi.ContainerFilter) []string {
+		resp, err := e.d.Runtime.ListContainers(Ctx(t), &runtimeapi.ListContainersRequest{Filter: f})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, c := range resp.Containers {
+			ids = append(ids, c.Id)
+		}
+		return ids
+	}
+	for _, tc := range []struct {
+		name string
+		f    *runtimeapi.ContainerFilter
+		want []string
+	}{
+		{"pod", &runtimeapi.ContainerFilter{PodSandboxId: pod}, sortedIDs(running, created)},
+		{"running", &runtimeapi.ContainerFilter{PodSandboxId: pod, State: &runtimeapi.ContainerStateValue{State: runtimeapi.ContainerState_CONTAINER_RUNNING}}, []string{running}},
+		{"created", &runtimeapi.ContainerFilter{PodSandboxId: pod, State: &runtimeapi.ContainerStateValue{State: runtimeapi.ContainerState_CONTAINER_CREATED}}, []string{created}},
+		{"label", &runtimeapi.ContainerFilter{LabelSelector: map[string]string{"tier": "x"}}, []string{running}},
+		{"id prefix", &runtimeapi.ContainerFilter{Id: created[:12]}, []string{created}},
+	} {
+		if got := list(tc.f); strings.Join(got, ",") != strings.Join(tc.want, ",") {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	// A duplicate name and attempt is refused.
+	_, err := e.d.Runtime.CreateContainer(Ctx(t), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: e.ctr("created", "true"), SandboxConfig: podCfg})
+	wantCode(t, err, codes.AlreadyExists, "created")
+	if _, err := e.d.Runtime.RemoveContainer(Ctx(t), &runtimeapi.RemoveContainerRequest{ContainerId: running}); err != nil {
+		t.Fatalf("RemoveContainer of a running container: %v", err)
+	}
+	_, err = e.d.Runtime.ContainerStatus(Ctx(t), &runtimeapi.ContainerStatusRequest{ContainerId: running})
+	wantCode(t, err, codes.NotFound, running[:12])
+	_, err = e.d.Runtime.RemoveContainer(Ctx(t), &runtimeapi.RemoveContainerRequest{ContainerId: running})
+	wantCode(t, err, codes.NotFound, running[:12])
+}
+
+func sortedIDs(ids ...string) []string {
+	if ids[0] > ids[1] {
+		ids[0], ids[1] = ids[1], ids[0]
+	}
+	return ids
+}
+
+// containerLeftovers lists container state the daemon could leave behind:
+// container directories, runc state and mounts under the daemon's dirs.
+func (e *ctrEnv) containerLeftovers() []string {
+	var left []string
+	ids := map[string]bool{}
+	resp, err := e.d.Runtime.ListContainers(context.Background(), &runtimeapi.ListContainersRequest{})
+	if err == nil {
+		for _, c := range resp.Containers {
+			ids[c.Id] = true
+		}
+	}
+	for _, dir := range []string{filepath.Join(e.d.Root, "containers"), filepath.Join(e.d.RunRoot, "runtime", "runc")} {
+		entries, _ := os.ReadDir(dir)
+		for _, en := range entries {
+			if !ids[en.Name()] && !strings.HasPrefix(en.Name(), ".") && !e.isPod(en.Name()) {
+				left = append(left, filepath.Join(dir, en.Name()))
+			}
+		}
+	}
+	for _, m := range MountsUnder(filepath.Join(e.d.Root, "containers")) {
+		left = append(left, "mount "+m)
+	}
+	return left
+}
+
+// isPod says whether id is a pod's (its infra process has the pod's ID).
+func (e *ctrEnv) isPod(id string) bool {
+	_, err := e.d.Runtime.PodSandboxStatus(context.Background(), &runtimeapi.PodSandboxStatusRequest{PodSandboxId: id})
+	return err == nil
+}
+
+func (e *ctrEnv) testBadInput(t *testing.T) {
+	pod, podCfg := e.pod(t, PodConfig("bad"))
+	withMount := e.ctr("relmount", "true")
+	withMount.Mounts = []*runtimeapi.Mount{{HostPath: "relative/dir", ContainerPath: "/vol"}}
+	escaping := e.ctr("escape", "true")
+	escaping.LogPath = "../../escape.log"
+	noImage := e.ctr("noimage", "true")
+	noImage.Image.Image = e.reg.Ref("never-pushed:1")
+	for _, tc := range []struct {
+		name string
+		pod  string
+		cfg  *runtimeapi.ContainerConfig
+		code codes.Code
+		msg  string
+	}{
+		{"unknown sandbox", "0123456789abcdef", e.ctr("x", "true"), codes.NotFound, "0123456789abcdef"},
+		{"image not present", pod, noImage, codes.NotFound, "never-pushed"},
+		{"log path escapes", pod, escaping, codes.InvalidArgument, "escapes the pod's log directory"},
+		{"relative mount", pod, withMount, codes.InvalidArgument, `mount host path "relative/dir" is not absolute`},
+	} {
+		_, err := e.d.Runtime.CreateContainer(Ctx(t), &runtimeapi.CreateContainerRequest{PodSandboxId: tc.pod, Config: tc.cfg, SandboxConfig: podCfg})
+		if status.Code(err) != tc.code || !strings.Contains(status.Convert(err).Message(), tc.msg) {
+			t.Errorf("%s: %v, want %v with %q", tc.name, err, tc.code, tc.msg)
+		}
+	}
+	cfg := PodConfig("badhandler")
+	_, err := e.d.Runtime.RunPodSandbox(Ctx(t), &runtimeapi.RunPodSandboxRequest{Config: cfg, RuntimeHandler: "nope"})
+	wantCode(t, err, codes.InvalidArgument, `unknown runtime handler "nope"`)
+	if left := e.containerLeftovers(); len(left) > 0 {
+		t.Errorf("bad requests left: %v", left)
+	}
+	if _, err := os.Stat(filepath.Join(e.d.Dir, "escape.log")); err == nil {
+		t.Errorf("the escaping log file was created")
+	}
+}
+
+func (e *ctrEnv) testRestart(t *testing.T) {
+	pod, podCfg := e.pod(t, UsernsPod(PodConfig("restart"), 0))
+	long := e.run(t, pod, podCfg, e.ctr("long", "sleep", "1000"))
+	short := e.run(t, pod, podCfg, e.ctr("short", "sh", "-c", "sleep 3; exit 7"))
+	pid := e.info(t, long).Pid
+	if err := e.d.Restart(); err != nil {
+		t.Fatalf("restart: %v", err)
+	}
+	st := e.status(t, long)
+	if st.State != runtimeapi.ContainerState_CONTAINER_RUNNING || e.info(t, long).Pid != pid {
+		t.Errorf("after restart: %v pid %d, want RUNNING with pid %d", st.State, e.info(t, long).Pid, pid)
+	}
+	if out := e.mustExec(t, long, "echo", "alive"); out != "alive\n" {
+		t.Errorf("exec after restart: %q", out)
+	}
+	st = e.waitExit(t, short, 30*time.Second)
+	if st.ExitCode != 7 || st.Reason != "Error" {
+		t.Errorf("exit after restart: %d %q, want 7 Error", st.ExitCode, st.Reason)
+	}
+	if _, err := e.d.Runtime.RemovePodSandbox(Ctx(t), &runtimeapi.RemovePodSandboxRequest{PodSandboxId: pod}); err != nil {
+		t.Fatalf("RemovePodSandbox: %v", err)
+	}
+	if left := append(e.d.Leftovers(), e.containerLeftovers()...); len(left) > 0 {
+		t.Errorf("left after removing the pod: %v", left)
+	}
+}
