@@ -14,10 +14,11 @@ import (
 	"github.com/pinrt/pinrt/sandbox"
 )
 
-// podStopTimeout is how long a pod's containers get after their stop
-// signal when the pod itself is stopped; kubelet has already stopped them
-// with the pod's grace period, so this only catches stragglers.
-const podStopTimeout = 10 * time.Second
+// podStopTimeout is the grace a pod's containers get when the pod itself
+// is stopped: none, as in containerd. kubelet has already stopped them
+// with the pod's grace period, so only stragglers are left, and a stop
+// signal that PID 1 ignores would only hold the pod up.
+const podStopTimeout = 0 * time.Second
 
 // stopPodContainers stops every container of a pod, then its infra
 // process, before its network and namespaces go away.

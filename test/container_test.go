@@ -377,14 +377,16 @@ func (e *ctrEnv) testIDMappedVolume(t *testing.T) {
 	_, info := e.d.PodStatus(t, pod)
 	hostRoot := info.UIDMappings[0].HostID
 
-	pod0 := t.TempDir() // owned by host root, mode 0755 after chmod below
-	explicit := t.TempDir()
+	// pod0 is owned by host root; explicit by host uid 1000. Under an
+	// idmapped mount the kernel refuses writes to an inode whose owner the
+	// mapping does not cover, so each volume's owner must be mapped.
+	pod0, explicit := t.TempDir(), t.TempDir()
 	for _, d := range []string{pod0, explicit} {
-		if err := os.Chmod(d, 0o777); err != nil {
+		if err := os.Chmod(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := os.Chmod(pod0, 0o755); err != nil {
+	if err := os.Chown(explicit, 1000, 1000); err != nil {
 		t.Fatal(err)
 	}
 	cfg := e.ctr("vol", "sleep", "1000")
@@ -396,8 +398,10 @@ func (e *ctrEnv) testIDMappedVolume(t *testing.T) {
 		{HostPath: explicit, ContainerPath: "/explicit", UidMappings: m, GidMappings: m},
 	}
 	id := e.run(t, pod, podCfg, cfg)
-	if out := e.mustExec(t, id, "stat", "-c", "%u", "/podmap"); strings.TrimSpace(out) != "0" {
-		t.Errorf("inside, the host-root-owned volume is owned by %q, want 0", out)
+	for _, v := range []string{"/podmap", "/explicit"} {
+		if out := e.mustExec(t, id, "stat", "-c", "%u", v); strings.TrimSpace(out) != "0" {
+			t.Errorf("inside, %s is owned by %q, want the container's root 0", v, out)
+		}
 	}
 	e.mustExec(t, id, "touch", "/podmap/f")
 	if out, code := e.exec(t, id, "touch", "/explicit/f"); code != 0 {
