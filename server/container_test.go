@@ -1,0 +1,443 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/containerd/errdefs"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pinrt/pinrt/cni/cnitest"
+	"github.com/pinrt/pinrt/conf"
+	"github.com/pinrt/pinrt/image"
+	"github.com/pinrt/pinrt/image/imagetest"
+	"github.com/pinrt/pinrt/nsmgr"
+	"github.com/pinrt/pinrt/nsmgr/nsmgrtest"
+	"github.com/pinrt/pinrt/oci"
+	"github.com/pinrt/pinrt/oci/ocitest"
+	"github.com/pinrt/pinrt/sandbox"
+)
+
+// ctrImages mounts a fake rootfs: a directory with /etc/passwd and
+// /etc/group, enough for spec generation to resolve users.
+type ctrImages struct {
+	*imagetest.Fake
+	MountErr error
+	mounted  map[string]image.MountRequest
+	released []string
+}
+
+func (f *ctrImages) Root() string { return "/nonexistent" }
+func (f *ctrImages) MountRootfs(_ context.Context, req image.MountRequest) (string, error) {
+	if f.MountErr != nil {
+		return "", f.MountErr
+	}
+	rootfs := filepath.Join(req.Dir, "rootfs")
+	if err := os.MkdirAll(filepath.Join(rootfs, "etc"), 0o755); err != nil {
+		return "", err
+	}
+	for name, content := range map[string]string{"passwd": "root:x:0:0:root:/root:/bin/sh\n", "group": "root:x:0:\n"} {
+		if err := os.WriteFile(filepath.Join(rootfs, "etc", name), []byte(content), 0o644); err != nil {
+			return "", err
+		}
+	}
+	f.mounted[req.ContainerID] = req
+	return rootfs, nil
+}
+func (f *ctrImages) UnmountRootfs(_ context.Context, id, _, _ string) error {
+	delete(f.mounted, id)
+	return nil
+}
+func (f *ctrImages) ReleasePod(_ context.Context, id string) error {
+	f.released = append(f.released, id)
+	return nil
+}
+func (f *ctrImages) Usage(string) (uint64, uint64, error) { return 0, 0, nil }
+
+type ctrFixture struct {
+	srv    *Server
+	rt     *ocitest.Runtime
+	images *ctrImages
+	cfg    *conf.Config
+}
+
+const testImageID = "sha256:1111111111111111111111111111111111111111111111111111111111111111"
+
+func newCtrFixture(t *testing.T) *ctrFixture {
+	t.Helper()
+	cfg := conf.Default()
+	cfg.Root, cfg.RunRoot = t.TempDir(), t.TempDir()
+	ids, err := nsmgr.NewAllocator(cfg.Userns.MinHostID, cfg.Userns.MaxHostID, cfg.Userns.MaxPods)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := image.Image{
+		ID: testImageID, RepoTags: []string{"docker.io/library/busybox:latest"},
+		RepoDigests: []string{"docker.io/library/busybox@sha256:2222"},
+		Config:      v1.Config{Cmd: []string{"sh"}, StopSignal: "SIGUSR1"},
+	}
+	fake := &imagetest.Fake{Registry: map[string]image.Image{"busybox": img}}
+	if _, err := fake.Pull(context.Background(), "busybox", nil); err != nil {
+		t.Fatal(err)
+	}
+	f := &ctrFixture{rt: ocitest.New(), images: &ctrImages{Fake: fake, mounted: map[string]image.MountRequest{}}, cfg: cfg}
+	f.srv = New(cfg, Deps{
+		Network: &cnitest.Fake{}, Namespaces: nsmgrtest.New(cfg.RunRoot), IDs: ids,
+		Shm: &fakeShm{mounted: map[string]bool{}}, Images: f.images,
+		Runtimes: map[string]ContainerRuntime{"runc": f.rt},
+	})
+	return f
+}
+
+func (f *ctrFixture) pod(t *testing.T, userns bool) (string, *runtimeapi.PodSandboxConfig) {
+	t.Helper()
+	req := unitPod("p", userns)
+	req.Config.LogDirectory = filepath.Join(t.TempDir(), "logs")
+	req.Config.Hostname = "podhost"
+	resp, err := f.srv.RunPodSandbox(context.Background(), req)
+	if err != nil {
+		t.Fatalf("RunPodSandbox: %v", err)
+	}
+	return resp.PodSandboxId, req.Config
+}
+
+func unitCtr(name string) *runtimeapi.ContainerConfig {
+	return &runtimeapi.ContainerConfig{
+		Metadata: &runtimeapi.ContainerMetadata{Name: name},
+		Image:    &runtimeapi.ImageSpec{Image: "docker.io/library/busybox:latest"},
+		Command:  []string{"sleep", "1"},
+		LogPath:  name + "/0.log",
+	}
+}
+
+// nothingLeft checks that no container state, mount or runtime container
+// remains.
+func (f *ctrFixture) nothingLeft(t *testing.T) {
+	t.Helper()
+	if entries, _ := os.ReadDir(filepath.Join(f.cfg.Root, "containers")); len(entries) > 0 {
+		t.Errorf("%d container directories left", len(entries))
+	}
+	if len(f.images.mounted) > 0 {
+		t.Errorf("rootfs still mounted: %v", f.images.mounted)
+	}
+	if len(f.rt.Containers) > 0 {
+		t.Errorf("runtime containers left: %v", f.rt.Containers)
+	}
+	if n := len(f.srv.containers.List()); n > 0 {
+		t.Errorf("%d containers still in the store", n)
+	}
+}
+
+func TestContainerLogPath(t *testing.T) {
+	tests := []struct {
+		dir, rel, want string
+		wantErr        string
+	}{
+		{"/var/log/pods/p", "c/0.log", "/var/log/pods/p/c/0.log", ""},
+		{"/var/log/pods/p", "c/../c/1.log", "/var/log/pods/p/c/1.log", ""},
+		{"", "c/0.log", "", ""},
+		{"/var/log/pods/p", "", "", ""},
+		{"/var/log/pods/p", "../q/0.log", "", `log path "../q/0.log" escapes the pod's log directory "/var/log/pods/p": invalid argument`},
+		{"/var/log/pods/p", "..", "", `log path ".." escapes the pod's log directory "/var/log/pods/p": invalid argument`},
+		{"/var/log/pods/p", "/etc/passwd", "", `log path "/etc/passwd" must be relative to the pod's log directory: invalid argument`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.dir+"+"+tc.rel, func(t *testing.T) {
+			got, err := containerLogPath(tc.dir, tc.rel)
+			if tc.wantErr != "" {
+				if err == nil || err.Error() != tc.wantErr || !errdefs.IsInvalidArgument(err) {
+					t.Fatalf("err = %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Fatalf("= %q, %v; want %q", got, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestStopSignal(t *testing.T) {
+	tests := []struct {
+		in   string
+		want syscall.Signal
+		bad  bool
+	}{
+		{"", syscall.SIGTERM, false},
+		{"SIGUSR1", syscall.SIGUSR1, false},
+		{"usr1", syscall.SIGUSR1, false},
+		{"SIGKILL", syscall.SIGKILL, false},
+		{"15", syscall.SIGTERM, false},
+		{"SIGNOPE", 0, true},
+		{"99", 0, true},
+	}
+	for _, tc := range tests {
+		got, err := stopSignal(tc.in)
+		if tc.bad != errdefs.IsInvalidArgument(err) || got != tc.want {
+			t.Errorf("stopSignal(%q) = %v, %v; want %v (bad=%v)", tc.in, got, err, tc.want, tc.bad)
+		}
+	}
+}
+
+func TestApplyState(t *testing.T) {
+	tests := []struct {
+		name       string
+		st         *oci.State
+		err        error
+		wantState  sandbox.ContainerState
+		wantCode   int32
+		wantReason string
+	}{
+		{"created", &oci.State{Status: oci.StatusCreated, Pid: 7, ExitCode: -1}, nil, sandbox.ContainerCreated, 0, ""},
+		{"running", &oci.State{Status: oci.StatusRunning, Pid: 7, ExitCode: -1}, nil, sandbox.ContainerRunning, 0, ""},
+		{"completed", &oci.State{Status: oci.StatusStopped, ExitCode: 0}, nil, sandbox.ContainerExited, 0, reasonCompleted},
+		{"error", &oci.State{Status: oci.StatusStopped, ExitCode: 3}, nil, sandbox.ContainerExited, 3, reasonError},
+		{"oom", &oci.State{Status: oci.StatusStopped, ExitCode: 137, OOMKilled: true}, nil, sandbox.ContainerExited, 137, reasonOOMKilled},
+		{"gone", nil, fmt.Errorf("x: %w", errdefs.ErrNotFound), sandbox.ContainerExited, -1, reasonError},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var st sandbox.ContainerStatus
+			applyState(&st, tc.st, tc.err)
+			if st.State != tc.wantState || st.ExitCode != tc.wantCode || st.Reason != tc.wantReason {
+				t.Fatalf("= %s %d %q, want %s %d %q", st.State, st.ExitCode, st.Reason, tc.wantState, tc.wantCode, tc.wantReason)
+			}
+			if st.State == sandbox.ContainerExited && st.FinishedAt.IsZero() {
+				t.Errorf("exited without a finish time")
+			}
+		})
+	}
+}
+
+func TestCreateContainerErrors(t *testing.T) {
+	tests := []struct {
+		name   string
+		pod    string // "" means the fixture's pod
+		edit   func(c *runtimeapi.ContainerConfig)
+		inject func(f *ctrFixture)
+		want   error
+		msg    string
+	}{
+		{"unknown sandbox", "ffff", nil, nil, errdefs.ErrNotFound, `sandbox "ffff": not found`},
+		{"no metadata", "", func(c *runtimeapi.ContainerConfig) { c.Metadata = nil }, nil, errdefs.ErrInvalidArgument, "container config metadata is missing"},
+		{"bad name", "", func(c *runtimeapi.ContainerConfig) { c.Metadata.Name = "a/b" }, nil, errdefs.ErrInvalidArgument, `container name "a/b" must not contain`},
+		{"image not present", "", func(c *runtimeapi.ContainerConfig) { c.Image.Image = "alpine" }, nil, errdefs.ErrNotFound, `image "alpine"`},
+		{"log escapes", "", func(c *runtimeapi.ContainerConfig) { c.LogPath = "../../x.log" }, nil, errdefs.ErrInvalidArgument, "escapes the pod's log directory"},
+		{"relative host path", "", func(c *runtimeapi.ContainerConfig) {
+			c.Mounts = []*runtimeapi.Mount{{HostPath: "rel", ContainerPath: "/v"}}
+		}, nil, errdefs.ErrInvalidArgument, `mount host path "rel" is not absolute`},
+		{"relative container path", "", func(c *runtimeapi.ContainerConfig) {
+			c.Mounts = []*runtimeapi.Mount{{HostPath: "/tmp", ContainerPath: "v"}}
+		}, nil, errdefs.ErrInvalidArgument, `mount container path "v" is not absolute`},
+		{"mount fails", "", nil, func(f *ctrFixture) { f.images.MountErr = fmt.Errorf("overlay: %w", errdefs.ErrUnavailable) }, errdefs.ErrUnavailable, "mounting the rootfs: overlay"},
+		{"runtime create fails", "", nil, func(f *ctrFixture) { f.rt.CreateErr = fmt.Errorf("runc: %w", errdefs.ErrUnknown) }, errdefs.ErrUnknown, `creating container "c": runc`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newCtrFixture(t)
+			pod, podCfg := f.pod(t, false)
+			if tc.pod != "" {
+				pod = tc.pod
+			}
+			cfg := unitCtr("c")
+			if tc.edit != nil {
+				tc.edit(cfg)
+			}
+			if tc.inject != nil {
+				tc.inject(f)
+			}
+			_, err := f.srv.CreateContainer(context.Background(), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: cfg, SandboxConfig: podCfg})
+			if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.msg) {
+				t.Fatalf("err = %v, want %v containing %q", err, tc.want, tc.msg)
+			}
+			f.nothingLeft(t)
+			// The name was released: the same request works once the fault is gone.
+			if tc.inject != nil {
+				f.images.MountErr, f.rt.CreateErr = nil, nil
+				if _, err := f.srv.CreateContainer(context.Background(), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr("c")}); err != nil {
+					t.Fatalf("create after the fault: %v", err)
+				}
+			}
+		})
+	}
+}
+
+func TestContainerLifecycle(t *testing.T) {
+	f := newCtrFixture(t)
+	pod, _ := f.pod(t, false)
+	ctx := context.Background()
+	resp, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr("c")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.ContainerId
+	_, err = f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr("c")})
+	if !errdefs.IsAlreadyExists(err) {
+		t.Fatalf("second create with the same name: %v, want AlreadyExists", err)
+	}
+
+	spec := f.rt.Specs[id]
+	sb, _ := f.srv.sandboxes.Get(pod)
+	if spec.Hostname != "podhost" {
+		t.Errorf("spec hostname %q, want podhost (the pod's UTS namespace is joined)", spec.Hostname)
+	}
+	if want := "/pinrt/" + pod + "/pinrt-" + id; spec.Linux.CgroupsPath != want {
+		t.Errorf("cgroups path %q, want %q", spec.Linux.CgroupsPath, want)
+	}
+	var nsTypes []string
+	for _, ns := range spec.Linux.Namespaces {
+		nsTypes = append(nsTypes, string(ns.Type)+"="+ns.Path)
+	}
+	sort.Strings(nsTypes)
+	wantNS := []string{"ipc=" + sb.Pins["ipc"], "mount=", "network=" + sb.Pins["net"], "pid=", "uts=" + sb.Pins["uts"]}
+	if strings.Join(nsTypes, " ") != strings.Join(wantNS, " ") && strings.Join(nsTypes, " ") != strings.Join(append([]string{"cgroup="}, wantNS...), " ") {
+		t.Errorf("namespaces %v, want %v (+cgroup)", nsTypes, wantNS)
+	}
+	if got := f.images.mounted[id]; got.PodID != pod || got.ImageID != testImageID || got.UsernsPath != "" {
+		t.Errorf("mount request %+v", got)
+	}
+
+	st, err := f.srv.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id})
+	if err != nil || st.Status.State != runtimeapi.ContainerState_CONTAINER_CREATED {
+		t.Fatalf("status after create: %v %v", st, err)
+	}
+	if st.Status.ImageRef != "docker.io/library/busybox@sha256:2222" || st.Status.ImageId != testImageID || st.Status.LogPath != filepath.Join(sb.LogDirectory, "c/0.log") {
+		t.Errorf("status image ref %q id %q log %q", st.Status.ImageRef, st.Status.ImageId, st.Status.LogPath)
+	}
+	if _, err := f.srv.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: id}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.srv.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: id}); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("second start: %v, want FailedPrecondition", err)
+	}
+	if _, err := f.srv.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: id, Timeout: 5}); err != nil {
+		t.Fatal(err)
+	}
+	st, _ = f.srv.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id})
+	// The fake exits 128+signal: 138 says the image's SIGUSR1 was sent.
+	if st.Status.State != runtimeapi.ContainerState_CONTAINER_EXITED || st.Status.ExitCode != 138 || st.Status.Reason != reasonError {
+		t.Errorf("after stop: %v %d %q", st.Status.State, st.Status.ExitCode, st.Status.Reason)
+	}
+	_, err = f.srv.ExecSync(ctx, &runtimeapi.ExecSyncRequest{ContainerId: id, Cmd: []string{"true"}})
+	if !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("exec in an exited container: %v, want FailedPrecondition", err)
+	}
+
+	// Removing the pod removes its containers and releases its image tree.
+	if _, err := f.srv.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: pod}); err != nil {
+		t.Fatal(err)
+	}
+	f.nothingLeft(t)
+	if len(f.images.released) != 1 || f.images.released[0] != pod {
+		t.Errorf("released %v, want [%s]", f.images.released, pod)
+	}
+	if _, err := f.srv.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id}); !errdefs.IsNotFound(err) {
+		t.Errorf("status after pod removal: %v, want NotFound", err)
+	}
+}
+
+func TestUsernsVolumeNeedsIDMap(t *testing.T) {
+	f := newCtrFixture(t)
+	pod, _ := f.pod(t, true)
+	cfg := unitCtr("c")
+	cfg.Mounts = []*runtimeapi.Mount{{HostPath: "/tmp", ContainerPath: "/v"}}
+	_, err := f.srv.CreateContainer(context.Background(), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: cfg})
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "lacks idmapped mounts") {
+		t.Fatalf("err = %v, want FailedPrecondition naming the missing idmap support", err)
+	}
+	f.nothingLeft(t)
+
+	f.rt.FeaturesResult = &oci.Features{IDMapMounts: true}
+	resp, err := f.srv.CreateContainer(context.Background(), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, _ := f.srv.sandboxes.Get(pod)
+	spec := f.rt.Specs[resp.ContainerId]
+	var vol *oci.Mount
+	for _, m := range spec.Mounts {
+		if m.Destination == "/v" {
+			vol = &oci.Mount{UIDMappings: m.UIDMappings}
+		}
+	}
+	if vol == nil || len(vol.UIDMappings) != 1 || vol.UIDMappings[0] != sb.UIDMappings[0] {
+		t.Errorf("volume mappings %+v, want the pod's %+v", vol, sb.UIDMappings)
+	}
+	if got := f.images.mounted[resp.ContainerId]; got.UsernsPath != sb.Pins["user"] || got.RootUID != sb.UIDMappings[0].HostID {
+		t.Errorf("mount request %+v, want the pod's userns and mapped root", got)
+	}
+}
+
+func TestStatusRuntimeHandlers(t *testing.T) {
+	f := newCtrFixture(t)
+	f.rt.FeaturesResult = &oci.Features{IDMapMounts: true, RecursiveReadOnly: true}
+	resp, err := f.srv.Status(context.Background(), &runtimeapi.StatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, h := range resp.RuntimeHandlers {
+		got = append(got, fmt.Sprintf("%q:%v/%v", h.Name, h.Features.UserNamespaces, h.Features.RecursiveReadOnlyMounts))
+	}
+	// crun is configured by default but has no runtime here: no features.
+	want := `"crun":false/false "runc":true/true "":true/true`
+	if strings.Join(got, " ") != want {
+		t.Errorf("handlers %s, want %s", strings.Join(got, " "), want)
+	}
+}
+
+func TestListContainersFilters(t *testing.T) {
+	f := newCtrFixture(t)
+	pod, _ := f.pod(t, false)
+	ctx := context.Background()
+	mk := func(name string, labels map[string]string) string {
+		c := unitCtr(name)
+		c.Labels = labels
+		resp, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: c})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.ContainerId
+	}
+	a, b := mk("a", map[string]string{"x": "1"}), mk("b", nil)
+	if _, err := f.srv.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: b}); err != nil {
+		t.Fatal(err)
+	}
+	running := &runtimeapi.ContainerStateValue{State: runtimeapi.ContainerState_CONTAINER_RUNNING}
+	tests := []struct {
+		name string
+		f    *runtimeapi.ContainerFilter
+		want []string
+	}{
+		{"all", nil, []string{a, b}},
+		{"label", &runtimeapi.ContainerFilter{LabelSelector: map[string]string{"x": "1"}}, []string{a}},
+		{"state", &runtimeapi.ContainerFilter{State: running}, []string{b}},
+		{"id prefix", &runtimeapi.ContainerFilter{Id: a[:8]}, []string{a}},
+		{"other pod", &runtimeapi.ContainerFilter{PodSandboxId: "ffff"}, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, err := f.srv.ListContainers(ctx, &runtimeapi.ListContainersRequest{Filter: tc.f})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, c := range resp.Containers {
+				got = append(got, c.Id)
+			}
+			want := append([]string(nil), tc.want...)
+			sort.Strings(want)
+			if strings.Join(got, ",") != strings.Join(want, ",") {
+				t.Errorf("= %v, want %v", got, want)
+			}
+		})
+	}
+}
