@@ -138,6 +138,41 @@ func TestUnimplementedHasMessage(t *testing.T) {
 	}
 }
 
+// TestSIGHUPReloadsLogLevel raises the level in the config file and sends
+// SIGHUP: a NotFound answer, logged only at debug, then shows in the log.
+func TestSIGHUPReloadsLogLevel(t *testing.T) {
+	d := StartDaemon(t, Options{Config: "log_level = \"info\"\n", ConfigLogLevel: true})
+	probe := func(id string) {
+		_, err := d.Runtime.PodSandboxStatus(Ctx(t), &runtimeapi.PodSandboxStatusRequest{PodSandboxId: id})
+		if status.Code(err) != codes.NotFound {
+			t.Fatalf("status of an unknown pod = %v, want NotFound", err)
+		}
+	}
+	probe("before-hup")
+	if strings.Contains(d.Log(), "before-hup") {
+		t.Fatalf("debug line logged at level info:\n%s", d.Log())
+	}
+	// log_level is a top-level key: it goes before any table.
+	cfg := "log_level = \"debug\"\n"
+	if err := os.WriteFile(d.ConfigFile, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(d.Log(), "log level is now debug") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no reload after SIGHUP:\n%s", d.Log())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	probe("after-hup")
+	if !strings.Contains(d.Log(), "after-hup") {
+		t.Errorf("NotFound not logged at debug after SIGHUP:\n%s", d.Log())
+	}
+}
+
 func runWithTimeout(cmd *exec.Cmd, timeout time.Duration) (string, error) {
 	var b strings.Builder
 	cmd.Stdout, cmd.Stderr = &b, &b

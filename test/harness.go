@@ -92,6 +92,9 @@ type Options struct {
 	Network bool
 	// Args are extra command-line flags.
 	Args []string
+	// ConfigLogLevel leaves the log level to the config file instead of
+	// forcing debug with --log-level.
+	ConfigLogLevel bool
 }
 
 // Daemon is one pinrt process under test.
@@ -147,8 +150,12 @@ func NewDaemon(t testing.TB, opts Options) *Daemon {
 			t.Fatal(err)
 		}
 	}
-	cfg := "[cni]\ndefault_network = false\n" + opts.Config
-	if err := os.WriteFile(d.ConfigFile, []byte(cfg), 0o644); err != nil {
+	// The harness's own setting goes in a drop-in, so a test's config may
+	// start with top-level keys.
+	if err := os.WriteFile(filepath.Join(d.ConfigDir, "00-harness.toml"), []byte("[cni]\ndefault_network = false\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(d.ConfigFile, []byte(opts.Config), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if opts.Network {
@@ -200,7 +207,9 @@ func (d *Daemon) Args() []string {
 		"--config", d.ConfigFile, "--config-dir", d.ConfigDir,
 		"--root", d.Root, "--runroot", d.RunRoot, "--listen", d.Socket,
 		"--cni-config-dir", d.CNIConfDir, "--cni-plugin-dir", "/opt/cni/bin",
-		"--log-level", "debug",
+	}
+	if !d.opts.ConfigLogLevel {
+		args = append(args, "--log-level", "debug")
 	}
 	return append(args, d.opts.Args...)
 }
