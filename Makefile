@@ -19,8 +19,10 @@ LDFLAGS  := -X github.com/pinrt/pinrt/version.Version=$(VERSION)
 
 all: build
 
+# pinrt is built static, so the pause process of shared-PID pods runs from
+# a rootfs holding only this binary.
 build:
-	$(GO) build -ldflags "$(LDFLAGS)" -o bin/pinrt ./cmd/pinrt
+	CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o bin/pinrt ./cmd/pinrt
 	$(GO) build -o bin/pinrt-bench ./test/bench/cmd/pinrt-bench
 
 # test runs everything: unit tests, then the root end-to-end tests.
