@@ -38,11 +38,14 @@ func (s *Server) startContainer(ctx context.Context, c *sandbox.Container) error
 	if err != nil {
 		return err
 	}
+	// Taken before the start: a short-lived container can exit, and conmon
+	// date its exit file, before runc start even returns.
+	started := time.Now()
 	if err := rt.Start(ctx, c.ID); err != nil {
 		return fmt.Errorf("starting container %s: %w", c.ID, err)
 	}
 	return c.UpdateStatus(func(st *sandbox.ContainerStatus) {
-		st.State, st.StartedAt = sandbox.ContainerRunning, time.Now()
+		st.State, st.StartedAt = sandbox.ContainerRunning, started
 	})
 }
 

@@ -441,3 +441,22 @@ func TestListContainersFilters(t *testing.T) {
 		})
 	}
 }
+
+func TestCheckStatic(t *testing.T) {
+	tests := []struct {
+		bin  string
+		want error
+	}{
+		{"/bin/busybox", nil},                      // busybox-static
+		{"/bin/ls", errdefs.ErrFailedPrecondition}, // coreutils, linked to libc
+	}
+	for _, tc := range tests {
+		if _, err := os.Stat(tc.bin); err != nil {
+			t.Skipf("%s is not installed", tc.bin)
+		}
+		err := checkStatic(tc.bin)
+		if tc.want == nil && err != nil || tc.want != nil && (!errors.Is(err, tc.want) || !strings.Contains(err.Error(), "CGO_ENABLED=0")) {
+			t.Errorf("checkStatic(%s) = %v, want %v", tc.bin, err, tc.want)
+		}
+	}
+}

@@ -38,7 +38,7 @@ fi
 exec /usr/local/bin/runc "$@"
 `
 
-func newCtrEnv(t *testing.T) *ctrEnv {
+func newCtrEnv(t testing.TB) *ctrEnv {
 	t.Helper()
 	RequireRoot(t)
 	for _, b := range []string{"/usr/local/bin/runc", "/usr/bin/conmon"} {
@@ -74,7 +74,7 @@ binary = "/nonexistent/runtime"
 	return e
 }
 
-func (e *ctrEnv) pull(t *testing.T, ref string) string {
+func (e *ctrEnv) pull(t testing.TB, ref string) string {
 	t.Helper()
 	resp, err := e.d.Image.PullImage(Ctx(t), &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: ref}})
 	if err != nil {
@@ -84,7 +84,7 @@ func (e *ctrEnv) pull(t *testing.T, ref string) string {
 }
 
 // pod starts a pod with a log directory and removes it at the end.
-func (e *ctrEnv) pod(t *testing.T, cfg *runtimeapi.PodSandboxConfig) (string, *runtimeapi.PodSandboxConfig) {
+func (e *ctrEnv) pod(t testing.TB, cfg *runtimeapi.PodSandboxConfig) (string, *runtimeapi.PodSandboxConfig) {
 	t.Helper()
 	cfg.LogDirectory = filepath.Join(e.d.Dir, "logs", cfg.Metadata.Name)
 	id := e.d.RunPod(t, cfg)
@@ -111,7 +111,7 @@ func (e *ctrEnv) ctr(name string, cmd ...string) *runtimeapi.ContainerConfig {
 	}
 }
 
-func (e *ctrEnv) create(t *testing.T, pod string, podCfg *runtimeapi.PodSandboxConfig, cfg *runtimeapi.ContainerConfig) string {
+func (e *ctrEnv) create(t testing.TB, pod string, podCfg *runtimeapi.PodSandboxConfig, cfg *runtimeapi.ContainerConfig) string {
 	t.Helper()
 	resp, err := e.d.Runtime.CreateContainer(Ctx(t), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: cfg, SandboxConfig: podCfg})
 	if err != nil {
@@ -120,7 +120,7 @@ func (e *ctrEnv) create(t *testing.T, pod string, podCfg *runtimeapi.PodSandboxC
 	return resp.ContainerId
 }
 
-func (e *ctrEnv) run(t *testing.T, pod string, podCfg *runtimeapi.PodSandboxConfig, cfg *runtimeapi.ContainerConfig) string {
+func (e *ctrEnv) run(t testing.TB, pod string, podCfg *runtimeapi.PodSandboxConfig, cfg *runtimeapi.ContainerConfig) string {
 	t.Helper()
 	id := e.create(t, pod, podCfg, cfg)
 	if _, err := e.d.Runtime.StartContainer(Ctx(t), &runtimeapi.StartContainerRequest{ContainerId: id}); err != nil {
@@ -129,7 +129,7 @@ func (e *ctrEnv) run(t *testing.T, pod string, podCfg *runtimeapi.PodSandboxConf
 	return id
 }
 
-func (e *ctrEnv) status(t *testing.T, id string) *runtimeapi.ContainerStatus {
+func (e *ctrEnv) status(t testing.TB, id string) *runtimeapi.ContainerStatus {
 	t.Helper()
 	resp, err := e.d.Runtime.ContainerStatus(Ctx(t), &runtimeapi.ContainerStatusRequest{ContainerId: id})
 	if err != nil {
@@ -148,7 +148,7 @@ type ctrInfo struct {
 	} `json:"runtimeSpec"`
 }
 
-func (e *ctrEnv) info(t *testing.T, id string) ctrInfo {
+func (e *ctrEnv) info(t testing.TB, id string) ctrInfo {
 	t.Helper()
 	resp, err := e.d.Runtime.ContainerStatus(Ctx(t), &runtimeapi.ContainerStatusRequest{ContainerId: id, Verbose: true})
 	if err != nil {
@@ -162,7 +162,7 @@ func (e *ctrEnv) info(t *testing.T, id string) ctrInfo {
 }
 
 // waitExit polls until the container has exited, for at most d.
-func (e *ctrEnv) waitExit(t *testing.T, id string, d time.Duration) *runtimeapi.ContainerStatus {
+func (e *ctrEnv) waitExit(t testing.TB, id string, d time.Duration) *runtimeapi.ContainerStatus {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for {
@@ -177,7 +177,7 @@ func (e *ctrEnv) waitExit(t *testing.T, id string, d time.Duration) *runtimeapi.
 	}
 }
 
-func (e *ctrEnv) exec(t *testing.T, id string, cmd ...string) (string, int32) {
+func (e *ctrEnv) exec(t testing.TB, id string, cmd ...string) (string, int32) {
 	t.Helper()
 	resp, err := e.d.Runtime.ExecSync(Ctx(t), &runtimeapi.ExecSyncRequest{ContainerId: id, Cmd: cmd, Timeout: 20})
 	if err != nil {
@@ -187,7 +187,7 @@ func (e *ctrEnv) exec(t *testing.T, id string, cmd ...string) (string, int32) {
 }
 
 // mustExec runs cmd and fails unless it exits 0.
-func (e *ctrEnv) mustExec(t *testing.T, id string, cmd ...string) string {
+func (e *ctrEnv) mustExec(t testing.TB, id string, cmd ...string) string {
 	t.Helper()
 	out, code := e.exec(t, id, cmd...)
 	if code != 0 {
@@ -196,7 +196,7 @@ func (e *ctrEnv) mustExec(t *testing.T, id string, cmd ...string) string {
 	return out
 }
 
-func wantCode(t *testing.T, err error, code codes.Code, sub string) {
+func wantCode(t testing.TB, err error, code codes.Code, sub string) {
 	t.Helper()
 	if status.Code(err) != code || !strings.Contains(status.Convert(err).Message(), sub) {
 		t.Fatalf("got %v, want %v with %q in the message", err, code, sub)
