@@ -72,7 +72,7 @@ func checkStatic(exe string) error {
 	if err != nil {
 		return fmt.Errorf("reading %s: %w", exe, err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	for _, p := range f.Progs {
 		if p.Type == elf.PT_INTERP {
 			return fmt.Errorf("a shared PID namespace (pid POD) needs the pause process, which runs the pinrt binary itself, "+
