@@ -9,14 +9,30 @@ import (
 	"syscall"
 )
 
+// hostnameArg prefixes the helper argument that names the pod's host.
+// Sysctl arguments are "path=value" with a path of [a-z0-9_/.], so the
+// two never collide.
+const hostnameArg = "--hostname="
+
 // HelperMain is the body of the re-executed helper. It is born in the
-// pod's new namespaces (the parent's clone flags put it there), writes
-// each "path=value" sysctl argument under /proc/sys, which resolves to
-// its own namespaces, reports on fd 3 and then waits for the parent to
-// close its stdin or kill it. It does nothing else, to stay cheap.
+// pod's new namespaces (the parent's clone flags put it there), sets the
+// hostname of its UTS namespace when asked, writes each "path=value"
+// sysctl argument under /proc/sys, which resolves to its own namespaces,
+// reports on fd 3 and then waits for the parent to close its stdin or
+// kill it. It does nothing else, to stay cheap.
 func HelperMain(args []string) int {
 	status := os.NewFile(3, "status")
-	if err := applySysctls(args); err != nil {
+	err := error(nil)
+	if len(args) > 0 && strings.HasPrefix(args[0], hostnameArg) {
+		if err = syscall.Sethostname([]byte(strings.TrimPrefix(args[0], hostnameArg))); err != nil {
+			err = fmt.Errorf("sethostname: %w", err)
+		}
+		args = args[1:]
+	}
+	if err == nil {
+		err = applySysctls(args)
+	}
+	if err != nil {
 		verb := "error"
 		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.EINVAL) || errors.Is(err, syscall.ERANGE) {
 			verb = "invalid"

@@ -177,6 +177,14 @@ func (m *Manager) validateCreate(req CreateRequest) (map[Kind]bool, error) {
 	if err := ValidateSysctls(req.Sysctls, kinds[Net], kinds[IPC]); err != nil {
 		return nil, err
 	}
+	if h := req.Hostname; h != "" {
+		if !kinds[UTS] {
+			return nil, fmt.Errorf("hostname %q given but no UTS namespace requested: %w", h, errdefs.ErrInvalidArgument)
+		}
+		if len(h) > 64 || strings.ContainsAny(h, "=/ \t\n\x00") {
+			return nil, fmt.Errorf("hostname %q: at most 64 characters, no '=', '/' or white space: %w", h, errdefs.ErrInvalidArgument)
+		}
+	}
 	return kinds, nil
 }
 
@@ -224,6 +232,9 @@ func (m *Manager) startHelper(req CreateRequest, kinds map[Kind]bool) (*helper, 
 	}
 
 	args := []string{m.helperPath, HelperCommand}
+	if req.Hostname != "" {
+		args = append(args, hostnameArg+req.Hostname)
+	}
 	names := make([]string, 0, len(req.Sysctls))
 	for n := range req.Sysctls {
 		names = append(names, n)

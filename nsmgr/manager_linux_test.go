@@ -559,3 +559,39 @@ func TestCreateAllHostIsNoop(t *testing.T) {
 		t.Fatalf("Create with no kinds touched the run dir: %v", err)
 	}
 }
+
+func TestHostnameSetInUTSNamespace(t *testing.T) {
+	requireRoot(t)
+	requireNsenter(t)
+	host, _ := os.Hostname()
+	m, _ := newTestManager(t)
+	req := fullRequest("named", 4, map[string]string{"kernel.shmmax": "654321"})
+	req.Hostname = "web-0"
+	pins := mustCreate(t, m, req)
+	if out, err := nsenter("--uts="+pins[UTS], "cat", "/proc/sys/kernel/hostname"); err != nil || out != "web-0" {
+		t.Errorf("hostname in the pod UTS namespace = %q, %v; want web-0", out, err)
+	}
+	if out, err := nsenter("--ipc="+pins[IPC], "cat", "/proc/sys/kernel/shmmax"); err != nil || out != "654321" {
+		t.Errorf("sysctls after the hostname argument = %q, %v; want 654321", out, err)
+	}
+	if now, _ := os.Hostname(); now != host {
+		t.Errorf("host hostname changed: %q -> %q", host, now)
+	}
+}
+
+func TestHostnameValidation(t *testing.T) {
+	m, _ := newTestManager(t)
+	for _, tc := range []struct {
+		name string
+		req  CreateRequest
+	}{
+		{"without UTS", CreateRequest{ID: "h1", Kinds: []Kind{Net}, Hostname: "x"}},
+		{"too long", CreateRequest{ID: "h2", Kinds: []Kind{UTS}, Hostname: strings.Repeat("a", 65)}},
+		{"with slash", CreateRequest{ID: "h3", Kinds: []Kind{UTS}, Hostname: "a/b"}},
+		{"sysctl-like", CreateRequest{ID: "h4", Kinds: []Kind{UTS}, Hostname: "kernel/x=1"}},
+	} {
+		if _, err := m.Create(context.Background(), tc.req); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("%s: Create = %v, want InvalidArgument", tc.name, err)
+		}
+	}
+}

@@ -50,6 +50,9 @@ type CreateRequest struct {
 	GIDMappings []specs.LinuxIDMapping
 	// Sysctls are applied inside the new namespaces, see ValidateSysctls.
 	Sysctls map[string]string
+	// Hostname is set in the new UTS namespace, so the pod has its name
+	// before any container exists. It needs UTS in Kinds.
+	Hostname string
 }
 
 // Pins maps each created namespace kind to its pin path.

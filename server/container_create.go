@@ -410,16 +410,7 @@ func (s *Server) buildSpec(ctx context.Context, rt ContainerRuntime, sb *sandbox
 		return nil, err
 	}
 	c.RuntimeFeatures = feat
-	spec, err := oci.BuildContainerSpec(ctx, &c)
-	if err != nil {
-		return nil, err
-	}
-	// nsmgr pins the UTS namespace but does not name it; runc sets the
-	// hostname in the joined namespace, the same value for every container.
-	if c.Namespaces.UTS != "" {
-		spec.Hostname = sb.Hostname
-	}
-	return spec, nil
+	return oci.BuildContainerSpec(ctx, &c)
 }
 
 // pidNamespaceOf is the PID namespace of a running container.

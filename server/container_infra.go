@@ -148,10 +148,6 @@ func (s *Server) startInfra(ctx context.Context, md *sandbox.Metadata) (retErr e
 	if err != nil {
 		return err
 	}
-	// The infra process is the first in the pod's UTS namespace; it names it.
-	if ns.UTS != "" {
-		spec.Hostname = md.Hostname
-	}
 	bundle := infraBundle(s.sandboxDir(md.ID))
 	if _, err := rt.Create(ctx, oci.CreateOptions{ID: md.ID, Bundle: bundle, Spec: spec, ExitDir: bundle}); err != nil {
 		return fmt.Errorf("creating the infra process: %w", err)

@@ -66,6 +66,7 @@ type ctrFixture struct {
 	srv    *Server
 	rt     *ocitest.Runtime
 	images *ctrImages
+	ns     *nsmgrtest.Manager
 	cfg    *conf.Config
 }
 
@@ -88,9 +89,9 @@ func newCtrFixture(t *testing.T) *ctrFixture {
 	if _, err := fake.Pull(context.Background(), "busybox", nil); err != nil {
 		t.Fatal(err)
 	}
-	f := &ctrFixture{rt: ocitest.New(), images: &ctrImages{Fake: fake, mounted: map[string]image.MountRequest{}}, cfg: cfg}
+	f := &ctrFixture{rt: ocitest.New(), images: &ctrImages{Fake: fake, mounted: map[string]image.MountRequest{}}, ns: nsmgrtest.New(cfg.RunRoot), cfg: cfg}
 	f.srv = New(cfg, Deps{
-		Network: &cnitest.Fake{}, Namespaces: nsmgrtest.New(cfg.RunRoot), IDs: ids,
+		Network: &cnitest.Fake{}, Namespaces: f.ns, IDs: ids,
 		Shm: &fakeShm{mounted: map[string]bool{}}, Images: f.images,
 		Runtimes: map[string]ContainerRuntime{"runc": f.rt},
 	})
@@ -286,8 +287,19 @@ func TestContainerLifecycle(t *testing.T) {
 
 	spec := f.rt.Specs[id]
 	sb, _ := f.srv.sandboxes.Get(pod)
-	if spec.Hostname != "podhost" {
-		t.Errorf("spec hostname %q, want podhost (the pod's UTS namespace is joined)", spec.Hostname)
+	// nsmgr names the pod's UTS namespace once; containers join it and
+	// do not set the hostname again.
+	if spec.Hostname != "" {
+		t.Errorf("spec hostname %q, want none (the pod's named UTS namespace is joined)", spec.Hostname)
+	}
+	named := false
+	for _, c := range f.ns.Calls() {
+		if c.Method == "Create" && c.ID == pod && c.Request.Hostname == "podhost" {
+			named = true
+		}
+	}
+	if !named {
+		t.Errorf("nsmgr was not asked to name the pod's UTS namespace podhost: %+v", f.ns.Calls())
 	}
 	if want := "/pinrt/" + pod + "/pinrt-" + id; spec.Linux.CgroupsPath != want {
 		t.Errorf("cgroups path %q, want %q", spec.Linux.CgroupsPath, want)

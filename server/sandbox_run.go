@@ -100,7 +100,7 @@ func (s *Server) runPod(ctx context.Context, req *podRequest) (_ *sandbox.Sandbo
 	pins, err := s.deps.Namespaces.Create(ctx, nsmgr.CreateRequest{
 		ID: md.ID, Kinds: podKinds(md.Modes),
 		UIDMappings: md.UIDMappings, GIDMappings: md.GIDMappings,
-		Sysctls: req.sysctls,
+		Sysctls: req.sysctls, Hostname: podHostname(md),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating pod namespaces: %w", err)
@@ -197,6 +197,15 @@ func rootOf(m []specs.LinuxIDMapping) uint32 {
 		}
 	}
 	return 0
+}
+
+// podHostname is the name nsmgr gives the pod's own UTS namespace; a pod
+// on the host network keeps the node's.
+func podHostname(md sandbox.Metadata) string {
+	if md.Modes.Network != sandbox.ModePod {
+		return ""
+	}
+	return md.Hostname
 }
 
 func podKinds(m sandbox.NamespaceModes) []nsmgr.Kind {
