@@ -63,11 +63,6 @@ binary = "/usr/bin/crun"
 binary = "/nonexistent/runtime"
 `, fake)
 	d := StartDaemon(t, Options{Network: true, Config: cfg})
-	// MkdirTemp made the base 0700; a userns container's mapped root must
-	// traverse it to reach its rootfs and the pod files, as under /var/lib.
-	if err := os.Chmod(d.Dir, 0o711); err != nil {
-		t.Fatal(err)
-	}
 	e := &ctrEnv{d: d, reg: testimage.StartRegistry(t), fakeRT: fake}
 	e.busybox = e.reg.Push(t, "busybox:1", testimage.Busybox(t))
 	e.bbID = e.pull(t, e.busybox)

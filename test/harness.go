@@ -133,6 +133,11 @@ func NewDaemon(t testing.TB, opts Options) *Daemon {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// MkdirTemp makes the base 0700; a userns container's mapped root must
+	// traverse it to reach its rootfs and the pod files, as under /var/lib.
+	if err := os.Chmod(dir, 0o711); err != nil {
+		t.Fatal(err)
+	}
 	d := &Daemon{
 		t: t, opts: opts, Dir: dir,
 		Root:       filepath.Join(dir, "root"),
