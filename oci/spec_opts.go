@@ -412,7 +412,7 @@ func WithDevices(devs []Device, privileged bool) SpecOpt {
 			}
 			typ, major, minor, mode, err := statDevice(d.HostPath)
 			if err != nil {
-				return fmt.Errorf("device %s: %v: %w", d.HostPath, err, errdefs.ErrInvalidArgument)
+				return fmt.Errorf("device %s: %w: %w", d.HostPath, err, errdefs.ErrInvalidArgument)
 			}
 			fm := fileMode(mode)
 			g.Config.Linux.Devices = append(g.Config.Linux.Devices, specs.LinuxDevice{

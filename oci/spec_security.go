@@ -42,7 +42,7 @@ func WithSeccomp(privileged bool, p SecurityProfile) SpecOpt {
 			}
 			sc, err := seccomp.LoadProfile(string(body), g.Config)
 			if err != nil {
-				return fmt.Errorf("seccomp profile %s: %v: %w", p.Localhost, err, errdefs.ErrInvalidArgument)
+				return fmt.Errorf("seccomp profile %s: %w: %w", p.Localhost, err, errdefs.ErrInvalidArgument)
 			}
 			g.Config.Linux.Seccomp = sc
 			return nil

@@ -54,7 +54,7 @@ func WithUser(rootfs string, u User, imageUser string) SpecOpt {
 		resolve := func(spec string) (*user.ExecUser, error) {
 			eu, err := user.GetExecUser(spec, &user.ExecUser{Uid: 0, Gid: 0, Home: "/"}, readerOf(passwd), readerOf(group))
 			if err != nil {
-				return nil, fmt.Errorf("resolve user %q in %s: %v: %w", spec, rootfs, err, errdefs.ErrInvalidArgument)
+				return nil, fmt.Errorf("resolve user %q in %s: %w: %w", spec, rootfs, err, errdefs.ErrInvalidArgument)
 			}
 			return eu, nil
 		}
@@ -121,7 +121,7 @@ func readInRoot(rootfs, name string) ([]byte, error) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("open %s in rootfs %s: %v: %w", name, rootfs, err, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("open %s in rootfs %s: %w: %w", name, rootfs, err, errdefs.ErrInvalidArgument)
 	}
 	f := os.NewFile(uintptr(fd), name)
 	defer f.Close()

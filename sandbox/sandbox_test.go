@@ -212,7 +212,7 @@ func TestStoreGet(t *testing.T) {
 	}
 	for _, tc := range tests {
 		got, err := s.Get(tc.id)
-		if got != tc.want || !errors.Is(err, tc.err) && !(err == nil && tc.err == nil) {
+		if got != tc.want || (tc.err == nil) != (err == nil) || !errors.Is(err, tc.err) {
 			t.Errorf("Get(%q) = %q, %v; want %q, %v", tc.id, got, err, tc.want, tc.err)
 		}
 	}
