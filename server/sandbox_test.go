@@ -40,24 +40,6 @@ func (f *fakeShm) Unmount(path string) error {
 	return nil
 }
 
-// podImages is the image store as far as pods are concerned: nothing
-// is mounted, releases are recorded.
-type podImages struct {
-	*imagetest.Fake
-	released []string
-}
-
-func (p *podImages) Root() string { return "/nonexistent" }
-func (p *podImages) MountRootfs(context.Context, image.MountRequest) (string, error) {
-	return "", errdefs.ErrNotImplemented
-}
-func (p *podImages) UnmountRootfs(context.Context, string, string, string) error { return nil }
-func (p *podImages) ReleasePod(_ context.Context, id string) error {
-	p.released = append(p.released, id)
-	return nil
-}
-func (p *podImages) Usage(string) (uint64, uint64, error) { return 0, 0, nil }
-
 type podFixture struct {
 	srv *Server
 	ns  *nsmgrtest.Manager
@@ -76,7 +58,7 @@ func newPodFixture(t *testing.T) *podFixture {
 		t.Fatal(err)
 	}
 	f := &podFixture{ns: nsmgrtest.New(cfg.RunRoot), net: &cnitest.Fake{}, shm: &fakeShm{mounted: map[string]bool{}}, ids: ids, cfg: cfg}
-	f.srv = New(cfg, Deps{Network: f.net, Namespaces: f.ns, IDs: ids, Shm: f.shm, Images: &podImages{Fake: &imagetest.Fake{}}})
+	f.srv = New(cfg, Deps{Network: f.net, Namespaces: f.ns, IDs: ids, Shm: f.shm, Images: &ctrImages{Fake: &imagetest.Fake{}, mounted: map[string]image.MountRequest{}}})
 	return f
 }
 
