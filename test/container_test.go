@@ -365,6 +365,38 @@ func (e *ctrEnv) testUsernsPod(t *testing.T) {
 	if out := e.mustExec(t, id, "cat", "/proc/self/uid_map"); !strings.Contains(strings.Join(strings.Fields(out), " "), fmt.Sprintf("0 %d 65536", hostRoot)) {
 		t.Errorf("uid_map = %q, want 0 %d 65536", out, hostRoot)
 	}
+
+	// The image's files: owned by root in the layer store, by the mapped
+	// root through the container's rootfs, and one idmapped mount serves
+	// every container of the pod.
+	second := e.run(t, pod, podCfg, e.ctr("c2", "sleep", "1000"))
+	for _, c := range []string{id, second} {
+		if got := fileOwner(t, filepath.Join(e.d.Root, "containers", c, "rootfs", "bin", "busybox")); got != hostRoot {
+			t.Errorf("host view of /bin/busybox in %s = uid %d, want the mapped root %d", c, got, hostRoot)
+		}
+	}
+	if out := e.mustExec(t, second, "stat", "-c", "%u", "/bin/busybox"); strings.TrimSpace(out) != "0" {
+		t.Errorf("owner of /bin/busybox inside = %q, want 0", out)
+	}
+	idmapped := 0
+	for _, line := range strings.Split(readFile(t, "/proc/self/mountinfo"), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 5 && strings.Contains(f[4], "/idmapped/"+pod) && strings.Contains(f[5], "idmapped") {
+			idmapped++
+		}
+	}
+	if idmapped != 1 {
+		t.Errorf("%d idmapped mounts for pod %s with two containers, want exactly 1", idmapped, pod)
+	}
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
 
 func (e *ctrEnv) testIDMappedVolume(t *testing.T) {
