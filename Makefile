@@ -44,8 +44,10 @@ lint:
 
 deps: deps-apt deps-runc deps-cni deps-lint
 
+# iptables: the default network masquerades and maps ports through it.
+# crun: Debian's 1.8.1 lacks idmapped mounts; the tests check the refusal.
 deps-apt:
-	@need=""; for p in conmon libseccomp-dev busybox-static iproute2 crun; do \
+	@need=""; for p in conmon libseccomp-dev busybox-static iproute2 iptables crun; do \
 		dpkg -s $$p >/dev/null 2>&1 || need="$$need $$p"; done; \
 	if [ -n "$$need" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$need; fi
 
