@@ -2,11 +2,8 @@ package sandbox
 
 import (
 	"fmt"
-	"path/filepath"
-	"sync"
 	"time"
 
-	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
@@ -98,95 +95,34 @@ type ContainerStatus struct {
 // Container is one container: metadata plus a locked status.
 type Container struct {
 	ContainerMetadata
-	// Dir is the persistent directory, <root>/containers/<id>; it is also
-	// the OCI bundle (config.json) and conmon's exit directory.
-	Dir string
-
-	mu     sync.Mutex
-	status ContainerStatus
-	// opMu serialises lifecycle operations on this container.
-	opMu sync.Mutex
-}
-
-type containerVersioned struct {
-	Version  int                `json:"version"`
-	Metadata *ContainerMetadata `json:"metadata,omitempty"`
-	Status   *ContainerStatus   `json:"status,omitempty"`
+	// record's Dir is <root>/containers/<id>; it is also the OCI bundle
+	// (config.json) and conmon's exit directory.
+	record[ContainerMetadata, ContainerStatus]
 }
 
 // NewContainer returns a Created container for md stored in dir.
 func NewContainer(md ContainerMetadata, dir string) *Container {
-	return &Container{ContainerMetadata: md, Dir: dir, status: ContainerStatus{State: ContainerCreated}}
-}
-
-// Status returns a copy of the current status.
-func (c *Container) Status() ContainerStatus {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.status
-}
-
-// UpdateStatus is the one way to change a container's status: fn edits a
-// copy, the copy is persisted (if the container has a directory), and only
-// then becomes the status. A failed write leaves the old status in place.
-func (c *Container) UpdateStatus(fn func(*ContainerStatus)) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	next := c.status
-	fn(&next)
-	if next == c.status {
-		return nil
-	}
-	if c.Dir != "" {
-		if err := writeJSON(c.Dir, statusFile, containerVersioned{Version: stateVersion, Status: &next}); err != nil {
-			return err
-		}
-	}
-	c.status = next
-	return nil
-}
-
-// Lock serialises lifecycle operations (Start, Stop, Remove) on one
-// container.
-func (c *Container) Lock() func() {
-	c.opMu.Lock()
-	return c.opMu.Unlock
+	return &Container{ContainerMetadata: md, record: record[ContainerMetadata, ContainerStatus]{Dir: dir, status: ContainerStatus{State: ContainerCreated}}}
 }
 
 // Save writes meta.json and status.json into c.Dir. config.json, the OCI
 // spec, is written by the runtime driver as part of the bundle.
 func (c *Container) Save() error {
-	if err := writeJSON(c.Dir, metaFile, containerVersioned{Version: stateVersion, Metadata: &c.ContainerMetadata}); err != nil {
-		return err
-	}
-	st := c.Status()
-	return writeJSON(c.Dir, statusFile, containerVersioned{Version: stateVersion, Status: &st})
+	return writeJSONSet(c.Dir, c.files(&c.ContainerMetadata))
 }
 
 // LoadContainer reads a container from dir. A missing status file means
 // the daemon died between the metadata and status writes: the state is
 // unknown until the runtime is asked.
 func LoadContainer(dir string) (*Container, error) {
-	var meta containerVersioned
-	if err := readJSON(filepath.Join(dir, metaFile), &meta); err != nil {
+	md, st, err := loadRecord(dir, func(m *ContainerMetadata) string { return m.ID }, ContainerStatus{State: ContainerUnknown})
+	if err != nil {
 		return nil, err
-	}
-	if meta.Version != stateVersion || meta.Metadata == nil {
-		return nil, fmt.Errorf("%s: unsupported state version %d: %w", dir, meta.Version, errdefs.ErrFailedPrecondition)
-	}
-	md := *meta.Metadata
-	if err := ValidateID(md.ID); err != nil || md.ID != filepath.Base(dir) {
-		return nil, fmt.Errorf("%s: ID %q does not match its directory: %w", dir, md.ID, errdefs.ErrFailedPrecondition)
 	}
 	if err := ValidateID(md.SandboxID); err != nil {
 		return nil, fmt.Errorf("%s: %w", dir, err)
 	}
-	c := &Container{ContainerMetadata: md, Dir: dir, status: ContainerStatus{State: ContainerUnknown}}
-	var st containerVersioned
-	if err := readJSON(filepath.Join(dir, statusFile), &st); err == nil && st.Status != nil {
-		c.status = *st.Status
-	}
-	return c, nil
+	return &Container{ContainerMetadata: *md, record: record[ContainerMetadata, ContainerStatus]{Dir: dir, status: st}}, nil
 }
 
 // ContainerNameKey is the reservation key of a container: one name and

@@ -48,12 +48,6 @@ func ValidateID(id string) error {
 	return nil
 }
 
-type versioned struct {
-	Version  int       `json:"version"`
-	Metadata *Metadata `json:"metadata,omitempty"`
-	Status   *Status   `json:"status,omitempty"`
-}
-
 // writeJSON writes dir/name atomically: temp file, fsync, rename, fsync
 // of the directory, so a crash leaves either the old or the new file.
 func writeJSON(dir, name string, v any) error {
@@ -62,6 +56,20 @@ func writeJSON(dir, name string, v any) error {
 		return err
 	}
 	return WriteFileAtomic(filepath.Join(dir, name), data, 0o600)
+}
+
+// writeJSONSet writes several JSON documents into dir as one durable set:
+// each file atomically, with a single directory sync.
+func writeJSONSet(dir string, docs map[string]any) error {
+	files := make(map[string][]byte, len(docs))
+	for name, v := range docs {
+		b, err := json.MarshalIndent(v, "", "  ")
+		if err != nil {
+			return err
+		}
+		files[name] = b
+	}
+	return atomicfile.WriteFiles(dir, files, 0o600, true)
 }
 
 // WriteFileAtomic replaces path with data so that readers and crashes see
@@ -122,37 +130,20 @@ func (s *Sandbox) Save() error {
 	if err := os.MkdirAll(s.Dir, 0o700); err != nil {
 		return err
 	}
-	st := s.Status()
-	files := map[string][]byte{}
-	for name, v := range map[string]any{
-		specFile:   s.Spec(),
-		metaFile:   versioned{Version: stateVersion, Metadata: &s.Metadata},
-		statusFile: versioned{Version: stateVersion, Status: &st},
-	} {
-		b, err := json.MarshalIndent(v, "", "  ")
-		if err != nil {
-			return err
-		}
-		files[name] = b
-	}
-	return atomicfile.WriteFiles(s.Dir, files, 0o600, true)
+	docs := s.files(&s.Metadata)
+	docs[specFile] = s.Spec()
+	return writeJSONSet(s.Dir, docs)
 }
 
 // Load reads a sandbox from dir. The namespace paths come from
 // config.json, which is the record the OCI runtime would join; meta.json
 // gives the rest.
 func Load(dir string) (*Sandbox, error) {
-	var meta versioned
-	if err := readJSON(filepath.Join(dir, metaFile), &meta); err != nil {
+	mdp, st, err := loadRecord(dir, func(m *Metadata) string { return m.ID }, Status{State: StateNotReady})
+	if err != nil {
 		return nil, err
 	}
-	if meta.Version != stateVersion || meta.Metadata == nil {
-		return nil, fmt.Errorf("%s: unsupported state version %d: %w", dir, meta.Version, errdefs.ErrFailedPrecondition)
-	}
-	md := *meta.Metadata
-	if err := ValidateID(md.ID); err != nil || md.ID != filepath.Base(dir) {
-		return nil, fmt.Errorf("%s: ID %q does not match its directory: %w", dir, md.ID, errdefs.ErrFailedPrecondition)
-	}
+	md := *mdp
 	var spec specs.Spec
 	if err := readJSON(filepath.Join(dir, specFile), &spec); err != nil {
 		return nil, err
@@ -170,12 +161,7 @@ func Load(dir string) (*Sandbox, error) {
 			md.Pins[kind] = ns.Path
 		}
 	}
-	sb := &Sandbox{Metadata: md, Dir: dir, status: Status{State: StateNotReady}}
-	var st versioned
-	if err := readJSON(filepath.Join(dir, statusFile), &st); err == nil && st.Status != nil {
-		sb.status = *st.Status
-	}
-	return sb, nil
+	return &Sandbox{Metadata: md, record: record[Metadata, Status]{Dir: dir, status: st}}, nil
 }
 
 func readJSON(path string, v any) error {

@@ -10,7 +10,6 @@ package sandbox
 import (
 	"encoding/json"
 	"strconv"
-	"sync"
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -126,51 +125,16 @@ type Status struct {
 	Reason string `json:"reason,omitempty"`
 }
 
-// Sandbox is one pod sandbox: metadata plus a locked status.
+// Sandbox is one pod sandbox: metadata plus a locked status, stored in
+// Dir, <root>/sandboxes/<id>.
 type Sandbox struct {
 	Metadata
-	// Dir is the persistent directory, <root>/sandboxes/<id>.
-	Dir string
-
-	mu     sync.Mutex
-	status Status
-	// opMu serialises Stop and Remove of this sandbox.
-	opMu sync.Mutex
+	record[Metadata, Status]
 }
 
 // New returns a Ready sandbox for md stored in dir.
 func New(md Metadata, dir string) *Sandbox {
-	return &Sandbox{Metadata: md, Dir: dir, status: Status{State: StateReady}}
-}
-
-// Status returns a copy of the current status.
-func (s *Sandbox) Status() Status {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.status
-}
-
-// UpdateStatus is the one way to change a sandbox's status: fn edits a copy,
-// the copy is persisted (if the sandbox has a directory), and only then
-// becomes the status. A failed write leaves the old status in place.
-func (s *Sandbox) UpdateStatus(fn func(*Status)) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	next := s.status
-	fn(&next)
-	if s.Dir != "" {
-		if err := writeJSON(s.Dir, statusFile, versioned{Version: stateVersion, Status: &next}); err != nil {
-			return err
-		}
-	}
-	s.status = next
-	return nil
-}
-
-// Lock serialises lifecycle operations (Stop, Remove) on one sandbox.
-func (s *Sandbox) Lock() func() {
-	s.opMu.Lock()
-	return s.opMu.Unlock
+	return &Sandbox{Metadata: md, record: record[Metadata, Status]{Dir: dir, status: Status{State: StateReady}}}
 }
 
 // NameKey is the reservation key of a pod: the same name, namespace, uid
