@@ -46,8 +46,9 @@ deps: deps-apt deps-runc deps-cni deps-lint
 
 # iptables: the default network masquerades and maps ports through it.
 # crun: Debian's 1.8.1 lacks idmapped mounts; the tests check the refusal.
+# tar, gzip, zstd: tests build image layers with the tools the outside world uses.
 deps-apt:
-	@need=""; for p in conmon libseccomp-dev busybox-static iproute2 iptables crun; do \
+	@need=""; for p in conmon libseccomp-dev busybox-static iproute2 iptables crun tar gzip zstd; do \
 		dpkg -s $$p >/dev/null 2>&1 || need="$$need $$p"; done; \
 	if [ -n "$$need" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$need; fi
 

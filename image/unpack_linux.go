@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/klauspost/compress/zstd"
 	"golang.org/x/sys/unix"
 )
 
@@ -44,31 +45,27 @@ func UnpackLayer(r io.Reader, dir, compressedDigest, diffID string) (size int64,
 	ch := sha256.New()
 	counted := &countingReader{r: io.TeeReader(r, ch)}
 	br := bufio.NewReaderSize(counted, 64<<10)
-	var plain io.Reader = br
-	magic, _ := br.Peek(4)
-	switch {
-	case bytes.HasPrefix(magic, []byte{0x1f, 0x8b}):
-		zr, err := gzip.NewReader(br)
-		if err != nil {
-			return 0, fmt.Errorf("layer %s: %w: %w", compressedDigest, err, errdefs.ErrDataLoss)
-		}
-		defer zr.Close()
-		plain = zr
-	case bytes.Equal(magic, []byte{0x28, 0xb5, 0x2f, 0xfd}):
-		return 0, fmt.Errorf("layer %s: zstd layers: %w", compressedDigest, errdefs.ErrNotImplemented)
+	plain, closeFn, err := decompress(br)
+	if err != nil {
+		return 0, fmt.Errorf("layer %s: %w", compressedDigest, err)
 	}
+	defer closeFn()
 	uh := sha256.New()
-	if err := unpackTar(io.TeeReader(plain, uh), dir); err != nil {
+	hashed := io.TeeReader(plain, uh)
+	if err := unpackTar(hashed, dir); err != nil {
 		if errors.Is(err, io.ErrUnexpectedEOF) || isCorrupt(err) {
 			return 0, fmt.Errorf("layer %s: %w: %w", compressedDigest, err, errdefs.ErrDataLoss)
 		}
 		return 0, fmt.Errorf("layer %s: %w", compressedDigest, err)
 	}
-	// Tar readers stop at the end-of-archive marker; the digests cover
-	// any padding after it, so read the rest.
-	if _, err := io.Copy(io.Discard, plain); err != nil {
+	// Tar readers stop at the end-of-archive marker, but writers pad
+	// after it (GNU tar to 10240-byte records) and the diffID covers that
+	// padding: drain it through the hash, not around it.
+	if _, err := io.Copy(io.Discard, hashed); err != nil {
 		return 0, fmt.Errorf("layer %s: %w: %w", compressedDigest, err, errdefs.ErrDataLoss)
 	}
+	// Likewise the compressed digest covers every byte of the blob, even
+	// bytes after the end of the compressed stream.
 	if _, err := io.Copy(io.Discard, br); err != nil {
 		return 0, fmt.Errorf("layer %s: %w: %w", compressedDigest, err, errdefs.ErrDataLoss)
 	}
@@ -81,8 +78,45 @@ func UnpackLayer(r io.Reader, dir, compressedDigest, diffID string) (size int64,
 	return counted.n, nil
 }
 
+// decompress recognises the layer's compression by its magic bytes, not
+// its media type: registries mislabel layers, and the digests decide
+// whether the content is right anyway. gzip, zstd and plain tar are
+// accepted.
+func decompress(br *bufio.Reader) (io.Reader, func(), error) {
+	magic, _ := br.Peek(4)
+	switch {
+	case bytes.HasPrefix(magic, []byte{0x1f, 0x8b}):
+		zr, err := gzip.NewReader(br)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%w: %w", err, errdefs.ErrDataLoss)
+		}
+		return zr, func() { zr.Close() }, nil
+	case bytes.Equal(magic, []byte{0x28, 0xb5, 0x2f, 0xfd}):
+		zr, err := zstd.NewReader(br, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true))
+		if err != nil {
+			return nil, nil, fmt.Errorf("zstd: %w: %w", err, errdefs.ErrDataLoss)
+		}
+		return zr, zr.Close, nil
+	}
+	return br, func() {}, nil
+}
+
 func isCorrupt(err error) bool {
-	return errors.Is(err, gzip.ErrChecksum) || errors.Is(err, gzip.ErrHeader) || errors.Is(err, tar.ErrHeader)
+	return errors.Is(err, gzip.ErrChecksum) || errors.Is(err, gzip.ErrHeader) || errors.Is(err, tar.ErrHeader) ||
+		isZstdCorrupt(err)
+}
+
+// isZstdCorrupt: the zstd decoder reports damage with several sentinel
+// errors of its own.
+func isZstdCorrupt(err error) bool {
+	for _, e := range []error{zstd.ErrMagicMismatch, zstd.ErrCRCMismatch, zstd.ErrBlockTooSmall, zstd.ErrReservedBlockType,
+		zstd.ErrCompressedSizeTooBig, zstd.ErrWindowSizeExceeded, zstd.ErrWindowSizeTooSmall, zstd.ErrFrameSizeMismatch,
+		zstd.ErrUnknownDictionary, zstd.ErrDecoderSizeExceeded} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 func checkDigest(what string, h hash.Hash, want string) error {
