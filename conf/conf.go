@@ -94,10 +94,21 @@ type UsernsConfig struct {
 
 // ImageConfig configures pulls.
 type ImageConfig struct {
-	// PullTimeout bounds one PullImage.
-	PullTimeout Duration `toml:"pull_timeout" comment:"Upper bound for one image pull."`
+	// PullTimeout bounds one PullImage in total. Zero (the default) means
+	// no total bound: a slow but moving pull of a big image must not fail,
+	// a stalled one is caught by PullProgressTimeout.
+	PullTimeout Duration `toml:"pull_timeout" comment:"Upper bound for one whole image pull. 0 (default): no total bound, only pull_progress_timeout."`
+	// PullProgressTimeout fails a pull when no byte arrived from the
+	// registry for this long (containerd's image_pull_progress_timeout).
+	PullProgressTimeout Duration `toml:"pull_progress_timeout" comment:"Fail a pull when no byte arrived from the registry for this long."`
+	// MaxConcurrentDownloads is how many layers of one pull download at
+	// once.
+	MaxConcurrentDownloads int `toml:"max_concurrent_downloads" comment:"Layers of one pull downloaded at once."`
+	// AuthFile is a docker/podman config.json whose "auths" supply
+	// credentials when kubelet sends none. Read on every pull.
+	AuthFile string `toml:"auth_file" comment:"config.json in docker/podman format ({\"auths\": {\"host\": {\"auth\": \"base64(user:pass)\"}}}) used when kubelet sends no credentials; read on every pull. Empty: none."`
 	// Registries configures mirrors, TLS and plain HTTP per registry host.
-	Registries map[string]Registry `toml:"registries" comment:"Per registry host: mirrors, skip_origin, insecure, ca_file. localhost and 127.0.0.0/8 use plain HTTP without config."`
+	Registries map[string]Registry `toml:"registries" comment:"Per registry host: mirrors, skip_origin, insecure, ca_file. localhost and 127.0.0.0/8 use plain HTTP without config.\nExample, an air-gapped node pulling docker.io images from a local mirror only:\n\n[image.registries.\"docker.io\"]\n  mirrors = [\"mirror.example.internal:5000\", \"backup.example.internal/dockerhub\"]\n  skip_origin = true\n[image.registries.\"mirror.example.internal:5000\"]\n  ca_file = \"/etc/pinrt/certs/mirror-ca.pem\"\n[image.registries.\"backup.example.internal\"]\n  insecure = true"`
 }
 
 // Registry configures pulls from one registry host.
@@ -163,7 +174,13 @@ func Default() *Config {
 			MaxHostID: 1 << 31,
 			MaxPods:   1024,
 		},
-		Image: ImageConfig{PullTimeout: Duration(5 * time.Minute)},
+		Image: ImageConfig{
+			PullProgressTimeout:    Duration(time.Minute),
+			MaxConcurrentDownloads: 3,
+			// Empty, not nil, so `pinrt config --default` prints the table
+			// and its commented example.
+			Registries: map[string]Registry{},
+		},
 	}
 }
 
@@ -237,10 +254,26 @@ func (c *Config) Validate() error {
 	if err := c.Userns.validate(); err != nil {
 		return err
 	}
-	if c.Image.PullTimeout <= 0 {
-		return &FieldError{"image.pull_timeout", "must be positive"}
+	if err := c.Image.validate(); err != nil {
+		return err
 	}
-	for host, r := range c.Image.Registries {
+	return nil
+}
+
+func (c *ImageConfig) validate() error {
+	if c.PullTimeout < 0 {
+		return &FieldError{"image.pull_timeout", "must not be negative (0 means no total bound)"}
+	}
+	if c.PullProgressTimeout <= 0 {
+		return &FieldError{"image.pull_progress_timeout", "must be positive"}
+	}
+	if c.MaxConcurrentDownloads < 1 || c.MaxConcurrentDownloads > 64 {
+		return &FieldError{"image.max_concurrent_downloads", fmt.Sprintf("must be between 1 and 64, got %d", c.MaxConcurrentDownloads)}
+	}
+	if c.AuthFile != "" && !filepath.IsAbs(c.AuthFile) {
+		return &FieldError{"image.auth_file", "must be an absolute path"}
+	}
+	for host, r := range c.Registries {
 		if host == "" || strings.ContainsAny(host, " /") {
 			return &FieldError{"image.registries", fmt.Sprintf("bad registry host %q", host)}
 		}

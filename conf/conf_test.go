@@ -142,7 +142,11 @@ func TestInvalidValues(t *testing.T) {
 		{"unaligned max", "[userns]\nmax_host_id = 100000", "userns.max_host_id"},
 		{"max below min", "[userns]\nmin_host_id = 131072\nmax_host_id = 65536", "userns.max_host_id"},
 		{"no pods", "[userns]\nmax_pods = 0", "userns.max_pods"},
-		{"pull timeout", "[image]\npull_timeout = \"0s\"", "image.pull_timeout"},
+		{"negative pull timeout", "[image]\npull_timeout = \"-1s\"", "image.pull_timeout"},
+		{"no progress timeout", "[image]\npull_progress_timeout = \"0s\"", "image.pull_progress_timeout"},
+		{"no downloads", "[image]\nmax_concurrent_downloads = 0", "image.max_concurrent_downloads"},
+		{"too many downloads", "[image]\nmax_concurrent_downloads = 1000", "image.max_concurrent_downloads"},
+		{"relative auth file", "[image]\nauth_file = \"auth.json\"", "image.auth_file"},
 		{"relative ca", "[image.registries.\"r.io\"]\nca_file = \"ca.pem\"", "image.registries.r.io.ca_file"},
 		{"skip origin without mirror", "[image.registries.\"r.io\"]\nskip_origin = true", "image.registries.r.io.skip_origin"},
 	}
@@ -179,5 +183,48 @@ func TestEncodeRoundTrip(t *testing.T) {
 	if back.Listen != c.Listen || back.ShutdownTimeout.Std() != 10*time.Second ||
 		back.Image.Registries["docker.io"].Mirrors[0] != "127.0.0.1:5000" || back.Runtime.Runtimes["crun"].Binary != "crun" {
 		t.Errorf("round trip lost values: %+v", back)
+	}
+}
+
+func TestImageDefaults(t *testing.T) {
+	c := Default().Image
+	if c.PullTimeout != 0 || c.PullProgressTimeout.Std() != time.Minute || c.MaxConcurrentDownloads != 3 || c.AuthFile != "" {
+		t.Errorf("image defaults = %+v, want no total timeout, 1m progress timeout, 3 downloads, no auth file", c)
+	}
+}
+
+// The commented registry example in `pinrt config --default` must be
+// valid config once uncommented, or users copy a broken snippet.
+func TestDefaultShowsRegistryExample(t *testing.T) {
+	out, err := Default().Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var example []string
+	in := false
+	for _, line := range strings.Split(string(out), "\n") {
+		l := strings.TrimSpace(line)
+		if strings.HasPrefix(l, "# [image.registries.") {
+			in = true
+		}
+		if in {
+			if !strings.HasPrefix(l, "#") {
+				break
+			}
+			example = append(example, strings.TrimPrefix(l, "# "))
+		}
+	}
+	if len(example) == 0 {
+		t.Fatalf("no commented [image.registries.\"host\"] example in the default config:\n%s", out)
+	}
+	dir := t.TempDir()
+	c, err := Load(write(t, dir, "pinrt.toml", strings.Join(example, "\n")+"\n"), "", true)
+	if err != nil {
+		t.Fatalf("uncommented example does not load: %v\n%s", err, strings.Join(example, "\n"))
+	}
+	r := c.Image.Registries["docker.io"]
+	if len(r.Mirrors) != 2 || !r.SkipOrigin || !c.Image.Registries["backup.example.internal"].Insecure ||
+		c.Image.Registries["mirror.example.internal:5000"].CAFile == "" {
+		t.Errorf("example decoded to %+v", c.Image.Registries)
 	}
 }

@@ -73,12 +73,29 @@ type Options struct {
 	// Registries is keyed by "host[:port]".
 	Registries map[string]RegistryConfig
 	// PullTimeout bounds a whole Pull, including every mirror tried.
-	// Zero means only the caller's context bounds it.
+	// Zero means no total bound: only the callers' contexts and
+	// PullProgressTimeout end it.
 	PullTimeout time.Duration
+	// PullProgressTimeout fails a pull when no byte arrived from the
+	// registry for this long while a request was outstanding. Zero means
+	// DefaultPullProgressTimeout.
+	PullProgressTimeout time.Duration
+	// MaxConcurrentDownloads is how many layers of one pull download at
+	// once. Zero means DefaultMaxConcurrentDownloads.
+	MaxConcurrentDownloads int
+	// AuthFile is a docker/podman config.json supplying credentials for
+	// pulls that bring none. Empty means none.
+	AuthFile string
 	// Platform to resolve multi-arch indexes to; nil means the host
 	// (linux/runtime.GOARCH).
 	Platform *v1.Platform
 }
+
+// Defaults for the zero values of Options.
+const (
+	DefaultPullProgressTimeout    = time.Minute
+	DefaultMaxConcurrentDownloads = 3
+)
 
 // clone returns a deep copy so callers can't mutate the store's records.
 func (i *Image) clone() *Image {

@@ -208,9 +208,12 @@ func newServer(ctx context.Context, cfg *conf.Config) (*server.Server, error) {
 		regs[host] = image.RegistryConfig{Mirrors: r.Mirrors, SkipOrigin: r.SkipOrigin, Insecure: r.Insecure, CAFile: r.CAFile}
 	}
 	images, err := image.NewStore(image.Options{
-		Root:        filepath.Join(cfg.Root, "images"),
-		Registries:  regs,
-		PullTimeout: cfg.Image.PullTimeout.Std(),
+		Root:                   filepath.Join(cfg.Root, "images"),
+		Registries:             regs,
+		PullTimeout:            cfg.Image.PullTimeout.Std(),
+		PullProgressTimeout:    cfg.Image.PullProgressTimeout.Std(),
+		MaxConcurrentDownloads: cfg.Image.MaxConcurrentDownloads,
+		AuthFile:               cfg.Image.AuthFile,
 	})
 	if err != nil {
 		return nil, err
