@@ -9,13 +9,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -25,6 +25,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
+	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"
 
 	"github.com/pinrt/pinrt/internal/atomicfile"
@@ -52,8 +53,15 @@ type endpoint struct {
 }
 
 // endpoints lists the mirrors of r's registry in order, then the
-// registry itself unless SkipOrigin.
-func (s *Store) endpoints(ctx context.Context, r name.Reference, auth *Auth) ([]endpoint, error) {
+// registry itself unless SkipOrigin. auth is the caller's credentials;
+// without them each endpoint gets the auth file's entry for its host.
+func (s *Store) endpoints(ctx context.Context, r name.Reference, auth *Auth, files authFileCreds, prog *pullProgress) ([]endpoint, error) {
+	credsFor := func(ref name.Reference) *Auth {
+		if auth != nil && *auth != (Auth{}) {
+			return auth
+		}
+		return files.lookup(registryHost(ref))
+	}
 	cfg := s.opts.Registries[registryHost(r)]
 	var eps []endpoint
 	for _, m := range cfg.Mirrors {
@@ -63,7 +71,7 @@ func (s *Store) endpoints(ctx context.Context, r name.Reference, auth *Auth) ([]
 		if err != nil {
 			return nil, fmt.Errorf("mirror %q: %w: %w", m, err, errdefs.ErrInvalidArgument)
 		}
-		ep, err := s.endpoint(ctx, mref, mcfg, auth)
+		ep, err := s.endpoint(ctx, mref, mcfg, credsFor(mref), prog)
 		if err != nil {
 			return nil, err
 		}
@@ -74,7 +82,7 @@ func (s *Store) endpoints(ctx context.Context, r name.Reference, auth *Auth) ([]
 		if err != nil {
 			return nil, fmt.Errorf("image reference %q: %w: %w", r, err, errdefs.ErrInvalidArgument)
 		}
-		ep, err := s.endpoint(ctx, oref, cfg, auth)
+		ep, err := s.endpoint(ctx, oref, cfg, credsFor(oref), prog)
 		if err != nil {
 			return nil, err
 		}
@@ -95,13 +103,27 @@ func nameOpts(cfg RegistryConfig) []name.Option {
 	return nil
 }
 
-func (s *Store) endpoint(ctx context.Context, ref name.Reference, cfg RegistryConfig, auth *Auth) (endpoint, error) {
+func (s *Store) progressTimeout() time.Duration {
+	if s.opts.PullProgressTimeout > 0 {
+		return s.opts.PullProgressTimeout
+	}
+	return DefaultPullProgressTimeout
+}
+
+func (s *Store) endpoint(ctx context.Context, ref name.Reference, cfg RegistryConfig, auth *Auth, prog *pullProgress) (endpoint, error) {
 	tr := remote.DefaultTransport.(*http.Transport).Clone()
-	dialTimeout := 30 * time.Second
-	if s.opts.PullTimeout > 0 && s.opts.PullTimeout < dialTimeout {
-		dialTimeout = s.opts.PullTimeout
+	// Connecting and waiting for response headers are bounded by the
+	// stall timeout per request, not by the watchdog, so that a mirror
+	// that drops packets or accepts and never answers fails this one
+	// endpoint and the next one is tried. Once headers arrived, the
+	// watchdog on the bodies takes over.
+	stall := s.progressTimeout()
+	dialTimeout := min(30*time.Second, stall)
+	if s.opts.PullTimeout > 0 {
+		dialTimeout = min(dialTimeout, s.opts.PullTimeout)
 	}
 	tr.DialContext = (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext
+	tr.ResponseHeaderTimeout = stall
 	if cfg.Insecure || cfg.CAFile != "" {
 		tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: cfg.Insecure} //nolint:gosec // opted in per registry
 		if cfg.CAFile != "" {
@@ -121,7 +143,7 @@ func (s *Store) endpoint(ctx context.Context, ref name.Reference, cfg RegistryCo
 	}
 	return endpoint{ref: ref, opts: []remote.Option{
 		remote.WithContext(ctx),
-		remote.WithTransport(tr),
+		remote.WithTransport(&progressTransport{base: tr, p: prog, timeout: stall}),
 		remote.WithAuth(auth.authenticator()),
 		remote.WithPlatform(s.platform),
 		// The default backoff waits 1s and 3s; a mirror that is down
@@ -163,35 +185,91 @@ func classify(err error) error {
 }
 
 // Pull fetches ref (tag or digest; indexes resolve to the store's
-// platform), unpacks its layers and records it. Concurrent pulls of the
-// same reference share one download: the first caller's context governs
-// it. The returned image keeps the name asked for, even when it came
-// from a mirror.
+// platform), unpacks its layers and records it. The returned image keeps
+// the name asked for, even when it came from a mirror.
+//
+// Concurrent pulls of the same reference with the same credentials share
+// one download, which runs detached from the callers: each caller stops
+// waiting when its own ctx ends (the error wraps ctx.Err()), and the
+// download stops when all of them have.
 func (s *Store) Pull(ctx context.Context, ref string, auth *Auth) (*Image, error) {
 	r, err := parseRef(ref)
 	if err != nil {
 		return nil, err
 	}
-	img, err := s.flight.do(normalize(r), func() (*Image, error) { return s.pull(ctx, r, auth) })
+	key := normalize(r) + " " + credKey(auth)
+	img, err := s.flight.do(ctx, key, func(ctx context.Context) (*Image, error) {
+		img, _, err := s.pull(ctx, r, auth)
+		return img, err
+	})
 	if err != nil {
 		return nil, err
 	}
 	return img.clone(), nil
 }
 
-func (s *Store) pull(ctx context.Context, r name.Reference, auth *Auth) (*Image, error) {
+// pullStats describe one finished pull, for the log and the benchmark.
+type pullStats struct {
+	// Bytes is what the registry sent, manifests included.
+	Bytes int64
+	Took  time.Duration
+	// NetWait is the time blocked reading from the registry and Unpack
+	// the rest of staging and publishing the layers, both summed over
+	// the concurrent layers, so together they can exceed Took.
+	NetWait, Unpack time.Duration
+}
+
+// pull runs one pull, bounded by the stall watchdog and, if configured,
+// PullTimeout. When either ends it, the error says which setting fired.
+func (s *Store) pull(ctx context.Context, r name.Reference, auth *Auth) (*Image, pullStats, error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	if s.opts.PullTimeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, s.opts.PullTimeout)
-		defer cancel()
+		var cancelT context.CancelFunc
+		ctx, cancelT = context.WithTimeoutCause(ctx, s.opts.PullTimeout,
+			fmt.Errorf("image.pull_timeout %s exceeded: %w", s.opts.PullTimeout, errdefs.ErrUnavailable))
+		defer cancelT()
 	}
+	prog := newPullProgress()
+	stop := prog.watch(ctx, cancel, s.progressTimeout(), normalize(r))
 	start := time.Now()
+	img, f, ep, err := s.pullOnce(ctx, r, auth, prog)
+	stop()
+	if err != nil {
+		// Whatever failed after a cancellation failed because of it; the
+		// cause says why (stall, pull_timeout, every caller gone) better
+		// than "context canceled" from deep inside an HTTP read.
+		if ctx.Err() != nil {
+			if cause := context.Cause(ctx); cause != nil && !errors.Is(err, cause) {
+				err = fmt.Errorf("pull %s: %w (%v)", normalize(r), cause, err)
+			}
+		}
+		return nil, pullStats{}, err
+	}
+	st := pullStats{Bytes: prog.bytes.Load(), Took: time.Since(start), NetWait: time.Duration(prog.netWait.Load())}
+	st.Unpack = max(0, time.Duration(f.stageTime.Load())-st.NetWait)
+	log.G(ctx).WithFields(log.Fields{
+		"image": normalize(r), "id": img.ID, "endpoint": ep, "size": f.rec.Size, "received": st.Bytes,
+		"took": st.Took.Round(time.Millisecond).String(), "mb_per_s": mbPerSec(st.Bytes, st.Took),
+		"download": st.NetWait.Round(time.Millisecond).String(), "unpack": st.Unpack.Round(time.Millisecond).String(),
+	}).Info("pulled image")
+	return img, st, nil
+}
+
+func (s *Store) pullOnce(ctx context.Context, r name.Reference, auth *Auth, prog *pullProgress) (*Image, *fetched, string, error) {
 	s.gcMu.RLock()
 	defer s.gcMu.RUnlock()
 
-	eps, err := s.endpoints(ctx, r, auth)
+	var files authFileCreds
+	if auth == nil || *auth == (Auth{}) {
+		var err error
+		if files, err = loadAuthFile(s.opts.AuthFile); err != nil {
+			return nil, nil, "", fmt.Errorf("pull %s: %w", normalize(r), err)
+		}
+	}
+	eps, err := s.endpoints(ctx, r, auth, files, prog)
 	if err != nil {
-		return nil, err
+		return nil, nil, "", err
 	}
 	var (
 		desc *remote.Descriptor
@@ -215,25 +293,26 @@ func (s *Store) pull(ctx context.Context, r name.Reference, auth *Auth) (*Image,
 		// exist behind an endpoint we couldn't reach.
 		for _, e := range errs {
 			if !errdefs.IsNotFound(e) {
-				return nil, fmt.Errorf("pull %s: %w", normalize(r), withClass(err, errdefs.ErrUnavailable))
+				return nil, nil, "", fmt.Errorf("pull %s: %w", normalize(r), withClass(err, errdefs.ErrUnavailable))
 			}
 		}
-		return nil, fmt.Errorf("pull %s: %w", normalize(r), withClass(err, errdefs.ErrNotFound))
+		return nil, nil, "", fmt.Errorf("pull %s: %w", normalize(r), withClass(err, errdefs.ErrNotFound))
 	}
-	rec, err := s.fetch(ctx, desc)
+	epName := ep.ref.Context().RegistryStr()
+	f, err := s.fetch(ctx, desc, normalize(r), epName)
 	if err != nil {
-		return nil, fmt.Errorf("pull %s from %s: %w", normalize(r), ep.ref.Context().RegistryStr(), classify(err))
+		return nil, nil, "", fmt.Errorf("pull %s from %s: %w", normalize(r), epName, classify(err))
 	}
+	rec := f.rec
 	rec.RepoDigests = []string{repoName(r) + "@" + desc.Digest.String()}
 	if _, ok := r.(name.Tag); ok {
 		rec.RepoTags = []string{normalize(r)}
 	}
 	img, err := s.commit(rec)
 	if err != nil {
-		return nil, fmt.Errorf("pull %s: %w", normalize(r), err)
+		return nil, nil, "", fmt.Errorf("pull %s: %w", normalize(r), err)
 	}
-	log.G(ctx).WithField("image", normalize(r)).WithField("id", img.ID).WithField("took", time.Since(start)).Info("pulled image")
-	return img, nil
+	return img, f, epName, nil
 }
 
 // withClass makes class the class of err. errdefs.Resolve, and with it
@@ -254,8 +333,20 @@ type classError struct{ err, class error }
 func (e *classError) Error() string   { return e.err.Error() + ": " + e.class.Error() }
 func (e *classError) Unwrap() []error { return []error{e.class, e.err} }
 
-// fetch stores the manifest, config and layers of desc.
-func (s *Store) fetch(ctx context.Context, desc *remote.Descriptor) (*record, error) {
+// fetched is the result of fetch.
+type fetched struct {
+	rec *record
+	// stageTime is the time spent staging and publishing layers, summed
+	// over concurrent layers.
+	stageTime atomic.Int64
+}
+
+// fetch stores the layers, config and manifest of desc. Layers download
+// and unpack concurrently, up to MaxConcurrentDownloads at once; each is
+// published once the layers below it are (see ensureLayer). The manifest
+// and config are stored last, so a failed pull leaves no blob of its own
+// behind.
+func (s *Store) fetch(ctx context.Context, desc *remote.Descriptor, imgName, epName string) (*fetched, error) {
 	img, err := desc.Image()
 	if err != nil {
 		return nil, err
@@ -268,18 +359,12 @@ func (s *Store) fetch(ctx context.Context, desc *remote.Descriptor) (*record, er
 	if err != nil {
 		return nil, err
 	}
-	if err := s.putBlob(mdigest.String(), rawManifest); err != nil {
-		return nil, err
-	}
 	manifest, err := img.Manifest()
 	if err != nil {
 		return nil, err
 	}
 	rawConfig, err := img.RawConfigFile()
 	if err != nil {
-		return nil, err
-	}
-	if err := s.putBlob(manifest.Config.Digest.String(), rawConfig); err != nil {
 		return nil, err
 	}
 	cfg, err := img.ConfigFile()
@@ -289,28 +374,61 @@ func (s *Store) fetch(ctx context.Context, desc *remote.Descriptor) (*record, er
 	if len(cfg.RootFS.DiffIDs) != len(manifest.Layers) {
 		return nil, fmt.Errorf("image has %d layers but %d diffIDs: %w", len(manifest.Layers), len(cfg.RootFS.DiffIDs), errdefs.ErrDataLoss)
 	}
-	rec := &record{
+	f := &fetched{rec: &record{
 		ID:             manifest.Config.Digest.String(),
 		ManifestDigest: mdigest.String(),
 		Size:           uint64(manifest.Config.Size),
 		Config:         cfg.Config,
-	}
+	}}
+	var layerBytes int64
 	chain := ""
 	for i, ld := range manifest.Layers {
 		diffID := cfg.RootFS.DiffIDs[i].String()
 		chain = chainID(chain, diffID)
-		lr := layerRecord{Digest: ld.Digest.String(), DiffID: diffID, ChainID: chain, Size: ld.Size, MediaType: string(ld.MediaType)}
-		layer, err := img.LayerByDigest(ld.Digest)
+		f.rec.Layers = append(f.rec.Layers, layerRecord{Digest: ld.Digest.String(), DiffID: diffID, ChainID: chain, Size: ld.Size, MediaType: string(ld.MediaType)})
+		layerBytes += ld.Size
+	}
+	f.rec.Size += uint64(layerBytes)
+	log.G(ctx).WithFields(log.Fields{"image": imgName, "endpoint": epName, "layers": len(manifest.Layers), "size": layerBytes}).
+		Info("pulling image")
+
+	n := s.opts.MaxConcurrentDownloads
+	if n <= 0 {
+		n = DefaultMaxConcurrentDownloads
+	}
+	sem := make(chan struct{}, n)
+	present := make([]chan struct{}, len(f.rec.Layers))
+	g, gctx := errgroup.WithContext(ctx)
+	for i, lr := range f.rec.Layers {
+		present[i] = make(chan struct{})
+		var parent <-chan struct{}
+		if i > 0 {
+			parent = present[i-1]
+		}
+		layer, err := img.LayerByDigest(manifest.Layers[i].Digest)
 		if err != nil {
 			return nil, err
 		}
-		if err := s.ensureLayer(ctx, layer, lr); err != nil {
-			return nil, err
-		}
-		rec.Layers = append(rec.Layers, lr)
-		rec.Size += uint64(ld.Size)
+		g.Go(func() error {
+			start := time.Now()
+			defer func() { f.stageTime.Add(int64(time.Since(start))) }()
+			if err := s.ensureLayer(gctx, layer, lr, parent, sem); err != nil {
+				return fmt.Errorf("layer %s: %w", lr.Digest, err)
+			}
+			close(present[i])
+			return nil
+		})
 	}
-	return rec, nil
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	if err := s.putBlob(f.rec.ID, rawConfig); err != nil {
+		return nil, err
+	}
+	if err := s.putBlob(mdigest.String(), rawManifest); err != nil {
+		return nil, err
+	}
+	return f, nil
 }
 
 // chainID is the OCI chain ID: the first diffID, then
@@ -337,79 +455,137 @@ func (s *Store) putBlob(digest string, data []byte) error {
 	return atomicfile.WriteFile(s.blobPath(digest), data, 0o600)
 }
 
-// ensureLayer makes layers/<chain> exist. The compressed stream is
-// written to the blob store and unpacked in one pass; both land in their
-// final place only after both digests checked out.
-func (s *Store) ensureLayer(ctx context.Context, layer v1.Layer, lr layerRecord) (retErr error) {
+// ensureLayer makes layers/<chain> exist.
+//
+// Layers are independent directories, so each one is downloaded and
+// unpacked into tmp/ as soon as a download slot (sem) is free, without
+// waiting for the layers below it. But the name layers/<chain> claims that
+// the whole chain below is valid, and a later pull trusts it without
+// looking further down. So the staged layer is only published (renamed
+// into place) after its parent is present: publishing goes bottom-up,
+// and a crash at any instant leaves only complete chains under layers/.
+// The layer's chain lock is held throughout, so two pulls never stage the
+// same chain twice; the download slot is given back before waiting for
+// the parent, so a slow lower layer never holds up the downloads above.
+func (s *Store) ensureLayer(ctx context.Context, layer v1.Layer, lr layerRecord, parent <-chan struct{}, sem chan struct{}) error {
 	unlock := s.locks.lock("layer:" + lr.ChainID)
 	defer unlock()
-	final := s.layerPath(lr.ChainID)
-	if _, err := os.Stat(final); err == nil {
+	if _, err := os.Stat(s.layerPath(lr.ChainID)); err == nil {
 		return nil
 	}
-	unlockBlob := s.locks.lock("blob:" + lr.Digest)
-	defer unlockBlob()
-
-	tmpDir, err := os.MkdirTemp(s.path("tmp"), "layer-")
+	select {
+	case sem <- struct{}{}:
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+	st, err := s.stageLayer(ctx, layer, lr)
+	<-sem
 	if err != nil {
 		return err
 	}
+	published := false
+	defer func() {
+		if !published {
+			st.discard()
+		}
+	}()
+	if parent != nil {
+		select {
+		case <-parent:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	}
+	if err := s.publishLayer(st, lr); err != nil {
+		return err
+	}
+	published = true
+	return nil
+}
+
+// stagedLayer is a layer unpacked and verified in tmp/, not yet visible.
+type stagedLayer struct {
+	dir  string // tmp/layer-*: the unpacked layer
+	blob string // tmp/blob-*: its compressed blob; "" if already stored
+}
+
+// discard removes what staging left; everything is under tmp/, which
+// NewStore also clears after a crash.
+func (st *stagedLayer) discard() {
+	os.RemoveAll(st.dir)
+	if st.blob != "" {
+		os.Remove(st.blob)
+	}
+}
+
+// stageLayer writes the compressed stream to tmp/ and unpacks it in one
+// pass, checking both digests, and makes both durable. A blob already in
+// the store (another image shares it) is unpacked from there instead.
+func (s *Store) stageLayer(ctx context.Context, layer v1.Layer, lr layerRecord) (st *stagedLayer, retErr error) {
+	tmpDir, err := os.MkdirTemp(s.path("tmp"), "layer-")
+	if err != nil {
+		return nil, err
+	}
+	st = &stagedLayer{dir: tmpDir}
 	defer func() {
 		if retErr != nil {
-			os.RemoveAll(tmpDir)
+			st.discard()
 		}
 	}()
 	// MkdirTemp makes 0700; the layer root gets the tar's "./" metadata
 	// if it has one, otherwise it must still be readable by any user.
 	if err := os.Chmod(tmpDir, 0o755); err != nil {
-		return err
+		return nil, err
 	}
-
 	var (
 		src     io.Reader
 		blobTmp *os.File
 	)
 	if f, err := os.Open(s.blobPath(lr.Digest)); err == nil {
 		defer f.Close()
-		src = f
+		src = &ctxReader{ctx: ctx, r: f}
 	} else {
 		rc, err := layer.Compressed()
 		if err != nil {
-			return err
+			return nil, err
 		}
 		defer rc.Close()
 		blobTmp, err = os.CreateTemp(s.path("tmp"), "blob-")
 		if err != nil {
-			return err
+			return nil, err
 		}
-		defer func() {
-			blobTmp.Close()
-			if retErr != nil {
-				os.Remove(blobTmp.Name())
-			}
-		}()
+		st.blob = blobTmp.Name()
+		defer blobTmp.Close()
 		src = io.TeeReader(&ctxReader{ctx: ctx, r: rc}, blobTmp)
 	}
 	if _, err := UnpackLayer(src, tmpDir, lr.Digest, lr.DiffID); err != nil {
-		return err
+		return nil, err
 	}
 	// The unpacked files must be durable before the rename publishes the
 	// layer, or a crash could leave a trusted but empty layer.
 	if err := syncFS(tmpDir); err != nil {
-		return err
+		return nil, err
 	}
 	if blobTmp != nil {
 		if err := blobTmp.Sync(); err != nil {
+			return nil, err
+		}
+	}
+	return st, nil
+}
+
+// publishLayer moves a staged layer (and its blob) into place.
+func (s *Store) publishLayer(st *stagedLayer, lr layerRecord) error {
+	if st.blob != "" {
+		if err := os.Rename(st.blob, s.blobPath(lr.Digest)); err != nil {
 			return err
 		}
-		if err := os.Rename(blobTmp.Name(), s.blobPath(lr.Digest)); err != nil {
-			return err
-		}
+		st.blob = ""
 		if err := atomicfile.SyncDir(filepath.Dir(s.blobPath(lr.Digest))); err != nil {
 			return err
 		}
 	}
-	if err := os.Rename(tmpDir, final); err != nil {
+	if err := os.Rename(st.dir, s.layerPath(lr.ChainID)); err != nil {
 		return err
 	}
 	return atomicfile.SyncDir(s.path("layers"))

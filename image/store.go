@@ -1,6 +1,7 @@
 package image
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -343,38 +344,74 @@ func (s *Store) Usage(dir string) (bytes, inodes uint64, err error) {
 }
 
 // flightGroup runs one call per key at a time and shares its result
-// with the callers that arrive meanwhile.
+// with the callers that arrive meanwhile. The call runs on a context
+// detached from every caller: it keeps the first caller's values (logger
+// fields) but not its cancellation, so the first kubelet to give up does
+// not fail the pull for the others. It is cancelled only when every
+// waiter has gone.
 type flightGroup struct {
 	mu    sync.Mutex
 	calls map[string]*flightCall
 }
 
 type flightCall struct {
-	done chan struct{}
-	img  *Image
-	err  error
+	done    chan struct{}
+	img     *Image
+	err     error
+	waiters int
+	cancel  context.CancelCauseFunc
 }
 
-func (g *flightGroup) do(key string, fn func() (*Image, error)) (*Image, error) {
+// errNoWaiters is the cause a shared pull is cancelled with when all its
+// callers have given up.
+var errNoWaiters = fmt.Errorf("every caller of the pull went away: %w", context.Canceled)
+
+func (g *flightGroup) do(ctx context.Context, key string, fn func(context.Context) (*Image, error)) (*Image, error) {
 	g.mu.Lock()
 	if g.calls == nil {
 		g.calls = map[string]*flightCall{}
 	}
-	if c, ok := g.calls[key]; ok {
-		g.mu.Unlock()
-		<-c.done
-		return c.img, c.err
+	c, ok := g.calls[key]
+	if ok {
+		c.waiters++
+	} else {
+		var cctx context.Context
+		cctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+		c = &flightCall{done: make(chan struct{}), waiters: 1, cancel: cancel}
+		g.calls[key] = c
+		go func() {
+			defer cancel(nil)
+			c.img, c.err = fn(cctx)
+			g.mu.Lock()
+			if g.calls[key] == c {
+				delete(g.calls, key)
+			}
+			g.mu.Unlock()
+			close(c.done)
+		}()
 	}
-	c := &flightCall{done: make(chan struct{})}
-	g.calls[key] = c
 	g.mu.Unlock()
 
-	c.img, c.err = fn()
+	select {
+	case <-c.done:
+		return c.img, c.err
+	case <-ctx.Done():
+	}
 	g.mu.Lock()
-	delete(g.calls, key)
+	c.waiters--
+	if c.waiters == 0 {
+		// Nobody wants the result any more: stop the download, and let
+		// the next caller start afresh instead of joining a dying call.
+		c.cancel(errNoWaiters)
+		if g.calls[key] == c {
+			delete(g.calls, key)
+		}
+	}
 	g.mu.Unlock()
-	close(c.done)
-	return c.img, c.err
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, ctx.Err()) {
+		return nil, fmt.Errorf("waiting for image pull: %w (%v)", ctx.Err(), cause)
+	}
+	return nil, fmt.Errorf("waiting for image pull: %w", ctx.Err())
 }
 
 // keyedMutex is a mutex per key (blob digest, chain ID), dropped when
