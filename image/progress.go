@@ -120,7 +120,7 @@ func (t *progressTransport) RoundTrip(req *http.Request) (*http.Response, error)
 		// error of this one request, so a mirror that accepts and never
 		// answers hands over to the next endpoint instead of failing the
 		// whole pull.
-		if isHeaderTimeout(err) {
+		if isHeaderTimeout(req, err) {
 			return nil, fmt.Errorf("%s %s: no response headers: %w", req.Method, req.URL.Redacted(), stallError(t.timeout))
 		}
 		return nil, err
@@ -132,11 +132,11 @@ func (t *progressTransport) RoundTrip(req *http.Request) (*http.Response, error)
 }
 
 // isHeaderTimeout recognises net/http's "timeout awaiting response
-// headers", which is a net.Error timeout not caused by a context.
-func isHeaderTimeout(err error) bool {
+// headers": a timeout while the request's own context is still live (it
+// may wrap context.DeadlineExceeded, so that alone cannot tell).
+func isHeaderTimeout(req *http.Request, err error) bool {
 	var nerr net.Error
-	return errors.As(err, &nerr) && nerr.Timeout() &&
-		!errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled)
+	return req.Context().Err() == nil && errors.As(err, &nerr) && nerr.Timeout()
 }
 
 type progressBody struct {

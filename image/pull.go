@@ -288,15 +288,7 @@ func (s *Store) pullOnce(ctx context.Context, r name.Reference, auth *Auth, prog
 		}
 	}
 	if desc == nil {
-		err := errors.Join(errs...)
-		// Not found only if every endpoint said so; otherwise the image may
-		// exist behind an endpoint we couldn't reach.
-		for _, e := range errs {
-			if !errdefs.IsNotFound(e) {
-				return nil, nil, "", fmt.Errorf("pull %s: %w", normalize(r), withClass(err, errdefs.ErrUnavailable))
-			}
-		}
-		return nil, nil, "", fmt.Errorf("pull %s: %w", normalize(r), withClass(err, errdefs.ErrNotFound))
+		return nil, nil, "", fmt.Errorf("pull %s: %w", normalize(r), endpointsFailed(errs))
 	}
 	epName := ep.ref.Context().RegistryStr()
 	f, err := s.fetch(ctx, desc, normalize(r), epName)
@@ -313,6 +305,24 @@ func (s *Store) pullOnce(ctx context.Context, r name.Reference, auth *Auth, prog
 		return nil, nil, "", fmt.Errorf("pull %s: %w", normalize(r), err)
 	}
 	return img, f, epName, nil
+}
+
+// endpointsFailed joins the errors of every endpoint tried. The class is
+// theirs when they all agree (every endpoint said not found, or refused
+// the credentials); otherwise the image may exist behind an endpoint we
+// couldn't reach, or accept us there, and the pull is Unavailable.
+func endpointsFailed(errs []error) error {
+	err := errors.Join(errs...)
+	class := errdefs.Resolve(errs[0])
+	for _, e := range errs[1:] {
+		if !errors.Is(errdefs.Resolve(e), class) {
+			return withClass(err, errdefs.ErrUnavailable)
+		}
+	}
+	if errors.Is(class, errdefs.ErrUnknown) {
+		return withClass(err, errdefs.ErrUnavailable)
+	}
+	return withClass(err, class)
 }
 
 // withClass makes class the class of err. errdefs.Resolve, and with it
@@ -521,12 +531,12 @@ func (st *stagedLayer) discard() {
 // stageLayer writes the compressed stream to tmp/ and unpacks it in one
 // pass, checking both digests, and makes both durable. A blob already in
 // the store (another image shares it) is unpacked from there instead.
-func (s *Store) stageLayer(ctx context.Context, layer v1.Layer, lr layerRecord) (st *stagedLayer, retErr error) {
+func (s *Store) stageLayer(ctx context.Context, layer v1.Layer, lr layerRecord) (_ *stagedLayer, retErr error) {
 	tmpDir, err := os.MkdirTemp(s.path("tmp"), "layer-")
 	if err != nil {
 		return nil, err
 	}
-	st = &stagedLayer{dir: tmpDir}
+	st := &stagedLayer{dir: tmpDir}
 	defer func() {
 		if retErr != nil {
 			st.discard()
