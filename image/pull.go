@@ -347,7 +347,8 @@ func (e *classError) Unwrap() []error { return []error{e.class, e.err} }
 type fetched struct {
 	rec *record
 	// stageTime is the time spent staging and publishing layers, summed
-	// over concurrent layers.
+	// over concurrent layers, without the time waiting for a download
+	// slot or a parent layer.
 	stageTime atomic.Int64
 }
 
@@ -420,9 +421,7 @@ func (s *Store) fetch(ctx context.Context, desc *remote.Descriptor, imgName, epN
 			return nil, err
 		}
 		g.Go(func() error {
-			start := time.Now()
-			defer func() { f.stageTime.Add(int64(time.Since(start))) }()
-			if err := s.ensureLayer(gctx, layer, lr, parent, sem); err != nil {
+			if err := s.ensureLayer(gctx, layer, lr, parent, sem, &f.stageTime); err != nil {
 				return fmt.Errorf("layer %s: %w", lr.Digest, err)
 			}
 			close(present[i])
@@ -477,7 +476,8 @@ func (s *Store) putBlob(digest string, data []byte) error {
 // The layer's chain lock is held throughout, so two pulls never stage the
 // same chain twice; the download slot is given back before waiting for
 // the parent, so a slow lower layer never holds up the downloads above.
-func (s *Store) ensureLayer(ctx context.Context, layer v1.Layer, lr layerRecord, parent <-chan struct{}, sem chan struct{}) error {
+// The time spent staging and publishing, not waiting, is added to work.
+func (s *Store) ensureLayer(ctx context.Context, layer v1.Layer, lr layerRecord, parent <-chan struct{}, sem chan struct{}, work *atomic.Int64) error {
 	unlock := s.locks.lock("layer:" + lr.ChainID)
 	defer unlock()
 	if _, err := os.Stat(s.layerPath(lr.ChainID)); err == nil {
@@ -488,7 +488,9 @@ func (s *Store) ensureLayer(ctx context.Context, layer v1.Layer, lr layerRecord,
 	case <-ctx.Done():
 		return context.Cause(ctx)
 	}
+	start := time.Now()
 	st, err := s.stageLayer(ctx, layer, lr)
+	work.Add(int64(time.Since(start)))
 	<-sem
 	if err != nil {
 		return err
@@ -506,6 +508,8 @@ func (s *Store) ensureLayer(ctx context.Context, layer v1.Layer, lr layerRecord,
 			return context.Cause(ctx)
 		}
 	}
+	start = time.Now()
+	defer func() { work.Add(int64(time.Since(start))) }()
 	if err := s.publishLayer(st, lr); err != nil {
 		return err
 	}

@@ -232,6 +232,18 @@ restore_args=()
 [ "${BENCH_RESTORE_CONTAINERS:-}" = 1 ] && restore_args=(--with-containers --image "$IMAGE")
 run_bench "restore" restore -n "$RESTORE_N" -p "$PAR" --restart-cmd "sh $TMP/restart-pinrt.sh" "${restore_args[@]}"
 
+# The image pull path on its own, in process: a cold pull of a 10-layer,
+# 200 MB image (MB/s, download and unpack seconds).
+echo
+echo "### image-cold-pull"
+(cd "$REPO" && "${GO:-go}" test -run '^$' -bench BenchmarkColdPull ./image/) 2>&1 | grep -v 'level=' | tee "$OUT/image-cold-pull.txt"
+if [ "${PIPESTATUS[0]}" = 0 ]; then
+	SUMMARY+=("$(printf '%-22s %s' image-cold-pull "$(grep -m1 '^BenchmarkColdPull' "$OUT/image-cold-pull.txt")")")
+else
+	SUMMARY+=("$(printf '%-22s %s' image-cold-pull "RESULT: go test failed")")
+	FAILED=$((FAILED + 1))
+fi
+
 echo
 echo "### summary (JSON and tables in $OUT)"
 printf '%s\n' "${SUMMARY[@]}"
