@@ -1,8 +1,10 @@
 package image
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"os"
@@ -15,8 +17,10 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/sirupsen/logrus"
 
 	"github.com/pinrt/pinrt/test/testimage"
 )
@@ -559,5 +563,85 @@ func TestPullAuthFile(t *testing.T) {
 	}
 	if _, err := s.Pull(context.Background(), reg.ref("private:1"), nil); err != nil {
 		t.Fatalf("pull after writing the file = %v", err)
+	}
+}
+
+// The pull's log lines carry durations as strings ("1.234s") and rates
+// as numbers: integer nanoseconds in the JSON format are unreadable.
+func TestPullLogLines(t *testing.T) {
+	requireRoot(t)
+	reg := startTestRegistry(t)
+	reg.push(t, "logged:1", imageOf(t, types.OCIManifestSchema1, types.OCIConfigJSON, fileLayer(t, "a", []byte("a")), fileLayer(t, "b", []byte("b"))))
+	reg.pulls(nil)
+	var buf bytes.Buffer
+	logger := logrus.New()
+	logger.SetOutput(&buf)
+	logger.SetFormatter(&logrus.JSONFormatter{})
+	ctx := log.WithLogger(context.Background(), logrus.NewEntry(logger))
+	s := newTestStore(t, Options{})
+	if _, err := s.Pull(ctx, reg.ref("logged:1"), nil); err != nil {
+		t.Fatal(err)
+	}
+	lines := map[string]map[string]any{}
+	for _, l := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("log line %q: %v", l, err)
+		}
+		lines[m["msg"].(string)] = m
+	}
+	start, end := lines["pulling image"], lines["pulled image"]
+	if start == nil || end == nil {
+		t.Fatalf("no start or end line in %s", buf.String())
+	}
+	if start["layers"] != float64(2) || start["endpoint"] != reg.addr || start["image"] != reg.ref("logged:1") {
+		t.Errorf("start line %v, want 2 layers from %s", start, reg.addr)
+	}
+	if _, ok := start["size"].(float64); !ok {
+		t.Errorf("start line size %v is not a number", start["size"])
+	}
+	for _, k := range []string{"took", "download", "unpack"} {
+		v, ok := end[k].(string)
+		if _, err := time.ParseDuration(v); !ok || err != nil {
+			t.Errorf("end line %s = %#v, want a duration string", k, end[k])
+		}
+	}
+	for _, k := range []string{"size", "mb_per_s"} {
+		if _, ok := end[k].(float64); !ok {
+			t.Errorf("end line %s = %#v, want a number", k, end[k])
+		}
+	}
+}
+
+// A mirror that accepts connections and never answers costs one
+// pull_progress_timeout, then the next endpoint serves the pull.
+func TestPullSilentMirrorFallsBack(t *testing.T) {
+	requireRoot(t)
+	origin := startTestRegistry(t)
+	origin.push(t, "app:1", imageOf(t, types.OCIManifestSchema1, types.OCIConfigJSON, fileLayer(t, "x", []byte("x"))))
+	origin.pulls(nil)
+	silent := startTestRegistry(t)
+	done := make(chan struct{})
+	t.Cleanup(func() { close(done) })
+	silent.pulls(func(http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			select {
+			case <-r.Context().Done():
+			case <-done:
+			}
+		})
+	})
+	const stall = 300 * time.Millisecond
+	s := newTestStore(t, Options{
+		PullProgressTimeout: stall,
+		PullTimeout:         10 * time.Second, // fail, not hang, if the mirror is never given up
+		Registries:          map[string]RegistryConfig{origin.addr: {Mirrors: []string{silent.addr}}},
+	})
+	start := time.Now()
+	if _, err := s.Pull(context.Background(), origin.ref("app:1"), nil); err != nil {
+		t.Fatalf("Pull = %v, want the origin to serve it after the silent mirror", err)
+	}
+	if took := time.Since(start); took > 10*stall {
+		t.Errorf("pull took %v with a %v stall timeout", took, stall)
 	}
 }

@@ -67,3 +67,30 @@ func TestWithClassKeepsResolvedError(t *testing.T) {
 		t.Errorf("withClass re-wrapped an error already of its class: %v", got)
 	}
 }
+
+// A pull's class is the endpoints' when they all agree; any
+// disagreement means the image may exist where we couldn't look.
+func TestEndpointsFailed(t *testing.T) {
+	notFound := classify(&transport.Error{StatusCode: http.StatusNotFound})
+	denied := classify(&transport.Error{StatusCode: http.StatusUnauthorized})
+	down := classify(&net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", unix.ECONNREFUSED)})
+	tests := []struct {
+		name string
+		errs []error
+		want error
+	}{
+		{"one 404", []error{notFound}, errdefs.ErrNotFound},
+		{"all 404", []error{notFound, notFound}, errdefs.ErrNotFound},
+		{"one 401", []error{denied}, errdefs.ErrUnauthenticated},
+		{"404 then down", []error{notFound, down}, errdefs.ErrUnavailable},
+		{"401 then 404", []error{denied, notFound}, errdefs.ErrUnavailable},
+		{"unclassified", []error{errors.New("boom")}, errdefs.ErrUnavailable},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := errdefs.Resolve(endpointsFailed(tt.errs)); !errors.Is(got, tt.want) {
+				t.Errorf("class %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
