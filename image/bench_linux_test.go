@@ -143,7 +143,6 @@ func BenchmarkColdPull(b *testing.B) {
 		ls = append(ls, layer)
 	}
 	reg.push(b, "cold:1", imageOf(b, types.OCIManifestSchema1, types.OCIConfigJSON, ls...))
-	ls = nil // the registry holds its copy
 	reg.pulls(nil)
 	ref, err := parseRef(reg.ref("cold:1"))
 	if err != nil {

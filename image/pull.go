@@ -241,7 +241,7 @@ func (s *Store) pull(ctx context.Context, r name.Reference, auth *Auth) (*Image,
 		// than "context canceled" from deep inside an HTTP read.
 		if ctx.Err() != nil {
 			if cause := context.Cause(ctx); cause != nil && !errors.Is(err, cause) {
-				err = fmt.Errorf("pull %s: %w (%v)", normalize(r), cause, err)
+				err = fmt.Errorf("pull %s: %w (%w)", normalize(r), cause, err)
 			}
 		}
 		return nil, pullStats{}, err

@@ -287,7 +287,7 @@ func TestPullProgressTimeout(t *testing.T) {
 				}
 				return
 			}
-			if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "image.pull_progress_timeout") {
+			if !errors.Is(errdefs.Resolve(err), errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "image.pull_progress_timeout") {
 				t.Fatalf("Pull = %v, want Unavailable naming image.pull_progress_timeout", err)
 			}
 			if took > 2*time.Second {

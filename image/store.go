@@ -409,7 +409,7 @@ func (g *flightGroup) do(ctx context.Context, key string, fn func(context.Contex
 	}
 	g.mu.Unlock()
 	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, ctx.Err()) {
-		return nil, fmt.Errorf("waiting for image pull: %w (%v)", ctx.Err(), cause)
+		return nil, fmt.Errorf("waiting for image pull: %w (%w)", ctx.Err(), cause)
 	}
 	return nil, fmt.Errorf("waiting for image pull: %w", ctx.Err())
 }
