@@ -227,7 +227,7 @@ func (s *Store) pull(ctx context.Context, r name.Reference, auth *Auth) (*Image,
 	if s.opts.PullTimeout > 0 {
 		var cancelT context.CancelFunc
 		ctx, cancelT = context.WithTimeoutCause(ctx, s.opts.PullTimeout,
-			fmt.Errorf("image.pull_timeout %s exceeded: %w", s.opts.PullTimeout, errdefs.ErrUnavailable))
+			fmt.Errorf("pull timed out after %s (image.pull_timeout): %w", s.opts.PullTimeout, errdefs.ErrUnavailable))
 		defer cancelT()
 	}
 	prog := newPullProgress()
