@@ -56,17 +56,17 @@ func (p *pullProgress) idle() time.Duration {
 
 // watch runs the stall watchdog and the periodic progress log until stop
 // is called. On a stall it cancels the pull with stallError as cause.
-func (p *pullProgress) watch(ctx context.Context, cancel context.CancelCauseFunc, timeout time.Duration, img string) (stop func()) {
+func (p *pullProgress) watch(ctx context.Context, cancel context.CancelCauseFunc, timeout, logEvery time.Duration, img string) (stop func()) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	// Check often enough that a stall is reported within ~10% of the
 	// timeout, but don't spin for long timeouts.
-	tick := min(max(timeout/10, 10*time.Millisecond), time.Second)
+	tick := min(max(timeout/10, 10*time.Millisecond), time.Second, logEvery)
 	start := time.Now()
 	wg.Go(func() {
 		t := time.NewTicker(tick)
 		defer t.Stop()
-		nextLog := start.Add(progressLogInterval)
+		nextLog := start.Add(logEvery)
 		for {
 			select {
 			case <-done:
@@ -81,11 +81,11 @@ func (p *pullProgress) watch(ctx context.Context, cancel context.CancelCauseFunc
 					return
 				}
 				if now.After(nextLog) {
-					nextLog = now.Add(progressLogInterval)
+					nextLog = now.Add(logEvery)
 					n := p.bytes.Load()
 					log.G(ctx).WithField("image", img).WithField("bytes", n).
-						WithField("elapsed", now.Sub(start).Round(time.Second).String()).
-						WithField("mb_per_s", mbPerSec(n, now.Sub(start))).Info("pulling image")
+						WithField("elapsed", now.Sub(start).Round(100*time.Millisecond).String()).
+						WithField("mb_per_s", mbPerSec(n, now.Sub(start))).Info("image pull progress")
 				}
 			}
 		}

@@ -231,7 +231,7 @@ func (s *Store) pull(ctx context.Context, r name.Reference, auth *Auth) (*Image,
 		defer cancelT()
 	}
 	prog := newPullProgress()
-	stop := prog.watch(ctx, cancel, s.progressTimeout(), normalize(r))
+	stop := prog.watch(ctx, cancel, s.progressTimeout(), s.logEvery, normalize(r))
 	start := time.Now()
 	img, f, ep, err := s.pullOnce(ctx, r, auth, prog)
 	stop()

@@ -573,21 +573,13 @@ func TestPullLogLines(t *testing.T) {
 	reg := startTestRegistry(t)
 	reg.push(t, "logged:1", imageOf(t, types.OCIManifestSchema1, types.OCIConfigJSON, fileLayer(t, "a", []byte("a")), fileLayer(t, "b", []byte("b"))))
 	reg.pulls(nil)
-	var buf bytes.Buffer
-	logger := logrus.New()
-	logger.SetOutput(&buf)
-	logger.SetFormatter(&logrus.JSONFormatter{})
-	ctx := log.WithLogger(context.Background(), logrus.NewEntry(logger))
+	ctx, buf := jsonLog()
 	s := newTestStore(t, Options{})
 	if _, err := s.Pull(ctx, reg.ref("logged:1"), nil); err != nil {
 		t.Fatal(err)
 	}
 	lines := map[string]map[string]any{}
-	for _, l := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
-		var m map[string]any
-		if err := json.Unmarshal([]byte(l), &m); err != nil {
-			t.Fatalf("log line %q: %v", l, err)
-		}
+	for _, m := range parseJSONLog(t, buf) {
 		lines[m["msg"].(string)] = m
 	}
 	start, end := lines["pulling image"], lines["pulled image"]
@@ -643,5 +635,74 @@ func TestPullSilentMirrorFallsBack(t *testing.T) {
 	}
 	if took := time.Since(start); took > 10*stall {
 		t.Errorf("pull took %v with a %v stall timeout", took, stall)
+	}
+}
+
+// jsonLog returns a context whose log.G logger writes JSON to the buffer.
+func jsonLog() (context.Context, *bytes.Buffer) {
+	buf := &bytes.Buffer{}
+	logger := logrus.New()
+	logger.SetOutput(buf)
+	logger.SetFormatter(&logrus.JSONFormatter{})
+	return log.WithLogger(context.Background(), logrus.NewEntry(logger)), buf
+}
+
+func parseJSONLog(t *testing.T, buf *bytes.Buffer) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("log line %q: %v", l, err)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// A pull that runs for a while logs its progress periodically: bytes so
+// far, elapsed time as a duration string, and the rate.
+func TestPullProgressLines(t *testing.T) {
+	requireRoot(t)
+	layer := fileLayer(t, "slow", []byte("a small layer sent slowly"))
+	reg := startTestRegistry(t)
+	reg.push(t, "slow:1", imageOf(t, types.OCIManifestSchema1, types.OCIConfigJSON, layer))
+	reg.pulls(stallLayer(digestOf(t, layer), func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", strconv.Itoa(len(layer.blob)))
+		w.WriteHeader(http.StatusOK)
+		chunk := len(layer.blob)/8 + 1
+		for b := layer.blob; len(b) > 0; b = b[min(chunk, len(b)):] {
+			w.Write(b[:min(chunk, len(b))])
+			w.(http.Flusher).Flush()
+			time.Sleep(100 * time.Millisecond)
+		}
+	}))
+	s := newTestStore(t, Options{})
+	s.logEvery = 200 * time.Millisecond
+	ctx, buf := jsonLog()
+	if _, err := s.Pull(ctx, reg.ref("slow:1"), nil); err != nil {
+		t.Fatal(err)
+	}
+	var progress []map[string]any
+	for _, m := range parseJSONLog(t, buf) {
+		if m["msg"] == "image pull progress" {
+			progress = append(progress, m)
+		}
+	}
+	// ~800ms of pulling logged every 200ms.
+	if len(progress) < 2 {
+		t.Fatalf("%d progress lines, want at least 2:\n%s", len(progress), buf)
+	}
+	last := progress[len(progress)-1]
+	if n, ok := last["bytes"].(float64); !ok || n <= 0 {
+		t.Errorf("progress bytes = %#v, want a positive number", last["bytes"])
+	}
+	if _, ok := last["mb_per_s"].(float64); !ok {
+		t.Errorf("progress mb_per_s = %#v, want a number", last["mb_per_s"])
+	}
+	if v, ok := last["elapsed"].(string); !ok {
+		t.Errorf("progress elapsed = %#v, want a duration string", last["elapsed"])
+	} else if _, err := time.ParseDuration(v); err != nil {
+		t.Errorf("progress elapsed %q: %v", v, err)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/containerd/errdefs"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -71,6 +72,8 @@ type Store struct {
 
 	flight flightGroup
 	locks  keyedMutex
+	// logEvery is how often a running pull logs its progress.
+	logEvery time.Duration
 
 	mountMu sync.Mutex
 	// mounted maps container ID to the chain IDs under its rootfs, so
@@ -85,10 +88,11 @@ func NewStore(opts Options) (*Store, error) {
 		return nil, fmt.Errorf("image store root %q must be an absolute path: %w", opts.Root, errdefs.ErrInvalidArgument)
 	}
 	s := &Store{
-		root:    filepath.Clean(opts.Root),
-		opts:    opts,
-		images:  map[string]*record{},
-		mounted: map[string]mountedRootfs{},
+		root:     filepath.Clean(opts.Root),
+		opts:     opts,
+		images:   map[string]*record{},
+		mounted:  map[string]mountedRootfs{},
+		logEvery: progressLogInterval,
 	}
 	if opts.Platform != nil {
 		s.platform = *opts.Platform
