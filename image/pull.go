@@ -241,7 +241,7 @@ func (s *Store) pull(ctx context.Context, r name.Reference, auth *Auth) (*Image,
 		// than "context canceled" from deep inside an HTTP read.
 		if ctx.Err() != nil {
 			if cause := context.Cause(ctx); cause != nil && !errors.Is(err, cause) {
-				err = fmt.Errorf("pull %s: %w (%w)", normalize(r), cause, err)
+				err = fmt.Errorf("%w (%w)", cause, err)
 			}
 		}
 		return nil, pullStats{}, err
@@ -422,7 +422,7 @@ func (s *Store) fetch(ctx context.Context, desc *remote.Descriptor, imgName, epN
 		}
 		g.Go(func() error {
 			if err := s.ensureLayer(gctx, layer, lr, parent, sem, &f.stageTime); err != nil {
-				return fmt.Errorf("layer %s: %w", lr.Digest, err)
+				return err
 			}
 			close(present[i])
 			return nil
@@ -561,7 +561,7 @@ func (s *Store) stageLayer(ctx context.Context, layer v1.Layer, lr layerRecord) 
 	} else {
 		rc, err := layer.Compressed()
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("layer %s: %w", lr.Digest, err)
 		}
 		defer rc.Close()
 		blobTmp, err = os.CreateTemp(s.path("tmp"), "blob-")
