@@ -371,6 +371,9 @@ type flightCall struct {
 var errNoWaiters = fmt.Errorf("every caller of the pull went away: %w", context.Canceled)
 
 func (g *flightGroup) do(ctx context.Context, key string, fn func(context.Context) (*Image, error)) (*Image, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("image pull: %w", err)
+	}
 	g.mu.Lock()
 	if g.calls == nil {
 		g.calls = map[string]*flightCall{}
@@ -379,7 +382,6 @@ func (g *flightGroup) do(ctx context.Context, key string, fn func(context.Contex
 	if ok {
 		c.waiters++
 	} else {
-		var cctx context.Context
 		cctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 		c = &flightCall{done: make(chan struct{}), waiters: 1, cancel: cancel}
 		g.calls[key] = c
