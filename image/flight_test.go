@@ -86,3 +86,40 @@ func TestFlightGroupDetachesFromCallers(t *testing.T) {
 		t.Fatal("the call kept running after its only caller left")
 	}
 }
+
+func TestKeyedMutexLockCtx(t *testing.T) {
+	var k keyedMutex
+	unlock := k.lock("a")
+	// Another key is independent.
+	unlockB, err := k.lockCtx(context.Background(), "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	unlockB()
+	cause := errors.New("caller gone")
+	ctx, cancel := context.WithCancelCause(context.Background())
+	got := make(chan error, 1)
+	go func() {
+		_, err := k.lockCtx(ctx, "a")
+		got <- err
+	}()
+	cancel(cause)
+	select {
+	case err := <-got:
+		if !errors.Is(err, cause) {
+			t.Fatalf("lockCtx = %v, want the context's cause", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("lockCtx kept waiting after its context ended")
+	}
+	unlock()
+	// The abandoned wait left no reference behind: the lock is free and
+	// dropped once unlocked.
+	unlock = k.lock("a")
+	unlock()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if len(k.locks) != 0 {
+		t.Errorf("%d locks left in the map", len(k.locks))
+	}
+}

@@ -478,7 +478,10 @@ func (s *Store) putBlob(digest string, data []byte) error {
 // the parent, so a slow lower layer never holds up the downloads above.
 // The time spent staging and publishing, not waiting, is added to work.
 func (s *Store) ensureLayer(ctx context.Context, layer v1.Layer, lr layerRecord, parent <-chan struct{}, sem chan struct{}, work *atomic.Int64) error {
-	unlock := s.locks.lock("layer:" + lr.ChainID)
+	unlock, err := s.locks.lockCtx(ctx, "layer:"+lr.ChainID)
+	if err != nil {
+		return err
+	}
 	defer unlock()
 	if _, err := os.Stat(s.layerPath(lr.ChainID)); err == nil {
 		return nil

@@ -427,30 +427,48 @@ type keyedMutex struct {
 	locks map[string]*keyedLock
 }
 
+// keyedLock is held while its channel holds a token; a channel rather
+// than a sync.Mutex so that a waiter can give up with its context.
 type keyedLock struct {
-	mu   sync.Mutex
+	ch   chan struct{}
 	refs int
 }
 
 func (k *keyedMutex) lock(key string) (unlock func()) {
+	unlock, _ = k.lockCtx(context.Background(), key)
+	return unlock
+}
+
+// lockCtx waits for key's lock or for ctx to end, whichever comes first.
+// A pull waiting for a layer another pull is staging must still stop
+// when its own callers have gone.
+func (k *keyedMutex) lockCtx(ctx context.Context, key string) (unlock func(), err error) {
 	k.mu.Lock()
 	if k.locks == nil {
 		k.locks = map[string]*keyedLock{}
 	}
 	l, ok := k.locks[key]
 	if !ok {
-		l = &keyedLock{}
+		l = &keyedLock{ch: make(chan struct{}, 1)}
 		k.locks[key] = l
 	}
 	l.refs++
 	k.mu.Unlock()
-	l.mu.Lock()
-	return func() {
-		l.mu.Unlock()
+	release := func() {
 		k.mu.Lock()
 		if l.refs--; l.refs == 0 {
 			delete(k.locks, key)
 		}
 		k.mu.Unlock()
 	}
+	select {
+	case l.ch <- struct{}{}:
+	case <-ctx.Done():
+		release()
+		return nil, context.Cause(ctx)
+	}
+	return func() {
+		<-l.ch
+		release()
+	}, nil
 }
