@@ -13,6 +13,14 @@
 // both its compressed digest and its diffID have been verified, because it
 // is unpacked into tmp/ and renamed into place. An interrupted pull
 // therefore never leaves a half layer that a later pull would trust.
+// Layers of one pull download and unpack concurrently, but are renamed
+// into place bottom-up: layers/<chain-id> names a whole chain, so it
+// appears only after the layer below it did.
+//
+// A pull fails for want of progress (no byte from the registry for
+// Options.PullProgressTimeout), not for taking long. Concurrent pulls of
+// one reference with the same credentials share a download that runs
+// detached from their contexts and stops when the last of them gives up.
 //
 // Container root filesystems are overlay mounts whose lower dirs are the
 // image's layers. For a pod with a user namespace the whole layers
