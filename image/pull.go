@@ -391,13 +391,21 @@ func (s *Store) fetch(ctx context.Context, desc *remote.Descriptor, imgName, epN
 		Size:           uint64(manifest.Config.Size),
 		Config:         cfg.Config,
 	}}
-	var layerBytes int64
+	var (
+		layerBytes int64
+		layers     []v1.Layer
+	)
 	chain := ""
 	for i, ld := range manifest.Layers {
 		diffID := cfg.RootFS.DiffIDs[i].String()
 		chain = chainID(chain, diffID)
 		f.rec.Layers = append(f.rec.Layers, layerRecord{Digest: ld.Digest.String(), DiffID: diffID, ChainID: chain, Size: ld.Size, MediaType: string(ld.MediaType)})
 		layerBytes += ld.Size
+		layer, err := img.LayerByDigest(ld.Digest)
+		if err != nil {
+			return nil, err
+		}
+		layers = append(layers, layer)
 	}
 	f.rec.Size += uint64(layerBytes)
 	log.G(ctx).WithFields(log.Fields{"image": imgName, "endpoint": epName, "layers": len(manifest.Layers), "size": layerBytes}).
@@ -416,12 +424,8 @@ func (s *Store) fetch(ctx context.Context, desc *remote.Descriptor, imgName, epN
 		if i > 0 {
 			parent = present[i-1]
 		}
-		layer, err := img.LayerByDigest(manifest.Layers[i].Digest)
-		if err != nil {
-			return nil, err
-		}
 		g.Go(func() error {
-			if err := s.ensureLayer(gctx, layer, lr, parent, sem, &f.stageTime); err != nil {
+			if err := s.ensureLayer(gctx, layers[i], lr, parent, sem, &f.stageTime); err != nil {
 				return err
 			}
 			close(present[i])
