@@ -10,6 +10,7 @@ package server
 import (
 	"context"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"google.golang.org/grpc"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -42,6 +43,9 @@ type Images interface {
 	List() []image.Image
 	Remove(ref string) error
 	FsUsage() (bytes, inodes uint64, err error)
+	// ConfigFile is the whole image config (platform, history), for a
+	// verbose ImageStatus.
+	ConfigFile(ref string) (*v1.ConfigFile, error)
 	Root() string
 	MountRootfs(ctx context.Context, req image.MountRequest) (string, error)
 	UnmountRootfs(ctx context.Context, containerID, podID, dir string) error
