@@ -35,6 +35,9 @@ func (f fakeImages) Root() string { return f.root }
 func (fakeImages) MountRootfs(context.Context, image.MountRequest) (string, error) {
 	panic("ImageService handler mounted a rootfs")
 }
+func (fakeImages) MountImageVolume(context.Context, image.VolumeRequest) (string, error) {
+	panic("ImageService handler mounted an image volume")
+}
 func (fakeImages) UnmountRootfs(context.Context, string, string, string) error {
 	panic("ImageService handler unmounted a rootfs")
 }

@@ -48,6 +48,10 @@ type Images interface {
 	ConfigFile(ref string) (*v1.ConfigFile, error)
 	Root() string
 	MountRootfs(ctx context.Context, req image.MountRequest) (string, error)
+	// MountImageVolume mounts an image read-only for a container and
+	// returns the host path to bind.
+	MountImageVolume(ctx context.Context, req image.VolumeRequest) (string, error)
+	// UnmountRootfs unmounts a container's image volumes and rootfs.
 	UnmountRootfs(ctx context.Context, containerID, podID, dir string) error
 	ReleasePod(ctx context.Context, podID string) error
 	Usage(dir string) (bytes, inodes uint64, err error)
