@@ -139,38 +139,33 @@ func protect[T any](fn func() (T, bool)) (v T, ok bool) {
 	return fn()
 }
 
+// classCodes are the gRPC codes of the errdefs classes, as
+// errgrpc.ToGRPC maps them.
+var classCodes = map[error]codes.Code{
+	errdefs.ErrInvalidArgument:    codes.InvalidArgument,
+	errdefs.ErrNotFound:           codes.NotFound,
+	errdefs.ErrAlreadyExists:      codes.AlreadyExists,
+	errdefs.ErrPermissionDenied:   codes.PermissionDenied,
+	errdefs.ErrResourceExhausted:  codes.ResourceExhausted,
+	errdefs.ErrFailedPrecondition: codes.FailedPrecondition,
+	errdefs.ErrConflict:           codes.FailedPrecondition,
+	errdefs.ErrNotModified:        codes.FailedPrecondition,
+	errdefs.ErrAborted:            codes.Aborted,
+	errdefs.ErrOutOfRange:         codes.OutOfRange,
+	errdefs.ErrNotImplemented:     codes.Unimplemented,
+	errdefs.ErrInternal:           codes.Internal,
+	errdefs.ErrUnavailable:        codes.Unavailable,
+	errdefs.ErrDataLoss:           codes.DataLoss,
+	errdefs.ErrUnauthenticated:    codes.Unauthenticated,
+	context.DeadlineExceeded:      codes.DeadlineExceeded,
+	context.Canceled:              codes.Canceled,
+}
+
+// errCode is the code of err's errdefs class (errdefs.Resolve returns
+// the class sentinel itself), else of a foreign error inside it.
 func errCode(err error) codes.Code {
-	switch errdefs.Resolve(err) {
-	case errdefs.ErrInvalidArgument:
-		return codes.InvalidArgument
-	case errdefs.ErrNotFound:
-		return codes.NotFound
-	case errdefs.ErrAlreadyExists:
-		return codes.AlreadyExists
-	case errdefs.ErrPermissionDenied:
-		return codes.PermissionDenied
-	case errdefs.ErrResourceExhausted:
-		return codes.ResourceExhausted
-	case errdefs.ErrFailedPrecondition, errdefs.ErrConflict, errdefs.ErrNotModified:
-		return codes.FailedPrecondition
-	case errdefs.ErrAborted:
-		return codes.Aborted
-	case errdefs.ErrOutOfRange:
-		return codes.OutOfRange
-	case errdefs.ErrNotImplemented:
-		return codes.Unimplemented
-	case errdefs.ErrInternal:
-		return codes.Internal
-	case errdefs.ErrUnavailable:
-		return codes.Unavailable
-	case errdefs.ErrDataLoss:
-		return codes.DataLoss
-	case errdefs.ErrUnauthenticated:
-		return codes.Unauthenticated
-	case context.DeadlineExceeded:
-		return codes.DeadlineExceeded
-	case context.Canceled:
-		return codes.Canceled
+	if c, ok := classCodes[errdefs.Resolve(err)]; ok {
+		return c
 	}
 	return foreignCode(err)
 }
