@@ -140,3 +140,44 @@ func dirNames(t *testing.T, dir string) []string {
 	}
 	return out
 }
+
+// An image volume outlives a daemon restart, keeps its image's layers
+// in use (a RemoveImage after the restart must not delete them), and goes
+// with its pod.
+func TestImageVolumeRestart(t *testing.T) {
+	e := newCtrEnv(t)
+	tools := testimage.Build(t, testimage.Spec{NoBusybox: true, Layers: [][]testimage.File{
+		{{Path: "a/", Mode: 0o755}, {Path: "a/one", Content: []byte("1\n")}},
+		{{Path: "a/two", Content: []byte("2\n")}},
+	}})
+	toolsRef := e.reg.Push(t, "tools:2", tools)
+	e.pull(t, toolsRef)
+	pod, podCfg := e.pod(t, UsernsPod(PodConfig("imgvol-restart"), 0))
+	cfg := e.ctr("vol", "sleep", "1000")
+	cfg.Mounts = []*runtimeapi.Mount{{ContainerPath: "/v", Image: &runtimeapi.ImageSpec{Image: toolsRef}, ImageSubPath: "a"}}
+	id := e.run(t, pod, podCfg, cfg)
+	if err := e.d.Restart(); err != nil {
+		t.Fatalf("restart: %v", err)
+	}
+	layers := filepath.Join(e.d.Root, "images", "layers")
+	before := dirNames(t, layers)
+	if len(before) == 0 {
+		t.Fatalf("no layers under %s", layers)
+	}
+	imgRemove(t, e.d, toolsRef)
+	if after := dirNames(t, layers); !slices.Equal(after, before) {
+		t.Errorf("layers %v after RemoveImage, want the volume's kept: %v", after, before)
+	}
+	if out := e.mustExec(t, id, "cat", "/v/one", "/v/two"); out != "1\n2\n" {
+		t.Errorf("volume after restart and RemoveImage: %q", out)
+	}
+	if m := e.status(t, id).Mounts; len(m) != 1 || m[0].GetImage().GetImage() != toolsRef || m[0].ImageSubPath != "a" {
+		t.Errorf("status mounts after restart: %v", m)
+	}
+	if _, err := e.d.Runtime.RemovePodSandbox(Ctx(t), &runtimeapi.RemovePodSandboxRequest{PodSandboxId: pod}); err != nil {
+		t.Fatalf("RemovePodSandbox: %v", err)
+	}
+	if left := append(e.d.Leftovers(), e.containerLeftovers()...); len(left) > 0 {
+		t.Errorf("left after removing the pod: %v", left)
+	}
+}
