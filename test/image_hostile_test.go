@@ -14,9 +14,11 @@ import (
 // Hostile image names must fail as the client's fault (InvalidArgument)
 // or as an absent image or registry (NotFound, Unavailable), and never
 // take the daemon down. "bad..host" used to SIGSEGV it: Go's resolver
-// refuses the name locally (no DNS query leaves the machine) with a
-// *net.DNSError that unwraps to nil, and mapping that error panicked
-// outside the interceptor's recover.
+// refused the name locally with a *net.DNSError that unwraps to nil, and
+// mapping that error panicked outside the interceptor's recover. Such
+// names now fail parsing; the overlong host still takes the resolver
+// path, which also refuses it locally (over 254 bytes), so no DNS query
+// leaves the machine.
 func TestImagePullHostileNames(t *testing.T) {
 	reg := testimage.StartRegistry(t)
 	reg.Push(t, "good:1", testimage.Busybox(t))
@@ -30,6 +32,7 @@ func TestImagePullHostileNames(t *testing.T) {
 		"empty":            "",
 		"nul byte":         "busybox\x00:1",
 		"only a separator": "@",
+		"overlong host":    strings.Repeat(strings.Repeat("h", 60)+".", 5) + "test/x:1",
 	}
 	for name, ref := range refs {
 		t.Run(name, func(t *testing.T) {
