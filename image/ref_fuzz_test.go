@@ -82,13 +82,15 @@ func hostOK(h string) bool {
 		if len(l) == 0 || len(l) > 63 || l[0] == '-' || l[len(l)-1] == '-' {
 			return false
 		}
-		for _, c := range l {
-			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-') {
-				return false
-			}
+		if strings.IndexFunc(l, func(c rune) bool { return !isASCIIAlnum(c) && c != '-' }) >= 0 {
+			return false
 		}
 	}
 	return true
+}
+
+func isASCIIAlnum(c rune) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
 }
 
 // componentOK: lower-case letters and digits at both ends.
