@@ -169,3 +169,40 @@ func FuzzMapError(f *testing.F) {
 		}
 	})
 }
+
+// panicHook makes every log call panic, standing in for any failure
+// while the interceptor reports an error.
+type panicHook struct{}
+
+func (panicHook) Levels() []logrus.Level   { return logrus.AllLevels }
+func (panicHook) Fire(*logrus.Entry) error { panic("log hook exploded") }
+
+// Logging the failure runs under the same protection as mapping it: a
+// panic there becomes Internal, not a dead daemon.
+func TestFinishSurvivesPanickingLogger(t *testing.T) {
+	l := logrus.New()
+	l.SetOutput(io.Discard)
+	l.SetLevel(logrus.TraceLevel)
+	l.AddHook(panicHook{})
+	ctx := log.WithLogger(context.Background(), logrus.NewEntry(l))
+	err := finish(ctx, "/m", time.Now(), fmt.Errorf("x: %w", errdefs.ErrUnavailable))
+	if status.Code(err) != codes.Internal {
+		t.Fatalf("finish with a panicking logger = %v, want Internal", err)
+	}
+}
+
+// A handler that panics while the logger panics too still answers.
+func TestInterceptorSurvivesPanicWithPanickingLogger(t *testing.T) {
+	l := logrus.New()
+	l.SetOutput(io.Discard)
+	l.SetLevel(logrus.TraceLevel)
+	ctx := log.WithLogger(context.Background(), logrus.NewEntry(l))
+	// Added after the request log line, which is not an error path.
+	_, err := UnaryInterceptor(ctx, nil, &grpc.UnaryServerInfo{FullMethod: "/u"}, func(context.Context, any) (any, error) {
+		l.AddHook(panicHook{})
+		panic("handler exploded")
+	})
+	if status.Code(err) != codes.Internal {
+		t.Fatalf("unary = %v, want Internal", err)
+	}
+}

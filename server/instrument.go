@@ -64,8 +64,14 @@ func withRequestID(ctx context.Context, method string) (context.Context, time.Ti
 	return log.WithLogger(ctx, entry), time.Now()
 }
 
+// panicError logs a handler's panic and turns it into Internal. It runs
+// in a deferred function after recover, so nothing in it may panic: the
+// logging is protected, and fmt already survives a panicking String.
 func panicError(ctx context.Context, method string, r any) error {
-	log.G(ctx).WithField("method", method).Errorf("panic: %v\n%s", r, debug.Stack())
+	_, _ = protect(func() (struct{}, bool) {
+		log.G(ctx).WithField("method", method).Errorf("panic: %v\n%s", r, debug.Stack())
+		return struct{}{}, true
+	})
 	return fmt.Errorf("panic in %s: %v: %w", method, r, errdefs.ErrInternal)
 }
 
@@ -81,8 +87,12 @@ func finish(ctx context.Context, method string, start time.Time, err error) (map
 	}
 	defer func() {
 		if r := recover(); r != nil {
-			log.G(ctx).WithField("method", method).Errorf("panic while mapping an error: %v\n%s", r, debug.Stack())
 			mapped = status.Error(codes.Internal, "panic while reporting the error of "+method)
+			// The logger may be what panicked; it must not get a second go.
+			_, _ = protect(func() (struct{}, bool) {
+				log.G(ctx).WithField("method", method).Errorf("panic while mapping an error: %v\n%s", r, debug.Stack())
+				return struct{}{}, true
+			})
 		}
 	}()
 	mapped = mapError(err)
