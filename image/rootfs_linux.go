@@ -69,6 +69,9 @@ func (s *Store) MountRootfs(ctx context.Context, req MountRequest) (_ string, re
 	if req.Dir == "" || !filepath.IsAbs(req.Dir) {
 		return "", fmt.Errorf("container dir %q must be absolute: %w", req.Dir, errdefs.ErrInvalidArgument)
 	}
+	if done := s.rememberMounted(req.ContainerID, req.PodID, filepath.Join(req.Dir, "rootfs")); done {
+		return filepath.Join(req.Dir, "rootfs"), nil
+	}
 	img, err := s.Get(req.ImageID)
 	if err != nil {
 		return "", err
@@ -361,6 +364,16 @@ func (s *Store) MountImageVolume(ctx context.Context, req VolumeRequest) (_ stri
 	if err != nil {
 		return "", err
 	}
+	key := volumeKey(req.ContainerID, req.Index)
+	base := filepath.Join(req.Dir, "volumes", strconv.Itoa(req.Index))
+	target, empty := filepath.Join(base, "mnt"), filepath.Join(base, "empty")
+	if s.rememberMounted(key, req.PodID, target) {
+		src, err := resolveInRoot(target, sub)
+		if err != nil {
+			return "", fmt.Errorf("image volume sub path %q: %w", req.SubPath, err)
+		}
+		return src, nil
+	}
 	img, err := s.Get(req.ImageID)
 	if err != nil {
 		return "", fmt.Errorf("image volume: %w", err)
@@ -371,9 +384,6 @@ func (s *Store) MountImageVolume(ctx context.Context, req VolumeRequest) (_ stri
 
 	s.mountMu.Lock()
 	defer s.mountMu.Unlock()
-	key := volumeKey(req.ContainerID, req.Index)
-	base := filepath.Join(req.Dir, "volumes", strconv.Itoa(req.Index))
-	target, empty := filepath.Join(base, "mnt"), filepath.Join(base, "empty")
 	if ok, _ := mountinfo.Mounted(target); !ok {
 		if err := s.mountVolumeLocked(ctx, req, img.ChainIDs, target, empty); err != nil {
 			return "", err
@@ -568,4 +578,45 @@ func (s *Store) unmountVolumesLocked(containerID, dir string) error {
 		}
 	}
 	return nil
+}
+
+// rememberMounted records, under key, the layers of an overlay already
+// mounted at target and reports whether there was one. The kernel's
+// mount table is the record: after a restart the image may be gone from
+// the index while its layers still serve a live container, and Remove
+// must keep them.
+func (s *Store) rememberMounted(key, podID, target string) bool {
+	ids := mountedChainIDs(target)
+	if len(ids) == 0 {
+		return false
+	}
+	s.mountMu.Lock()
+	defer s.mountMu.Unlock()
+	s.mounted[key] = mountedRootfs{podID: podID, chainIDs: ids}
+	return true
+}
+
+// mountedChainIDs reads the chain IDs, bottom first, of the layers the
+// overlay at target has as lower dirs; none when target is no overlay.
+func mountedChainIDs(target string) []string {
+	ms, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(target))
+	if err != nil || len(ms) == 0 || ms[len(ms)-1].FSType != "overlay" {
+		return nil
+	}
+	var lowers []string
+	for _, opt := range strings.Split(ms[len(ms)-1].VFSOptions, ",") {
+		// "lowerdir+=" with the new mount API, "lowerdir=a:b" with mount(2).
+		if l, ok := strings.CutPrefix(opt, "lowerdir+="); ok {
+			lowers = append(lowers, l)
+		} else if l, ok := strings.CutPrefix(opt, "lowerdir="); ok {
+			lowers = append(lowers, strings.Split(l, ":")...)
+		}
+	}
+	var ids []string
+	for i := len(lowers) - 1; i >= 0; i-- {
+		if m := fullIDRe.FindStringSubmatch(filepath.Base(lowers[i])); m != nil {
+			ids = append(ids, "sha256:"+m[1])
+		}
+	}
+	return ids
 }

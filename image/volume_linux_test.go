@@ -165,3 +165,61 @@ func TestMountImageVolumeNoUserns(t *testing.T) {
 }
 
 func hasOpt(opts, o string) bool { return slices.Contains(strings.Split(opts, ","), o) }
+
+// After a restart the index may no longer hold the image of a live
+// rootfs or volume; mounting again must still record their layers from
+// the mount table, or the next Remove deletes them under the container.
+func TestRemountAfterRestartWithoutImage(t *testing.T) {
+	requireRoot(t)
+	s := newTestStore(t, Options{})
+	img := pullVolumeImage(t, s)
+	other := pullTestImage(t, s)
+	ctx := context.Background()
+	userns := pinUserns(t, 500000)
+	dir := t.TempDir()
+	t.Cleanup(func() {
+		s.UnmountRootfs(ctx, "c", "p", dir)
+		s.ReleasePod(ctx, "p")
+	})
+	if _, err := s.MountRootfs(ctx, MountRequest{ContainerID: "c", PodID: "p", ImageID: other.ID, Dir: dir, UsernsPath: userns, RootUID: 500000, RootGID: 500000}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.MountImageVolume(ctx, VolumeRequest{ContainerID: "c", PodID: "p", ImageID: img.ID, Dir: dir, SubPath: "data", UsernsPath: userns}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Remove(img.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Remove(other.ID); err != nil {
+		t.Fatal(err)
+	}
+
+	s2 := newTestStore(t, Options{Root: s.Root()})
+	if _, err := s2.MountRootfs(ctx, MountRequest{ContainerID: "c", PodID: "p", ImageID: other.ID, Dir: dir, UsernsPath: userns, RootUID: 500000, RootGID: 500000}); err != nil {
+		t.Fatalf("remount rootfs of a removed image: %v", err)
+	}
+	src, err := s2.MountImageVolume(ctx, VolumeRequest{ContainerID: "c", PodID: "p", ImageID: img.ID, Dir: dir, SubPath: "data", UsernsPath: userns})
+	if err != nil || src != filepath.Join(dir, "volumes/0/mnt/data") {
+		t.Fatalf("remount volume of a removed image = %q, %v", src, err)
+	}
+	if err := s2.gc(); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range append(append([]string(nil), img.ChainIDs...), other.ChainIDs...) {
+		if _, err := os.Stat(s2.layerPath(c)); err != nil {
+			t.Errorf("layer %s in use deleted by GC after the restart: %v", c, err)
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(src, "b")); err != nil || string(b) != "b2" {
+		t.Errorf("volume after GC: %q, %v", b, err)
+	}
+	if err := s2.UnmountRootfs(ctx, "c", "p", dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := s2.gc(); err != nil {
+		t.Fatal(err)
+	}
+	if ents, _ := os.ReadDir(s2.path("layers")); len(ents) != 0 {
+		t.Errorf("%d layers left once nothing uses them", len(ents))
+	}
+}
