@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"time"
+	"unicode"
 )
 
 // Default locations. Everything pinrt writes lives under Root (persistent)
@@ -109,6 +110,12 @@ type ImageConfig struct {
 	AuthFile string `toml:"auth_file" comment:"config.json in docker/podman format ({\"auths\": {\"host\": {\"auth\": \"base64(user:pass)\"}}}) used when kubelet sends no credentials; read on every pull. Empty: none."`
 	// Registries configures mirrors, TLS and plain HTTP per registry host.
 	Registries map[string]Registry `toml:"registries" comment:"Per registry host: mirrors, skip_origin, insecure, ca_file. localhost and 127.0.0.0/8 use plain HTTP without config.\nExample, an air-gapped node pulling docker.io images from a local mirror only:\n[image.registries.\"docker.io\"]\n  mirrors = [\"mirror.example.internal:5000\", \"backup.example.internal/dockerhub\"]\n  skip_origin = true\n[image.registries.\"mirror.example.internal:5000\"]\n  ca_file = \"/etc/pinrt/certs/mirror-ca.pem\"\n[image.registries.\"backup.example.internal\"]\n  insecure = true"`
+	// PinnedImages are reported pinned in ListImages and ImageStatus, so
+	// kubelet's image GC never removes them. A pattern is an exact name
+	// as ImageStatus reports it (fully qualified tag or digest, or the
+	// image ID), or a prefix of one ending in a single "*". RemoveImage
+	// still removes a pinned image when asked for it by name.
+	PinnedImages []string `toml:"pinned_images" comment:"Images kubelet's GC must keep: exact names (docker.io/library/busybox:1.36, sha256:<id>) or prefixes ending in * (registry.k8s.io/pause*)."`
 }
 
 // Registry configures pulls from one registry host.
@@ -283,6 +290,26 @@ func (c *ImageConfig) validate() error {
 		if r.SkipOrigin && len(r.Mirrors) == 0 {
 			return &FieldError{"image.registries." + host + ".skip_origin", "needs at least one mirror"}
 		}
+	}
+	for _, p := range c.PinnedImages {
+		if err := validPinPattern(p); err != nil {
+			return &FieldError{"image.pinned_images", err.Error()}
+		}
+	}
+	return nil
+}
+
+// validPinPattern accepts a name, or a prefix with one "*" at its end.
+// Anything else would be a glob pinrt does not expand, silently pinning
+// nothing.
+func validPinPattern(p string) error {
+	switch {
+	case p == "" || p == "*":
+		return fmt.Errorf("pattern %q pins nothing or everything; name images or prefixes", p)
+	case strings.IndexFunc(p, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) >= 0:
+		return fmt.Errorf("pattern %q has a space or control character", p)
+	case strings.ContainsAny(strings.TrimSuffix(p, "*"), "*?["):
+		return fmt.Errorf("pattern %q: only a single \"*\" at the end is supported", p)
 	}
 	return nil
 }

@@ -149,6 +149,12 @@ func TestInvalidValues(t *testing.T) {
 		{"relative auth file", "[image]\nauth_file = \"auth.json\"", "image.auth_file"},
 		{"relative ca", "[image.registries.\"r.io\"]\nca_file = \"ca.pem\"", "image.registries.r.io.ca_file"},
 		{"skip origin without mirror", "[image.registries.\"r.io\"]\nskip_origin = true", "image.registries.r.io.skip_origin"},
+		{"empty pin", "[image]\npinned_images = [\"\"]", "image.pinned_images"},
+		{"pin everything", "[image]\npinned_images = [\"*\"]", "image.pinned_images"},
+		{"pin glob in the middle", "[image]\npinned_images = [\"reg/*/pause\"]", "image.pinned_images"},
+		{"pin two stars", "[image]\npinned_images = [\"reg/pause**\"]", "image.pinned_images"},
+		{"pin char class", "[image]\npinned_images = [\"reg/pause:[0-9]\"]", "image.pinned_images"},
+		{"pin with space", "[image]\npinned_images = [\"reg/pause :1\"]", "image.pinned_images"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -162,6 +168,17 @@ func TestInvalidValues(t *testing.T) {
 				t.Errorf("error %q should name the file and %q", err, tc.wantKey)
 			}
 		})
+	}
+}
+
+func TestPinnedImagesValid(t *testing.T) {
+	c := Default()
+	c.Image.PinnedImages = []string{"registry.k8s.io/pause:3.10", "registry.k8s.io/pause*", "sha256:" + strings.Repeat("a", 64), "docker.io/library/busybox@sha256:" + strings.Repeat("b", 64)}
+	if err := c.Validate(); err != nil {
+		t.Fatalf("Validate(%v) = %v, want valid", c.Image.PinnedImages, err)
+	}
+	if len(Default().Image.PinnedImages) != 0 {
+		t.Errorf("Default pins %v, want nothing", Default().Image.PinnedImages)
 	}
 }
 

@@ -3,6 +3,7 @@ package image
 import (
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 
 	"github.com/containerd/errdefs"
@@ -16,16 +17,47 @@ const dockerHub = "docker.io"
 var (
 	fullIDRe  = regexp.MustCompile(`^(?:sha256:)?([0-9a-f]{64})$`)
 	shortIDRe = regexp.MustCompile(`^(?:sha256:)?([0-9a-f]{4,63})$`)
+
+	// hostLabelRe is one RFC 1123 label; hostRe a DNS name or an IP
+	// literal with an optional port, as the reference grammar has them.
+	hostLabel = `[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?`
+	hostRe    = regexp.MustCompile(`^(?:` + hostLabel + `(?:\.` + hostLabel + `)*|\[[0-9a-fA-F:.]+\])(?::([0-9]{1,5}))?$`)
+	// componentRe is a repository path component: alphanumerics at both
+	// ends, go-containerregistry's separators in between.
+	componentRe = regexp.MustCompile(`^[a-z0-9](?:[a-z0-9._-]*[a-z0-9])?$`)
 )
 
 // parseRef parses a user-given image reference ("busybox",
 // "reg:5000/a/b:tag", "a/b@sha256:...").
+//
+// go-containerregistry accepts registry hosts and repository components
+// that no registry can serve and that docker's reference grammar (which
+// kubelet uses) rejects: "bad..host", "..", "host:99999", an empty or
+// ".." component. Those would reach the resolver or a registry URL, so
+// they are refused here (found by FuzzParseRef).
 func parseRef(ref string) (name.Reference, error) {
 	r, err := name.ParseReference(ref)
 	if err != nil {
 		return nil, fmt.Errorf("image reference %q: %w: %w", ref, err, errdefs.ErrInvalidArgument)
 	}
+	if m := hostRe.FindStringSubmatch(r.Context().RegistryStr()); m == nil || !validPort(m[1]) {
+		return nil, fmt.Errorf("image reference %q: registry %q is not a host name: %w", ref, r.Context().RegistryStr(), errdefs.ErrInvalidArgument)
+	}
+	for _, c := range strings.Split(r.Context().RepositoryStr(), "/") {
+		if !componentRe.MatchString(c) {
+			return nil, fmt.Errorf("image reference %q: repository component %q: %w", ref, c, errdefs.ErrInvalidArgument)
+		}
+	}
 	return r, nil
+}
+
+// validPort: none, or 1 to 65535.
+func validPort(p string) bool {
+	if p == "" {
+		return true
+	}
+	n, err := strconv.Atoi(p)
+	return err == nil && n > 0 && n <= 65535
 }
 
 // registryHost is the host[:port] used for names and config lookups.

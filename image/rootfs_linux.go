@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 
 	"github.com/containerd/errdefs"
@@ -67,6 +68,9 @@ func (s *Store) MountRootfs(ctx context.Context, req MountRequest) (_ string, re
 	}
 	if req.Dir == "" || !filepath.IsAbs(req.Dir) {
 		return "", fmt.Errorf("container dir %q must be absolute: %w", req.Dir, errdefs.ErrInvalidArgument)
+	}
+	if done := s.rememberMounted(req.ContainerID, req.PodID, filepath.Join(req.Dir, "rootfs")); done {
+		return filepath.Join(req.Dir, "rootfs"), nil
 	}
 	img, err := s.Get(req.ImageID)
 	if err != nil {
@@ -214,8 +218,9 @@ func (s *Store) idmapLayers(ctx context.Context, podID, usernsPath string) (_ st
 	return target, nil
 }
 
-// UnmountRootfs unmounts the container's rootfs and, with the pod's last
-// container, the pod's idmapped layers. It is idempotent.
+// UnmountRootfs unmounts the container's image volumes and rootfs and,
+// with the pod's last container, the pod's idmapped layers. It is
+// idempotent.
 func (s *Store) UnmountRootfs(ctx context.Context, containerID, podID, dir string) error {
 	if err := validateID("container ID", containerID); err != nil {
 		return err
@@ -227,6 +232,9 @@ func (s *Store) UnmountRootfs(ctx context.Context, containerID, podID, dir strin
 	}
 	s.mountMu.Lock()
 	defer s.mountMu.Unlock()
+	if err := s.unmountVolumesLocked(containerID, dir); err != nil {
+		return err
+	}
 	if err := unmount(filepath.Join(dir, "rootfs")); err != nil {
 		return fmt.Errorf("unmount rootfs of container %s: %w", containerID, err)
 	}
@@ -304,4 +312,311 @@ func unmount(target string) error {
 			return err
 		}
 	}
+}
+
+// VolumeRequest describes one image volume of a container (KEP-4639):
+// an image's filesystem, read-only, at a path of the container.
+type VolumeRequest struct {
+	ContainerID string
+	PodID       string
+	// Index numbers the container's image volumes; with ContainerID it
+	// names the mount.
+	Index int
+	// ImageID is the image to mount, as Get resolves it.
+	ImageID string
+	// Dir is the container's directory; the volume is mounted under
+	// Dir/volumes/<index>.
+	Dir string
+	// SubPath, when set, is the directory or file of the image to expose
+	// instead of its root. It is relative and stays inside the image.
+	SubPath string
+	// UsernsPath is the pod's pinned user namespace; "" means none.
+	UsernsPath string
+}
+
+// MountImageVolume mounts an image's layers read-only and returns the
+// host path to bind into the container: the mount or, with SubPath, the
+// path below it with every symlink resolved inside the image.
+//
+// The mount is an overlay without an upper dir, so nothing can ever
+// write to it, whatever the volume asked for. For a userns pod the lower
+// dirs come from the pod's idmapped layer tree, as for the rootfs: the
+// container sees the image's owners shifted into its user namespace and
+// the bind needs no idmapping of its own. The image's chain IDs count as
+// in use until the container's UnmountRootfs, so RemoveImage keeps them.
+// Mounting a mounted volume again (restore) only rebuilds bookkeeping.
+func (s *Store) MountImageVolume(ctx context.Context, req VolumeRequest) (_ string, retErr error) {
+	if err := validateID("container ID", req.ContainerID); err != nil {
+		return "", err
+	}
+	if req.UsernsPath != "" || req.PodID != "" {
+		if err := validateID("pod ID", req.PodID); err != nil {
+			return "", err
+		}
+	}
+	if req.Dir == "" || !filepath.IsAbs(req.Dir) {
+		return "", fmt.Errorf("container dir %q must be absolute: %w", req.Dir, errdefs.ErrInvalidArgument)
+	}
+	if req.Index < 0 {
+		return "", fmt.Errorf("image volume index %d: %w", req.Index, errdefs.ErrInvalidArgument)
+	}
+	sub, err := cleanSubPath(req.SubPath)
+	if err != nil {
+		return "", err
+	}
+	key := volumeKey(req.ContainerID, req.Index)
+	base := filepath.Join(req.Dir, "volumes", strconv.Itoa(req.Index))
+	target, empty := filepath.Join(base, "mnt"), filepath.Join(base, "empty")
+	if s.rememberMounted(key, req.PodID, target) {
+		src, err := resolveInRoot(target, sub)
+		if err != nil {
+			return "", fmt.Errorf("image volume sub path %q: %w", req.SubPath, err)
+		}
+		return src, nil
+	}
+	img, err := s.Get(req.ImageID)
+	if err != nil {
+		return "", fmt.Errorf("image volume: %w", err)
+	}
+	if len(img.ChainIDs) == 0 {
+		return "", fmt.Errorf("image %s has no layers: %w", img.ID, errdefs.ErrFailedPrecondition)
+	}
+
+	s.mountMu.Lock()
+	defer s.mountMu.Unlock()
+	if ok, _ := mountinfo.Mounted(target); !ok {
+		if err := s.mountVolumeLocked(ctx, req, img.ChainIDs, target, empty); err != nil {
+			return "", err
+		}
+		defer func() {
+			if retErr != nil {
+				if err := unmount(target); err != nil {
+					log.G(ctx).WithError(err).WithField("volume", target).Warn("unmount image volume after a failure")
+				}
+				if req.PodID != "" {
+					if err := s.maybeReleasePodLocked(ctx, req.PodID); err != nil {
+						log.G(ctx).WithError(err).WithField("pod", req.PodID).Warn("release idmapped layers after failed volume")
+					}
+				}
+			}
+		}()
+	}
+	src, err := resolveInRoot(target, sub)
+	if err != nil {
+		return "", fmt.Errorf("image volume sub path %q of image %s: %w", req.SubPath, img.ID, err)
+	}
+	s.mounted[key] = mountedRootfs{podID: req.PodID, chainIDs: img.ChainIDs}
+	log.G(ctx).WithField("container", req.ContainerID).WithField("image", img.ID).Debug("mounted image volume")
+	return src, nil
+}
+
+// volumeKey names an image volume in s.mounted; container IDs have no
+// "/", so it never collides with a rootfs.
+func volumeKey(containerID string, index int) string {
+	return containerID + "/volume/" + strconv.Itoa(index)
+}
+
+func (s *Store) mountVolumeLocked(ctx context.Context, req VolumeRequest, chainIDs []string, target, empty string) error {
+	// overlayfs wants two lower dirs when it has no upper one; an empty
+	// bottom layer changes nothing the container can see.
+	for _, d := range []string{target, empty} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("create image volume dirs: %w", err)
+		}
+	}
+	lowerBase := s.path("layers")
+	if req.UsernsPath != "" {
+		var err error
+		if lowerBase, err = s.idmapLayers(ctx, req.PodID, req.UsernsPath); err != nil {
+			return err
+		}
+	}
+	lowers := make([]string, 0, len(chainIDs)+1)
+	for i := len(chainIDs) - 1; i >= 0; i-- {
+		lowers = append(lowers, filepath.Join(lowerBase, strings.TrimPrefix(chainIDs[i], "sha256:")))
+	}
+	lowers = append(lowers, empty)
+	if err := mountOverlayRO(lowers, target); err != nil {
+		if req.UsernsPath != "" {
+			if rerr := s.maybeReleasePodLocked(ctx, req.PodID); rerr != nil {
+				log.G(ctx).WithError(rerr).WithField("pod", req.PodID).Warn("release idmapped layers after failed volume")
+			}
+		}
+		return fmt.Errorf("mount image volume %d of container %s: %w", req.Index, req.ContainerID, err)
+	}
+	return nil
+}
+
+// mountOverlayRO mounts a read-only overlay of lowers (top first) on
+// target, also marking the mount itself read-only, nosuid and nodev.
+func mountOverlayRO(lowers []string, target string) error {
+	err := fsmountOverlayRO(lowers, target)
+	if err == nil || !errors.Is(err, unix.EINVAL) {
+		return err
+	}
+	opts := "lowerdir=" + strings.Join(lowers, ":")
+	if len(opts) >= os.Getpagesize() {
+		return fmt.Errorf("overlay options are %d bytes, over one page, and this kernel lacks lowerdir+: %w", len(opts), errdefs.ErrNotImplemented)
+	}
+	if err := unix.Mount("overlay", target, "overlay", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+		return fmt.Errorf("mount overlay: %w", err)
+	}
+	return nil
+}
+
+func fsmountOverlayRO(lowers []string, target string) error {
+	fsfd, err := unix.Fsopen("overlay", unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("fsopen overlay: %w", err)
+	}
+	defer unix.Close(fsfd)
+	if err := unix.FsconfigSetString(fsfd, "source", "overlay"); err != nil {
+		return fmt.Errorf("fsconfig source: %w", err)
+	}
+	for _, l := range lowers {
+		if err := unix.FsconfigSetString(fsfd, "lowerdir+", l); err != nil {
+			return fmt.Errorf("fsconfig lowerdir+ %s: %w", l, err)
+		}
+	}
+	if err := unix.FsconfigCreate(fsfd); err != nil {
+		return fmt.Errorf("create overlay: %w", err)
+	}
+	mfd, err := unix.Fsmount(fsfd, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV)
+	if err != nil {
+		return fmt.Errorf("fsmount overlay: %w", err)
+	}
+	defer unix.Close(mfd)
+	if err := unix.MoveMount(mfd, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("move overlay to %s: %w", target, err)
+	}
+	return nil
+}
+
+// cleanSubPath checks an image sub path: relative, and no ".." that
+// leaves the image. "" and "." mean the image's root.
+func cleanSubPath(p string) (string, error) {
+	if p == "" {
+		return "", nil
+	}
+	if strings.ContainsRune(p, 0) || filepath.IsAbs(p) {
+		return "", fmt.Errorf("image sub path %q must be a relative path: %w", p, errdefs.ErrInvalidArgument)
+	}
+	c := filepath.Clean(p)
+	if c == ".." || strings.HasPrefix(c, "../") {
+		return "", fmt.Errorf("image sub path %q leaves the image: %w", p, errdefs.ErrInvalidArgument)
+	}
+	if c == "." {
+		return "", nil
+	}
+	return c, nil
+}
+
+// resolveInRoot resolves sub below root the way the container would see
+// it, symlinks included, without ever leaving root (openat2
+// RESOLVE_IN_ROOT), and returns the host path of what it found. The
+// image is read-only, so the answer cannot change before the bind.
+func resolveInRoot(root, sub string) (string, error) {
+	if sub == "" {
+		return root, nil
+	}
+	rootFd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", fmt.Errorf("open %s: %w", root, err)
+	}
+	defer unix.Close(rootFd)
+	// Compare real paths: the store root itself may sit below a symlink.
+	realRoot, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(rootFd))
+	if err != nil {
+		return "", fmt.Errorf("resolve %s: %w", root, err)
+	}
+	fd, err := unix.Openat2(rootFd, sub, &unix.OpenHow{
+		Flags:   unix.O_PATH | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV,
+	})
+	switch {
+	case errors.Is(err, unix.ENOENT), errors.Is(err, unix.ENOTDIR):
+		return "", fmt.Errorf("not in the image: %w", errdefs.ErrNotFound)
+	case errors.Is(err, unix.ELOOP), errors.Is(err, unix.EXDEV):
+		return "", fmt.Errorf("resolve: %w: %w", err, errdefs.ErrInvalidArgument)
+	case err != nil:
+		return "", fmt.Errorf("resolve: %w", err)
+	}
+	defer unix.Close(fd)
+	real, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
+	if err != nil {
+		return "", fmt.Errorf("resolve: %w", err)
+	}
+	if real == realRoot {
+		return real, nil
+	}
+	if !strings.HasPrefix(real, realRoot+"/") {
+		return "", fmt.Errorf("resolves to %s, outside the image: %w", real, errdefs.ErrInvalidArgument)
+	}
+	return real, nil
+}
+
+// unmountVolumesLocked unmounts every image volume under dir/volumes and
+// forgets the container's volumes. Callers hold mountMu.
+func (s *Store) unmountVolumesLocked(containerID, dir string) error {
+	ents, err := os.ReadDir(filepath.Join(dir, "volumes"))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("list image volumes of container %s: %w", containerID, err)
+	}
+	var errs []error
+	for _, e := range ents {
+		if err := unmount(filepath.Join(dir, "volumes", e.Name(), "mnt")); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("unmount image volumes of container %s: %w", containerID, err)
+	}
+	prefix := containerID + "/volume/"
+	for k := range s.mounted {
+		if strings.HasPrefix(k, prefix) {
+			delete(s.mounted, k)
+		}
+	}
+	return nil
+}
+
+// rememberMounted records, under key, the layers of an overlay already
+// mounted at target and reports whether there was one. The kernel's
+// mount table is the record: after a restart the image may be gone from
+// the index while its layers still serve a live container, and Remove
+// must keep them.
+func (s *Store) rememberMounted(key, podID, target string) bool {
+	ids := mountedChainIDs(target)
+	if len(ids) == 0 {
+		return false
+	}
+	s.mountMu.Lock()
+	defer s.mountMu.Unlock()
+	s.mounted[key] = mountedRootfs{podID: podID, chainIDs: ids}
+	return true
+}
+
+// mountedChainIDs reads the chain IDs, bottom first, of the layers the
+// overlay at target has as lower dirs; none when target is no overlay.
+func mountedChainIDs(target string) []string {
+	ms, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(target))
+	if err != nil || len(ms) == 0 || ms[len(ms)-1].FSType != "overlay" {
+		return nil
+	}
+	var lowers []string
+	for _, opt := range strings.Split(ms[len(ms)-1].VFSOptions, ",") {
+		// "lowerdir+=" with the new mount API, "lowerdir=a:b" with mount(2).
+		if l, ok := strings.CutPrefix(opt, "lowerdir+="); ok {
+			lowers = append(lowers, l)
+		} else if l, ok := strings.CutPrefix(opt, "lowerdir="); ok {
+			lowers = append(lowers, strings.Split(l, ":")...)
+		}
+	}
+	var ids []string
+	for i := len(lowers) - 1; i >= 0; i-- {
+		if m := fullIDRe.FindStringSubmatch(filepath.Base(lowers[i])); m != nil {
+			ids = append(ids, "sha256:"+m[1])
+		}
+	}
+	return ids
 }

@@ -158,9 +158,11 @@ type ContainerSpec struct {
 	// SELinuxLabel is the process label; empty means none.
 	SELinuxLabel string
 
-	Mounts    []Mount
-	Devices   []Device
-	Resources *Resources
+	Mounts []Mount
+	// ImageVolumes are images mounted read-only (KEP-4639).
+	ImageVolumes []ImageVolume
+	Devices      []Device
+	Resources    *Resources
 	// CgroupParent, when set, is the parent cgroup; otherwise containers go
 	// under /pinrt/<sandbox-id>.
 	CgroupParent string
@@ -230,6 +232,7 @@ func BuildContainerSpec(ctx context.Context, c *ContainerSpec) (*specs.Spec, err
 		WithSysfs(hasUserNS, c.Namespaces.Net != "", c.Privileged),
 		WithPodFiles(c.HostsPath, c.ResolvPath, c.HostnamePath, c.ShmPath, c.ReadonlyRootfs),
 		WithMounts(c.Mounts, hasUserNS, c.PodUIDMappings, c.PodGIDMappings, c.RuntimeFeatures),
+		WithImageVolumes(c.ImageVolumes),
 		WithDevices(c.Devices, c.Privileged),
 		WithResources(c.Resources, host),
 		WithOOMScoreAdj(resOOM(c.Resources), host.OOMFloor),

@@ -45,6 +45,12 @@ type ContainerMount struct {
 	RecursiveReadOnly bool                   `json:"recursiveReadOnly,omitempty"`
 	UIDMappings       []specs.LinuxIDMapping `json:"uidMappings,omitempty"`
 	GIDMappings       []specs.LinuxIDMapping `json:"gidMappings,omitempty"`
+	// Image is set for an image volume: the image as requested, with
+	// ImageRef the ID it resolved to and ImageSubPath the part mounted.
+	// HostPath is empty then; the image package knows where it is.
+	Image        string `json:"image,omitempty"`
+	ImageRef     string `json:"imageRef,omitempty"`
+	ImageSubPath string `json:"imageSubPath,omitempty"`
 }
 
 // ContainerUser is the process identity the spec resolved.

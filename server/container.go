@@ -201,6 +201,10 @@ func containerStatus(c *sandbox.Container) *runtimeapi.ContainerStatus {
 			ContainerPath: m.ContainerPath, HostPath: m.HostPath, Readonly: m.Readonly,
 			RecursiveReadOnly: m.RecursiveReadOnly, Propagation: runtimeapi.MountPropagation(m.Propagation),
 		}
+		if m.Image != "" {
+			cm.Image = &runtimeapi.ImageSpec{Image: m.Image, ImageRef: m.ImageRef}
+			cm.ImageSubPath = m.ImageSubPath
+		}
 		for _, u := range m.UIDMappings {
 			cm.UidMappings = append(cm.UidMappings, &runtimeapi.IDMapping{HostId: u.HostID, ContainerId: u.ContainerID, Length: u.Size})
 		}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -86,6 +87,14 @@ func (s *Server) containerRequest(sb *sandbox.Sandbox, cfg *runtimeapi.Container
 		r.spec.Env = append(r.spec.Env, kv.Key+"="+string(kv.Value))
 	}
 	for _, mnt := range cfg.Mounts {
+		if mnt.GetImage().GetImage() != "" {
+			cm, err := imageVolume(mnt)
+			if err != nil {
+				return nil, err
+			}
+			r.md.Mounts = append(r.md.Mounts, cm)
+			continue
+		}
 		cm, om, err := convertMount(mnt)
 		if err != nil {
 			return nil, err
@@ -158,9 +167,6 @@ func convertMount(m *runtimeapi.Mount) (sandbox.ContainerMount, oci.Mount, error
 	if !path.IsAbs(m.ContainerPath) {
 		return sandbox.ContainerMount{}, oci.Mount{}, invalid("mount container path %q is not absolute", m.ContainerPath)
 	}
-	if m.GetImage().GetImage() != "" {
-		return sandbox.ContainerMount{}, oci.Mount{}, fmt.Errorf("image volumes (%s): %w", m.ContainerPath, errdefs.ErrNotImplemented)
-	}
 	cm := sandbox.ContainerMount{
 		ContainerPath: m.ContainerPath, HostPath: m.HostPath, Readonly: m.Readonly,
 		Propagation: int32(m.Propagation), RecursiveReadOnly: m.RecursiveReadOnly,
@@ -182,6 +188,22 @@ func convertMount(m *runtimeapi.Mount) (sandbox.ContainerMount, oci.Mount, error
 		return cm, om, invalid("mount %s: unknown propagation %v", m.ContainerPath, m.Propagation)
 	}
 	return cm, om, nil
+}
+
+// imageVolume records an image volume (KEP-4639). It is read-only
+// whatever the request says, and private: nothing mounts below an image.
+// The sub path is checked where it is resolved, against the image.
+func imageVolume(m *runtimeapi.Mount) (sandbox.ContainerMount, error) {
+	if !path.IsAbs(m.ContainerPath) {
+		return sandbox.ContainerMount{}, invalid("image volume container path %q is not absolute", m.ContainerPath)
+	}
+	if m.HostPath != "" {
+		return sandbox.ContainerMount{}, invalid("image volume %s has a host path too", m.ContainerPath)
+	}
+	return sandbox.ContainerMount{
+		ContainerPath: m.ContainerPath, Readonly: true,
+		Image: m.Image.Image, ImageSubPath: m.ImageSubPath,
+	}, nil
 }
 
 func idMappings(in []*runtimeapi.IDMapping) []specs.LinuxIDMapping {
@@ -290,6 +312,9 @@ func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *run
 		return nil, fmt.Errorf("image %q: %w", req.md.Image, err)
 	}
 	md := req.md
+	if md.Mounts, err = s.resolveImageVolumes(md.Mounts); err != nil {
+		return nil, err
+	}
 	md.ID, md.CreatedAt = newID(), time.Now()
 	md.ImageID, md.ImageRef, md.StopSignal = img.ID, img.ID, img.Config.StopSignal
 	if len(img.RepoDigests) > 0 {
@@ -319,9 +344,12 @@ func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *run
 	if err != nil {
 		return nil, fmt.Errorf("mounting the rootfs: %w", err)
 	}
-	undo.add("unmount rootfs", func(ctx context.Context) error {
+	undo.add("unmount rootfs and image volumes", func(ctx context.Context) error {
 		return s.deps.Images.UnmountRootfs(ctx, md.ID, sb.ID, dir)
 	})
+	if req.spec.ImageVolumes, err = s.mountImageVolumes(ctx, sb, &md, dir); err != nil {
+		return nil, err
+	}
 
 	spec, err := s.buildSpec(ctx, rt, sb, req, md.ID, rootfs, img)
 	if err != nil {
@@ -352,6 +380,46 @@ func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *run
 	s.containers.Add(md.ID, c)
 	log.G(ctx).Debug("container created")
 	return c, nil
+}
+
+// resolveImageVolumes records the image ID of every image volume, so the
+// volume keeps showing the image it was created with. An image that is
+// not in the store is refused before anything is created: kubelet pulls
+// image volumes first.
+func (s *Server) resolveImageVolumes(mounts []sandbox.ContainerMount) ([]sandbox.ContainerMount, error) {
+	out := slices.Clone(mounts)
+	for i, m := range out {
+		if m.Image == "" {
+			continue
+		}
+		img, err := s.deps.Images.Get(m.Image)
+		if err != nil {
+			return nil, fmt.Errorf("image volume %s: image %q must be pulled first: %w", m.ContainerPath, m.Image, err)
+		}
+		out[i].ImageRef = img.ID
+	}
+	return out, nil
+}
+
+// mountImageVolumes mounts a container's image volumes. The container's
+// UnmountRootfs unmounts them; after a restart, mounting again rebuilds
+// the store's bookkeeping.
+func (s *Server) mountImageVolumes(ctx context.Context, sb *sandbox.Sandbox, md *sandbox.ContainerMetadata, dir string) ([]oci.ImageVolume, error) {
+	var vols []oci.ImageVolume
+	for i, m := range md.Mounts {
+		if m.Image == "" {
+			continue
+		}
+		src, err := s.deps.Images.MountImageVolume(ctx, image.VolumeRequest{
+			ContainerID: md.ID, PodID: sb.ID, Index: i, ImageID: m.ImageRef, Dir: dir,
+			SubPath: m.ImageSubPath, UsernsPath: sb.Pins["user"],
+		})
+		if err != nil {
+			return nil, fmt.Errorf("image volume %s: %w", m.ContainerPath, err)
+		}
+		vols = append(vols, oci.ImageVolume{Source: src, ContainerPath: m.ContainerPath})
+	}
+	return vols, nil
 }
 
 // mountRequest describes a container's rootfs; for a userns pod the image

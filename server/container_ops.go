@@ -311,6 +311,9 @@ func (s *Server) restoreContainer(ctx context.Context, id string) error {
 		if _, err := s.deps.Images.MountRootfs(ctx, s.mountRequest(sb, c.ID, c.ImageID, c.Dir)); err != nil {
 			log.G(ctx).WithError(err).WithField("container", id).Warn("restore: rootfs not mounted")
 		}
+		if _, err := s.mountImageVolumes(ctx, sb, &c.ContainerMetadata, c.Dir); err != nil {
+			log.G(ctx).WithError(err).WithField("container", id).Warn("restore: image volumes not mounted")
+		}
 	}
 	s.refreshContainer(ctx, c, false)
 	s.containers.Add(c.ID, c)

@@ -33,6 +33,12 @@ type ctrImages struct {
 	MountErr error
 	mounted  map[string]image.MountRequest
 	released []string
+	// VolumeErr fails MountImageVolume for the volume at VolumeErrIndex;
+	// volumes holds the mounted image volumes by container ID, as
+	// UnmountRootfs drops them.
+	VolumeErr      error
+	VolumeErrIndex int
+	volumes        map[string][]image.VolumeRequest
 }
 
 func (f *ctrImages) Root() string { return "/nonexistent" }
@@ -52,8 +58,22 @@ func (f *ctrImages) MountRootfs(_ context.Context, req image.MountRequest) (stri
 	f.mounted[req.ContainerID] = req
 	return rootfs, nil
 }
+func (f *ctrImages) MountImageVolume(_ context.Context, req image.VolumeRequest) (string, error) {
+	if f.VolumeErr != nil && req.Index == f.VolumeErrIndex {
+		return "", f.VolumeErr
+	}
+	if _, err := f.Get(req.ImageID); err != nil {
+		return "", err
+	}
+	if f.volumes == nil {
+		f.volumes = map[string][]image.VolumeRequest{}
+	}
+	f.volumes[req.ContainerID] = append(f.volumes[req.ContainerID], req)
+	return filepath.Join(req.Dir, "volumes", fmt.Sprint(req.Index), "mnt", req.SubPath), nil
+}
 func (f *ctrImages) UnmountRootfs(_ context.Context, id, _, _ string) error {
 	delete(f.mounted, id)
+	delete(f.volumes, id)
 	return nil
 }
 func (f *ctrImages) ReleasePod(_ context.Context, id string) error {
@@ -128,6 +148,9 @@ func (f *ctrFixture) nothingLeft(t *testing.T) {
 	}
 	if len(f.images.mounted) > 0 {
 		t.Errorf("rootfs still mounted: %v", f.images.mounted)
+	}
+	if len(f.images.volumes) > 0 {
+		t.Errorf("image volumes still mounted: %v", f.images.volumes)
 	}
 	if len(f.rt.Containers) > 0 {
 		t.Errorf("runtime containers left: %v", f.rt.Containers)

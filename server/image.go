@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -41,12 +43,12 @@ func (s *Server) ListImages(ctx context.Context, req *runtimeapi.ListImagesReque
 		if err != nil {
 			return nil, err
 		}
-		return &runtimeapi.ListImagesResponse{Images: []*runtimeapi.Image{toCRIImage(img)}}, nil
+		return &runtimeapi.ListImagesResponse{Images: []*runtimeapi.Image{s.toCRIImage(img)}}, nil
 	}
 	imgs := s.deps.Images.List()
 	out := make([]*runtimeapi.Image, 0, len(imgs))
 	for i := range imgs {
-		out = append(out, toCRIImage(&imgs[i]))
+		out = append(out, s.toCRIImage(&imgs[i]))
 	}
 	return &runtimeapi.ListImagesResponse{Images: out}, nil
 }
@@ -66,16 +68,17 @@ func (s *Server) ImageStatus(ctx context.Context, req *runtimeapi.ImageStatusReq
 	if err != nil {
 		return nil, err
 	}
-	resp := &runtimeapi.ImageStatusResponse{Image: toCRIImage(img)}
+	resp := &runtimeapi.ImageStatusResponse{Image: s.toCRIImage(img)}
 	if req.GetVerbose() {
-		if resp.Info, err = imageInfo(img); err != nil {
+		if resp.Info, err = s.imageInfo(ctx, img, resp.Image.Pinned); err != nil {
 			return nil, err
 		}
 	}
 	return resp, nil
 }
 
-// RemoveImage removes an image with all its tags and digests. Like
+// RemoveImage removes an image with all its tags and digests, pinned or
+// not: pinning keeps kubelet's GC away, an explicit removal wins. Like
 // containerd, an image that is already gone is success: CRI requires the
 // call to be idempotent, and kubelet's image GC may race a second
 // removal.
@@ -126,10 +129,11 @@ func toAuth(a *runtimeapi.AuthConfig) *image.Auth {
 	}
 }
 
-func toCRIImage(img *image.Image) *runtimeapi.Image {
+func (s *Server) toCRIImage(img *image.Image) *runtimeapi.Image {
 	out := &runtimeapi.Image{
 		Id: img.ID, RepoTags: img.RepoTags, RepoDigests: img.RepoDigests, Size: img.Size,
-		Spec: &runtimeapi.ImageSpec{Image: img.ID},
+		Spec:   &runtimeapi.ImageSpec{Image: img.ID},
+		Pinned: pinned(s.cfg.Image.PinnedImages, img),
 	}
 	// kubelet checks runAsNonRoot against these: a numeric USER goes in
 	// Uid, a name in Username (it can't tell whether a name is root).
@@ -141,21 +145,63 @@ func toCRIImage(img *image.Image) *runtimeapi.Image {
 	return out
 }
 
-// verboseImage is the "info" JSON of a verbose ImageStatus.
-type verboseImage struct {
-	ID          string    `json:"id"`
-	RepoTags    []string  `json:"repoTags"`
-	RepoDigests []string  `json:"repoDigests"`
-	Size        uint64    `json:"size"`
-	ChainIDs    []string  `json:"chainIDs"`
-	Config      v1.Config `json:"config"`
+// pinned reports whether one of the image's names (ID, tags, digests)
+// matches a pattern of image.pinned_images: exactly, or by prefix for a
+// pattern ending in "*". An exact pattern may also be written short
+// ("busybox:1.36"), as it normalises to a tag.
+func pinned(patterns []string, img *image.Image) bool {
+	names := make([]string, 0, 1+len(img.RepoTags)+len(img.RepoDigests))
+	names = append(append(append(names, img.ID), img.RepoTags...), img.RepoDigests...)
+	for _, p := range patterns {
+		if prefix, ok := strings.CutSuffix(p, "*"); ok {
+			if slices.ContainsFunc(names, func(n string) bool { return strings.HasPrefix(n, prefix) }) {
+				return true
+			}
+			continue
+		}
+		if slices.Contains(names, p) {
+			return true
+		}
+		if n, err := image.NormalizeRef(p); err == nil && slices.Contains(names, n) {
+			return true
+		}
+	}
+	return false
 }
 
-func imageInfo(img *image.Image) (map[string]string, error) {
-	b, err := json.Marshal(verboseImage{
+// verboseImage is the "info" JSON of a verbose ImageStatus. chainID and
+// imageSpec are what containerd reports (the top layer's chain ID and
+// the whole OCI image config), so tools reading either runtime's output
+// find them; the rest is pinrt's record of the image.
+type verboseImage struct {
+	ID          string         `json:"id"`
+	RepoTags    []string       `json:"repoTags"`
+	RepoDigests []string       `json:"repoDigests"`
+	Size        uint64         `json:"size"`
+	Pinned      bool           `json:"pinned"`
+	ChainID     string         `json:"chainID,omitempty"`
+	ChainIDs    []string       `json:"chainIDs"`
+	Config      v1.Config      `json:"config"`
+	ImageSpec   *v1.ConfigFile `json:"imageSpec,omitempty"`
+}
+
+// imageInfo builds the verbose info. A config blob that cannot be read
+// leaves imageSpec out rather than failing the status kubelet relies on.
+func (s *Server) imageInfo(ctx context.Context, img *image.Image, isPinned bool) (map[string]string, error) {
+	v := verboseImage{
 		ID: img.ID, RepoTags: img.RepoTags, RepoDigests: img.RepoDigests,
-		Size: img.Size, ChainIDs: img.ChainIDs, Config: img.Config,
-	})
+		Size: img.Size, Pinned: isPinned, ChainIDs: img.ChainIDs, Config: img.Config,
+	}
+	if n := len(img.ChainIDs); n > 0 {
+		v.ChainID = img.ChainIDs[n-1]
+	}
+	cf, err := s.deps.Images.ConfigFile(img.ID)
+	if err != nil {
+		log.G(ctx).WithError(err).WithField("image", img.ID).Warn("verbose image status without the image config")
+	} else {
+		v.ImageSpec = cf
+	}
+	b, err := json.Marshal(v)
 	if err != nil {
 		return nil, fmt.Errorf("image %s info: %w: %w", img.ID, err, errdefs.ErrInternal)
 	}

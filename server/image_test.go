@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -33,6 +34,9 @@ var _ Images = fakeImages{}
 func (f fakeImages) Root() string { return f.root }
 func (fakeImages) MountRootfs(context.Context, image.MountRequest) (string, error) {
 	panic("ImageService handler mounted a rootfs")
+}
+func (fakeImages) MountImageVolume(context.Context, image.VolumeRequest) (string, error) {
+	panic("ImageService handler mounted an image volume")
 }
 func (fakeImages) UnmountRootfs(context.Context, string, string, string) error {
 	panic("ImageService handler unmounted a rootfs")
@@ -223,7 +227,18 @@ func imagesEqual(a, b *runtimeapi.Image) bool {
 }
 
 func TestImageStatusVerbose(t *testing.T) {
-	s, _ := newImageServer(t, "reg/a:1")
+	s, fake := newImageServer(t, "reg/a:1")
+	s.cfg.Image.PinnedImages = []string{"reg/a*"}
+	created := v1.Time{Time: time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC)}
+	fake.Configs = map[string]*v1.ConfigFile{idA: {
+		OS: "linux", Architecture: "arm64", Variant: "v8", Created: created,
+		Config: v1.Config{
+			User: "1002", Cmd: []string{"sh"}, Entrypoint: []string{"/init"},
+			Env: []string{"PATH=/bin"}, Labels: map[string]string{"org.opencontainers.image.title": "a"},
+		},
+		History: []v1.History{{Created: created, CreatedBy: "ADD rootfs.tar /"}, {CreatedBy: "CMD [\"sh\"]", EmptyLayer: true}},
+		RootFS:  v1.RootFS{Type: "layers", DiffIDs: []v1.Hash{{Algorithm: "sha256", Hex: strings.Repeat("d1", 32)}}},
+	}}
 	resp, err := s.ImageStatus(context.Background(), &runtimeapi.ImageStatusRequest{Image: spec("reg/a:1"), Verbose: true})
 	if err != nil {
 		t.Fatal(err)
@@ -237,11 +252,97 @@ func TestImageStatusVerbose(t *testing.T) {
 		t.Fatalf("info is not JSON: %v\n%s", err, raw)
 	}
 	want := verboseImage{
-		ID: idA, RepoTags: []string{"reg/a:1"}, RepoDigests: []string{"reg/a@sha256:d1"}, Size: 1000,
-		ChainIDs: []string{"sha256:c1", "sha256:c2"}, Config: v1.Config{User: "1002", Cmd: []string{"sh"}},
+		ID: idA, RepoTags: []string{"reg/a:1"}, RepoDigests: []string{"reg/a@sha256:d1"}, Size: 1000, Pinned: true,
+		ChainID: "sha256:c2", ChainIDs: []string{"sha256:c1", "sha256:c2"}, Config: v1.Config{User: "1002", Cmd: []string{"sh"}},
+		ImageSpec: fake.Configs[idA],
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("info = %+v, want %+v", got, want)
+	}
+	// The keys containerd's ImageStatus has, as crictl inspecti shows them.
+	var generic map[string]any
+	if err := json.Unmarshal([]byte(raw), &generic); err != nil {
+		t.Fatal(err)
+	}
+	spec, _ := generic["imageSpec"].(map[string]any)
+	cfg, _ := spec["config"].(map[string]any)
+	if generic["chainID"] != "sha256:c2" || spec["os"] != "linux" || spec["architecture"] != "arm64" ||
+		cfg["User"] != "1002" || cfg["Entrypoint"] == nil || cfg["Labels"] == nil || spec["history"] == nil || spec["rootfs"] == nil {
+		t.Errorf("info lacks containerd's keys:\n%s", raw)
+	}
+}
+
+// A store that cannot read the config still answers the verbose status.
+func TestImageStatusVerboseWithoutConfig(t *testing.T) {
+	s, fake := newImageServer(t, "reg/b:1")
+	fake.ConfigErr = fmt.Errorf("blob gone: %w", errdefs.ErrDataLoss)
+	resp, err := s.ImageStatus(context.Background(), &runtimeapi.ImageStatusRequest{Image: spec("reg/b:1"), Verbose: true})
+	if err != nil {
+		t.Fatalf("ImageStatus: %v, want the status without imageSpec", err)
+	}
+	var got verboseImage
+	if err := json.Unmarshal([]byte(resp.Info["info"]), &got); err != nil || got.ID != idB || got.ImageSpec != nil {
+		t.Errorf("info = %+v (%v), want %s without imageSpec", got, err, idB)
+	}
+}
+
+func TestImagePinned(t *testing.T) {
+	tests := []struct {
+		name     string
+		patterns []string
+		want     map[string]bool // by image ID
+	}{
+		{"none", nil, map[string]bool{idA: false, idB: false, idC: false}},
+		{"exact tag", []string{"reg/a:1"}, map[string]bool{idA: true, idB: false, idC: false}},
+		{"exact digest", []string{"reg/c@sha256:d3"}, map[string]bool{idA: false, idB: false, idC: true}},
+		{"exact ID", []string{idB}, map[string]bool{idA: false, idB: true, idC: false}},
+		{"tag is not a prefix", []string{"reg/a"}, map[string]bool{idA: false, idB: false, idC: false}},
+		{"prefix", []string{"reg/b*"}, map[string]bool{idA: false, idB: true, idC: false}},
+		{"prefix of everything", []string{"reg/*"}, map[string]bool{idA: true, idB: true, idC: true}},
+		{"several", []string{"nothing:1", "reg/c*", "reg/a:1"}, map[string]bool{idA: true, idB: false, idC: true}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s, _ := newImageServer(t, "reg/a:1", "reg/b:1", "reg/c@sha256:d3")
+			s.cfg.Image.PinnedImages = tc.patterns
+			list, err := s.ListImages(context.Background(), &runtimeapi.ListImagesRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := map[string]bool{}
+			for _, img := range list.Images {
+				got[img.Id] = img.Pinned
+				st, err := s.ImageStatus(context.Background(), &runtimeapi.ImageStatusRequest{Image: spec(img.Id)})
+				if err != nil || st.Image.Pinned != img.Pinned {
+					t.Errorf("ImageStatus(%s).Pinned = %v (%v), ListImages says %v", img.Id, st.GetImage().GetPinned(), err, img.Pinned)
+				}
+			}
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("pinned = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestImagePinnedShortName(t *testing.T) {
+	img := &image.Image{ID: idA, RepoTags: []string{"docker.io/library/busybox:1.36"}}
+	if !pinned([]string{"busybox:1.36"}, img) {
+		t.Error("busybox:1.36 does not pin docker.io/library/busybox:1.36")
+	}
+	if pinned([]string{"busybox:1.37", "UPPER:x"}, img) {
+		t.Error("another tag or a malformed name pins the image")
+	}
+}
+
+// Pinning keeps kubelet's GC away; an explicit RemoveImage still removes.
+func TestRemovePinnedImage(t *testing.T) {
+	s, fake := newImageServer(t, "reg/a:1")
+	s.cfg.Image.PinnedImages = []string{"reg/a:1"}
+	if _, err := s.RemoveImage(context.Background(), &runtimeapi.RemoveImageRequest{Image: spec("reg/a:1")}); err != nil {
+		t.Fatalf("RemoveImage(pinned) = %v", err)
+	}
+	if _, err := fake.Get(idA); !errdefs.IsNotFound(err) {
+		t.Errorf("pinned image still there after RemoveImage: %v", err)
 	}
 }
 

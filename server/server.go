@@ -10,6 +10,7 @@ package server
 import (
 	"context"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"google.golang.org/grpc"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -42,8 +43,15 @@ type Images interface {
 	List() []image.Image
 	Remove(ref string) error
 	FsUsage() (bytes, inodes uint64, err error)
+	// ConfigFile is the whole image config (platform, history), for a
+	// verbose ImageStatus.
+	ConfigFile(ref string) (*v1.ConfigFile, error)
 	Root() string
 	MountRootfs(ctx context.Context, req image.MountRequest) (string, error)
+	// MountImageVolume mounts an image read-only for a container and
+	// returns the host path to bind.
+	MountImageVolume(ctx context.Context, req image.VolumeRequest) (string, error)
+	// UnmountRootfs unmounts a container's image volumes and rootfs.
 	UnmountRootfs(ctx context.Context, containerID, podID, dir string) error
 	ReleasePod(ctx context.Context, podID string) error
 	Usage(dir string) (bytes, inodes uint64, err error)

@@ -12,6 +12,8 @@ import (
 	"sync"
 
 	"github.com/containerd/errdefs"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+
 	"github.com/pinrt/pinrt/image"
 )
 
@@ -27,6 +29,10 @@ type Fake struct {
 	Bytes, Inodes                  uint64
 	// PullAuths records the auth of every Pull call.
 	PullAuths []*image.Auth
+	// Configs are the whole image configs by image ID; an image without
+	// one gets a linux config holding its runtime Config.
+	Configs   map[string]*v1.ConfigFile
+	ConfigErr error
 }
 
 // Pull "downloads" Registry[ref].
@@ -104,4 +110,21 @@ func (f *Fake) FsUsage() (uint64, uint64, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.Bytes, f.Inodes, f.FsUsageErr
+}
+
+// ConfigFile returns Configs[ID] of the image ref names.
+func (f *Fake) ConfigFile(ref string) (*v1.ConfigFile, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.ConfigErr != nil {
+		return nil, f.ConfigErr
+	}
+	img, err := f.getLocked(ref)
+	if err != nil {
+		return nil, err
+	}
+	if cf, ok := f.Configs[img.ID]; ok {
+		return cf.DeepCopy(), nil
+	}
+	return &v1.ConfigFile{OS: "linux", Config: img.Config, RootFS: v1.RootFS{Type: "layers"}}, nil
 }

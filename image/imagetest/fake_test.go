@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/containerd/errdefs"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/pinrt/pinrt/image"
 )
 
@@ -17,6 +18,7 @@ type imageService interface {
 	List() []image.Image
 	Remove(ref string) error
 	FsUsage() (bytes, inodes uint64, err error)
+	ConfigFile(ref string) (*v1.ConfigFile, error)
 }
 
 var (

@@ -1,0 +1,64 @@
+package oci
+
+import (
+	"fmt"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// ImageVolume is an image mounted as a volume (KEP-4639). Source is the
+// host path of the mounted image, or of its sub path. It is already
+// shifted into a userns pod's IDs (the image package mounts it from the
+// pod's idmapped layers), so the bind carries no idmapping.
+type ImageVolume struct {
+	Source, ContainerPath string
+}
+
+// WithImageVolumes binds the image volumes read-only, whatever the
+// request said: an image is never writable. They replace a default
+// mount at the same destination like other volumes, and when one is the
+// parent of another mount the mounts are reordered parents first.
+func WithImageVolumes(vols []ImageVolume) SpecOpt {
+	return func(g *Generator) error {
+		for _, v := range vols {
+			if !filepath.IsAbs(v.Source) {
+				return fmt.Errorf("image volume source %q is not absolute: %w", v.Source, errdefs.ErrInvalidArgument)
+			}
+			if !path.IsAbs(v.ContainerPath) {
+				return fmt.Errorf("image volume container path %q is not absolute: %w", v.ContainerPath, errdefs.ErrInvalidArgument)
+			}
+			g.setMount(specs.Mount{
+				Destination: path.Clean(v.ContainerPath), Type: "bind", Source: filepath.Clean(v.Source),
+				Options: []string{"rbind", "ro", "rprivate", "nosuid", "nodev"},
+			})
+		}
+		if hidesChild(g.Config.Mounts, vols) {
+			sort.SliceStable(g.Config.Mounts, func(i, j int) bool {
+				return depth(g.Config.Mounts[i].Destination) < depth(g.Config.Mounts[j].Destination)
+			})
+		}
+		return nil
+	}
+}
+
+// hidesChild reports whether an image volume, appended last, would be
+// mounted over a mount below it.
+func hidesChild(mounts []specs.Mount, vols []ImageVolume) bool {
+	for _, v := range vols {
+		parent := path.Clean(v.ContainerPath)
+		if parent != "/" {
+			parent += "/"
+		}
+		for _, m := range mounts {
+			if strings.HasPrefix(m.Destination, parent) {
+				return true
+			}
+		}
+	}
+	return false
+}
