@@ -179,6 +179,8 @@ func TestWithUser(t *testing.T) {
 		{name: "request uid wins over image", user: User{UID: i64v(0)}, imageUser: "app", wantHome: "HOME=/root"},
 		{name: "unknown numeric uid", user: User{UID: i64v(4242)}, wantUID: 4242, wantHome: "HOME=/"},
 		{name: "username + gid + supplemental", user: User{Username: "app", GID: i64v(7), SupplementalGroups: []int64{63, 99}}, wantUID: 1000, wantGID: 7, wantGids: []uint32{10, 63, 99}, wantHome: "HOME=/home/app"},
+		{name: "strict ignores image groups", user: User{Username: "app", GID: i64v(7), SupplementalGroups: []int64{99}, GroupsPolicy: GroupsStrict}, wantUID: 1000, wantGID: 7, wantGids: []uint32{99}, wantHome: "HOME=/home/app"},
+		{name: "strict image user", imageUser: "app", user: User{GroupsPolicy: GroupsStrict}, wantUID: 1000, wantGID: 1001, wantHome: "HOME=/home/app"},
 		{name: "unknown name", user: User{Username: "nobody-here"}, wantErr: errdefs.ErrInvalidArgument},
 		{name: "negative uid", user: User{UID: i64v(-1)}, wantErr: errdefs.ErrInvalidArgument},
 	}

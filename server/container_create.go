@@ -104,6 +104,9 @@ func (s *Server) containerRequest(sb *sandbox.Sandbox, cfg *runtimeapi.Container
 	if err := securityContext(&r.spec, linux.GetSecurityContext()); err != nil {
 		return nil, err
 	}
+	if r.spec.Seccomp, err = s.seccompProfile(linux.GetSecurityContext().GetSeccomp()); err != nil {
+		return nil, err
+	}
 	ns := linux.GetSecurityContext().GetNamespaceOptions()
 	r.pidMode, r.target = podPIDMode(sb), ns.GetTargetId()
 	if ns != nil {
@@ -223,12 +226,18 @@ func securityProfile(p *runtimeapi.SecurityProfile) (oci.SecurityProfile, error)
 	return oci.SecurityProfile{}, invalid("unknown security profile type %v", p.GetProfileType())
 }
 
-// securityContext copies the container security context into c. A missing
-// seccomp profile is RuntimeDefault: kubelet always sends one, and a bare
-// crictl config should not be less confined than a kubelet pod.
+// securityContext copies the container security context into c; the
+// seccomp profile is Server.seccompProfile's, as it depends on the config.
 func securityContext(c *oci.ContainerSpec, sc *runtimeapi.LinuxContainerSecurityContext) error {
 	if sc == nil {
 		return nil
+	}
+	if err := validRunAs("container", sc.RunAsUser, sc.RunAsUsername, sc.RunAsGroup); err != nil {
+		return err
+	}
+	var err error
+	if c.User.GroupsPolicy, err = groupsPolicy(sc.SupplementalGroupsPolicy); err != nil {
+		return err
 	}
 	c.Privileged, c.ReadonlyRootfs, c.NoNewPrivs = sc.Privileged, sc.ReadonlyRootfs, sc.NoNewPrivs
 	c.CapAdd, c.CapDrop = sc.GetCapabilities().GetAddCapabilities(), sc.GetCapabilities().GetDropCapabilities()
@@ -248,12 +257,6 @@ func securityContext(c *oci.ContainerSpec, sc *runtimeapi.LinuxContainerSecurity
 	}
 	if len(sc.ReadonlyPaths) > 0 {
 		c.ReadonlyPaths = sc.ReadonlyPaths
-	}
-	var err error
-	if sc.Seccomp != nil {
-		if c.Seccomp, err = securityProfile(sc.Seccomp); err != nil {
-			return err
-		}
 	}
 	if sc.Apparmor != nil {
 		if c.AppArmor, err = securityProfile(sc.Apparmor); err != nil {

@@ -43,6 +43,9 @@ func (s *Server) Status(ctx context.Context, req *runtimeapi.StatusRequest) (*ru
 	return &runtimeapi.StatusResponse{
 		Status:          &runtimeapi.RuntimeStatus{Conditions: []*runtimeapi.RuntimeCondition{runtimeCond, netCond}},
 		RuntimeHandlers: s.runtimeHandlers(ctx),
+		// kubelet sends Strict only to runtimes that claim it, and reads
+		// ContainerStatus.user back (see container.go).
+		Features: &runtimeapi.RuntimeFeatures{SupplementalGroupsPolicy: true},
 	}, nil
 }
 

@@ -1,0 +1,148 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/containerd/errdefs"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+func withSC(edit func(sc *runtimeapi.LinuxContainerSecurityContext)) func(c *runtimeapi.ContainerConfig) {
+	return func(c *runtimeapi.ContainerConfig) {
+		if c.Linux == nil {
+			c.Linux = &runtimeapi.LinuxContainerConfig{}
+		}
+		if c.Linux.SecurityContext == nil {
+			c.Linux.SecurityContext = &runtimeapi.LinuxContainerSecurityContext{}
+		}
+		edit(c.Linux.SecurityContext)
+	}
+}
+
+func TestSeccompUnset(t *testing.T) {
+	tests := []struct {
+		name          string
+		defaultUnset  bool
+		edit          func(c *runtimeapi.ContainerConfig)
+		wantConfined  bool
+		wantErrSubstr string
+	}{
+		{name: "no security context", wantConfined: false},
+		{name: "security context without seccomp", edit: withSC(func(*runtimeapi.LinuxContainerSecurityContext) {}), wantConfined: false},
+		{name: "runtime default", edit: withSC(func(sc *runtimeapi.LinuxContainerSecurityContext) {
+			sc.Seccomp = &runtimeapi.SecurityProfile{ProfileType: runtimeapi.SecurityProfile_RuntimeDefault}
+		}), wantConfined: true},
+		{name: "unset with seccomp_default_when_unset", defaultUnset: true, wantConfined: true},
+		{name: "explicit unconfined with seccomp_default_when_unset", defaultUnset: true, edit: withSC(func(sc *runtimeapi.LinuxContainerSecurityContext) {
+			sc.Seccomp = &runtimeapi.SecurityProfile{ProfileType: runtimeapi.SecurityProfile_Unconfined}
+		}), wantConfined: false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newCtrFixture(t)
+			f.cfg.Runtime.SeccompDefaultWhenUnset = tc.defaultUnset
+			pod, _ := f.pod(t, false)
+			cfg := unitCtr("c")
+			if tc.edit != nil {
+				tc.edit(cfg)
+			}
+			resp, err := f.srv.CreateContainer(context.Background(), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: cfg})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := f.rt.Specs[resp.ContainerId].Linux.Seccomp != nil; got != tc.wantConfined {
+				t.Errorf("seccomp confined = %v, want %v", got, tc.wantConfined)
+			}
+		})
+	}
+}
+
+func TestRunAsGroupNeedsUser(t *testing.T) {
+	i64 := func(v int64) *runtimeapi.Int64Value { return &runtimeapi.Int64Value{Value: v} }
+	tests := []struct {
+		name    string
+		sc      func(sc *runtimeapi.LinuxContainerSecurityContext)
+		wantErr error
+		msg     string
+	}{
+		{"group alone", func(sc *runtimeapi.LinuxContainerSecurityContext) { sc.RunAsGroup = i64(5) }, errdefs.ErrInvalidArgument,
+			"container: run_as_group 5 without run_as_user or run_as_username: invalid argument"},
+		{"group with uid", func(sc *runtimeapi.LinuxContainerSecurityContext) { sc.RunAsGroup, sc.RunAsUser = i64(5), i64(0) }, nil, ""},
+		{"group with username", func(sc *runtimeapi.LinuxContainerSecurityContext) { sc.RunAsGroup, sc.RunAsUsername = i64(5), "root" }, nil, ""},
+		{"uid alone", func(sc *runtimeapi.LinuxContainerSecurityContext) { sc.RunAsUser = i64(0) }, nil, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newCtrFixture(t)
+			pod, _ := f.pod(t, false)
+			cfg := unitCtr("c")
+			withSC(tc.sc)(cfg)
+			_, err := f.srv.CreateContainer(context.Background(), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: cfg})
+			if !errors.Is(err, tc.wantErr) || (tc.wantErr != nil && err.Error() != tc.msg) {
+				t.Fatalf("err = %v, want %v %q", err, tc.wantErr, tc.msg)
+			}
+			if tc.wantErr != nil {
+				f.nothingLeft(t)
+			}
+		})
+	}
+}
+
+func TestPodRunAsGroupNeedsUser(t *testing.T) {
+	f := newCtrFixture(t)
+	req := unitPod("p", false)
+	req.Config.Linux.SecurityContext.RunAsGroup = &runtimeapi.Int64Value{Value: 5}
+	_, err := f.srv.RunPodSandbox(context.Background(), req)
+	if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "pod: run_as_group 5 without run_as_user") {
+		t.Fatalf("err = %v, want InvalidArgument naming run_as_group", err)
+	}
+	req.Config.Linux.SecurityContext.RunAsUser = &runtimeapi.Int64Value{Value: 0}
+	if _, err := f.srv.RunPodSandbox(context.Background(), req); err != nil {
+		t.Fatalf("with run_as_user: %v", err)
+	}
+}
+
+func TestSupplementalGroupsPolicy(t *testing.T) {
+	tests := []struct {
+		name   string
+		policy runtimeapi.SupplementalGroupsPolicy
+		want   []int64
+	}{
+		// The fake rootfs's /etc/group makes root a member of group 10.
+		{"merge", runtimeapi.SupplementalGroupsPolicy_Merge, []int64{10, 99}},
+		{"strict", runtimeapi.SupplementalGroupsPolicy_Strict, []int64{99}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newCtrFixture(t)
+			f.images.group = "root:x:0:\nwheel:x:10:root\n"
+			pod, _ := f.pod(t, false)
+			cfg := unitCtr("c")
+			withSC(func(sc *runtimeapi.LinuxContainerSecurityContext) {
+				sc.RunAsUser, sc.RunAsGroup = &runtimeapi.Int64Value{Value: 0}, &runtimeapi.Int64Value{Value: 7}
+				sc.SupplementalGroups, sc.SupplementalGroupsPolicy = []int64{99}, tc.policy
+			})(cfg)
+			resp, err := f.srv.CreateContainer(context.Background(), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: cfg})
+			if err != nil {
+				t.Fatal(err)
+			}
+			st, err := f.srv.ContainerStatus(context.Background(), &runtimeapi.ContainerStatusRequest{ContainerId: resp.ContainerId})
+			if err != nil {
+				t.Fatal(err)
+			}
+			u := st.Status.GetUser().GetLinux()
+			if u.GetUid() != 0 || u.GetGid() != 7 || !reflect.DeepEqual(u.GetSupplementalGroups(), tc.want) {
+				t.Errorf("user = %d:%d %v, want 0:7 %v", u.GetUid(), u.GetGid(), u.GetSupplementalGroups(), tc.want)
+			}
+		})
+	}
+	f := newCtrFixture(t)
+	resp, err := f.srv.Status(context.Background(), &runtimeapi.StatusRequest{})
+	if err != nil || !resp.GetFeatures().GetSupplementalGroupsPolicy() {
+		t.Errorf("Status features %v, %v: want supplemental_groups_policy", resp.GetFeatures(), err)
+	}
+}
