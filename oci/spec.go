@@ -234,7 +234,7 @@ func BuildContainerSpec(ctx context.Context, c *ContainerSpec) (*specs.Spec, err
 		WithUser(c.Rootfs, c.User, c.ImageUser),
 		WithTTY(c.Tty, c.Stdin),
 		WithNoNewPrivileges(c.NoNewPrivs),
-		WithCapabilities(c.Privileged, c.CapAdd, c.CapDrop, host.LastCap),
+		WithCapabilities(c.Privileged, c.CapAdd, c.CapDrop, host.BoundingCaps),
 		WithPrivileged(c.Privileged),
 		WithMaskedPaths(c.Privileged, c.MaskedPaths, c.ReadonlyPaths),
 		WithSeccomp(c.Privileged, c.Seccomp),
