@@ -146,3 +146,25 @@ func TestSupplementalGroupsPolicy(t *testing.T) {
 		t.Errorf("Status features %v, %v: want supplemental_groups_policy", resp.GetFeatures(), err)
 	}
 }
+
+func TestStartContainerMeansRunning(t *testing.T) {
+	f := newCtrFixture(t)
+	f.rt.StateLagsStart = true
+	pod, _ := f.pod(t, false)
+	ctx := context.Background()
+	resp, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr("c")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.srv.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: resp.ContainerId}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := f.srv.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: resp.ContainerId})
+	if err != nil || st.Status.State != runtimeapi.ContainerState_CONTAINER_RUNNING || st.Status.StartedAt == 0 {
+		t.Fatalf("status right after start: %v %v, want RUNNING with a start time", st.GetStatus().GetState(), err)
+	}
+	list, _ := f.srv.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
+	if len(list.Containers) != 1 || list.Containers[0].State != runtimeapi.ContainerState_CONTAINER_RUNNING {
+		t.Fatalf("list right after start: %v, want one RUNNING", list.Containers)
+	}
+}

@@ -33,6 +33,10 @@ type Runtime struct {
 	FeaturesResult *oci.Features
 	// Exec is returned by ExecSync for every command.
 	Exec ExecResult
+	// StateLagsStart makes Start succeed while State keeps reporting the
+	// container created, as runc's state does for tens of milliseconds
+	// after `runc start` returned.
+	StateLagsStart bool
 	// StopExitCode is the exit code Kill/Stop record (default 137 for SIGKILL,
 	// 143 otherwise).
 	StopExitCode *int32
@@ -91,7 +95,9 @@ func (r *Runtime) Start(_ context.Context, id string) error {
 	if st.Status != oci.StatusCreated {
 		return fmt.Errorf("container %s is %s: %w", id, st.Status, errdefs.ErrFailedPrecondition)
 	}
-	st.Status = oci.StatusRunning
+	if !r.StateLagsStart {
+		st.Status = oci.StatusRunning
+	}
 	return nil
 }
 
