@@ -26,6 +26,8 @@ type ContainerRuntime interface {
 	ReopenLog(ctx context.Context, id string) error
 	Features(ctx context.Context) (*oci.Features, error)
 	CheckIDMap(ctx context.Context) error
+	// Probe fails when the runtime cannot run the containers pinrt makes.
+	Probe(ctx context.Context) error
 }
 
 var _ ContainerRuntime = (*oci.Runtime)(nil)

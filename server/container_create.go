@@ -284,7 +284,7 @@ func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *run
 	if err != nil {
 		return nil, err
 	}
-	rt, err := s.runtimeFor(sb.Handler)
+	rt, err := s.usableRuntime(ctx, sb.Handler)
 	if err != nil {
 		return nil, err
 	}

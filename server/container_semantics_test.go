@@ -3,12 +3,16 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
 
 	"github.com/containerd/errdefs"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pinrt/pinrt/conf"
+	"github.com/pinrt/pinrt/oci/ocitest"
 )
 
 func withSC(edit func(sc *runtimeapi.LinuxContainerSecurityContext)) func(c *runtimeapi.ContainerConfig) {
@@ -167,4 +171,41 @@ func TestStartContainerMeansRunning(t *testing.T) {
 	if len(list.Containers) != 1 || list.Containers[0].State != runtimeapi.ContainerState_CONTAINER_RUNNING {
 		t.Fatalf("list right after start: %v, want one RUNNING", list.Containers)
 	}
+}
+
+func TestBrokenHandlerNotAdvertised(t *testing.T) {
+	f := newCtrFixture(t)
+	crun := ocitest.New()
+	crun.ProbeErr = fmt.Errorf("runtime \"crun\" (/usr/bin/crun) has no features command and writes OCI spec 1.0.0: %w", errdefs.ErrFailedPrecondition)
+	f.srv.deps.Runtimes["crun"] = crun
+	f.cfg.Runtime.Runtimes["crun"] = conf.Handler{Binary: "crun"}
+	f.cfg.Runtime.Runtimes["missing"] = conf.Handler{Binary: "/nonexistent"}
+	ctx := context.Background()
+	for i := 0; i < 2; i++ {
+		resp, err := f.srv.Status(ctx, &runtimeapi.StatusRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, h := range resp.RuntimeHandlers {
+			got = append(got, fmt.Sprintf("%q", h.Name))
+		}
+		if strings.Join(got, " ") != `"runc" ""` {
+			t.Errorf("handlers %v, want only runc and the default", got)
+		}
+	}
+	if crun.Probes != 1 || f.rt.Probes != 1 {
+		t.Errorf("probes: crun %d, runc %d; want each probed once", crun.Probes, f.rt.Probes)
+	}
+	req := unitPod("p", false)
+	req.RuntimeHandler = "crun"
+	pod, err := f.srv.RunPodSandbox(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod.PodSandboxId, Config: unitCtr("c")})
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), `runtime handler "crun" cannot run containers: runtime "crun" (/usr/bin/crun) has no features command`) {
+		t.Fatalf("create with the broken handler: %v, want FailedPrecondition saying why", err)
+	}
+	f.nothingLeft(t)
 }

@@ -29,6 +29,10 @@ type Runtime struct {
 	mu sync.Mutex
 
 	CreateErr, StartErr, KillErr, StopErr, DeleteErr, StateErr, UpdateErr, ReopenErr error
+	// ProbeErr is what Probe reports: the runtime cannot run containers.
+	ProbeErr error
+	// Probes counts Probe calls.
+	Probes int
 	// FeaturesResult is returned by Features; nil means no features.
 	FeaturesResult *oci.Features
 	// Exec is returned by ExecSync for every command.
@@ -236,4 +240,12 @@ func (r *Runtime) CheckIDMap(ctx context.Context) error {
 		return fmt.Errorf("runtime %q (%s) lacks idmapped mounts (features: linux.mountExtensions.idmap.enabled is not true): %w", "fake", "fake", errdefs.ErrFailedPrecondition)
 	}
 	return nil
+}
+
+// Probe returns ProbeErr.
+func (r *Runtime) Probe(context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.Probes++
+	return r.ProbeErr
 }
