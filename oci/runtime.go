@@ -408,7 +408,8 @@ func readExitFile(p string) (int32, time.Time, bool) {
 	return int32(code), fi.ModTime(), true
 }
 
-// Update changes the container's cgroup limits.
+// Update changes the container's cgroup limits and records them in the
+// bundle's config.json.
 func (r *Runtime) Update(ctx context.Context, id string, res *specs.LinuxResources) error {
 	if err := validateID(id); err != nil {
 		return err
@@ -423,7 +424,11 @@ func (r *Runtime) Update(ctx context.Context, id string, res *specs.LinuxResourc
 	if _, err := r.run(ctx, b, "update", "--resources", "-", id); err != nil {
 		return r.failure(ctx, id, err, nil, func(st Status) bool { return st == StatusStopped })
 	}
-	return nil
+	rec, err := r.loadRecord(id)
+	if err != nil {
+		return err
+	}
+	return UpdateBundleResources(rec.Bundle, res)
 }
 
 var (

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 const (
@@ -460,5 +462,32 @@ func BenchmarkContainerLifecycle(b *testing.B) {
 		if err := e.rt.Delete(ctx, id, false); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestRuntimeUpdatePersists: the bundle's config.json shows the limits
+// `runc update` applied, with the device rules of create kept.
+func TestRuntimeUpdatePersists(t *testing.T) {
+	e := newTestEnv(t)
+	id := "upd-" + randID(t)
+	e.create(id, true, "sleep", "1000")
+	ctx := context.Background()
+	limit := int64(64 << 20)
+	if err := e.rt.Update(ctx, id, &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit}}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(e.dir, "bundles", id, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s specs.Spec
+	if err := json.Unmarshal(b, &s); err != nil {
+		t.Fatal(err)
+	}
+	if r := s.Linux.Resources; r.Memory == nil || r.Memory.Limit == nil || *r.Memory.Limit != limit || len(r.Devices) == 0 {
+		t.Errorf("config.json resources %+v, want memory %d and the device rules", r, limit)
+	}
+	if err := e.rt.Stop(ctx, id, syscall.SIGKILL, 0); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -704,3 +704,33 @@ func generatorFor(s *specs.Spec) *Generator {
 	g := generate.NewFromSpec(s)
 	return &Generator{Generator: &g}
 }
+
+func TestValidateResources(t *testing.T) {
+	tests := []struct {
+		name                                  string
+		shares, quota, period, mem, swap, oom int64
+		cpus                                  string
+		wantErr                               bool
+	}{
+		{name: "all unset"},
+		{name: "typical", shares: 1024, quota: 50000, period: 100000, mem: 64 << 20, swap: 64 << 20, oom: -997, cpus: "0-1,3"},
+		{name: "unlimited quota and swap", quota: -1, swap: -1},
+		{name: "shares at the bounds", shares: MaxCPUShares},
+		{name: "shares too big", shares: MaxCPUShares + 1, wantErr: true},
+		{name: "quota below 1ms", quota: 999, wantErr: true},
+		{name: "period too short", period: 999, wantErr: true},
+		{name: "memory exactly 6 MiB", mem: MinMemoryLimit},
+		{name: "memory below 6 MiB", mem: MinMemoryLimit - 1, wantErr: true},
+		{name: "swap -2", swap: -2, wantErr: true},
+		{name: "cpuset garbage", cpus: "0,,1", wantErr: true},
+		{name: "oom -1001", oom: -1001, wantErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := ValidateResources(tt.shares, tt.quota, tt.period, tt.mem, tt.swap, tt.oom, tt.cpus, "")
+			if tt.wantErr != errdefs.IsInvalidArgument(err) || (!tt.wantErr && err != nil) {
+				t.Fatalf("err = %v, want error %v", err, tt.wantErr)
+			}
+		})
+	}
+}

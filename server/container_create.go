@@ -100,6 +100,9 @@ func (s *Server) containerRequest(sb *sandbox.Sandbox, cfg *runtimeapi.Container
 		r.spec.Devices = append(r.spec.Devices, oci.Device{HostPath: d.HostPath, ContainerPath: d.ContainerPath, Permissions: d.Permissions})
 	}
 	linux := cfg.GetLinux()
+	if err := validResources(linux.GetResources()); err != nil {
+		return nil, err
+	}
 	r.spec.Resources = toResources(linux.GetResources())
 	if err := securityContext(&r.spec, linux.GetSecurityContext()); err != nil {
 		return nil, err

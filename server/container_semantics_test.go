@@ -2,13 +2,17 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 
 	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pinrt/pinrt/conf"
@@ -208,4 +212,98 @@ func TestBrokenHandlerNotAdvertised(t *testing.T) {
 		t.Fatalf("create with the broken handler: %v, want FailedPrecondition saying why", err)
 	}
 	f.nothingLeft(t)
+}
+
+func TestContainerResourcesUpdateAndStatus(t *testing.T) {
+	f := newCtrFixture(t)
+	pod, _ := f.pod(t, false)
+	ctx := context.Background()
+	cfg := unitCtr("c")
+	cfg.Linux = &runtimeapi.LinuxContainerConfig{Resources: &runtimeapi.LinuxContainerResources{CpuShares: 512, MemoryLimitInBytes: 64 << 20, OomScoreAdj: 100}}
+	resp, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.ContainerId
+	status := func() *runtimeapi.LinuxContainerResources {
+		t.Helper()
+		st, err := f.srv.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Status.GetResources().GetLinux()
+	}
+	if r := status(); r.GetCpuShares() != 512 || r.GetMemoryLimitInBytes() != 64<<20 || r.GetOomScoreAdj() != 100 {
+		t.Errorf("resources after create: %v, want shares 512, memory 64 MiB, oom 100", r)
+	}
+	if _, err := f.srv.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: id}); err != nil {
+		t.Fatal(err)
+	}
+	upd := &runtimeapi.LinuxContainerResources{CpuShares: 1024, CpuQuota: 50000, CpuPeriod: 100000, MemoryLimitInBytes: 128 << 20}
+	if _, err := f.srv.UpdateContainerResources(ctx, &runtimeapi.UpdateContainerResourcesRequest{ContainerId: id, Linux: upd}); err != nil {
+		t.Fatal(err)
+	}
+	r := status()
+	if r.GetCpuShares() != 1024 || r.GetCpuQuota() != 50000 || r.GetCpuPeriod() != 100000 || r.GetMemoryLimitInBytes() != 128<<20 {
+		t.Errorf("resources after update: %v, want the updated limits", r)
+	}
+	// The bundle's config.json has them, and keeps its device rules.
+	spec := readSpec(t, f, id)
+	if got := spec.Linux.Resources; got.Memory == nil || *got.Memory.Limit != 128<<20 || len(got.Devices) == 0 {
+		t.Errorf("config.json resources %+v, want memory 128 MiB and the device rules kept", got)
+	}
+
+	tests := []struct {
+		name string
+		res  *runtimeapi.LinuxContainerResources
+		msg  string
+	}{
+		{"negative memory", &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: -1}, "memory_limit_in_bytes -1 is negative: invalid argument"},
+		{"memory below 6 MiB", &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 1 << 20}, "memory_limit_in_bytes 1048576 is below the minimum of 6291456 (6 MiB): invalid argument"},
+		{"cpu shares 1", &runtimeapi.LinuxContainerResources{CpuShares: 1}, "cpu_shares 1 is outside [2, 262144]: invalid argument"},
+		{"negative cpu shares", &runtimeapi.LinuxContainerResources{CpuShares: -2}, "cpu_shares -2 is outside [2, 262144]: invalid argument"},
+		{"cpu quota -5", &runtimeapi.LinuxContainerResources{CpuQuota: -5}, "cpu_quota -5 must be -1 (unlimited), 0 (unset) or at least 1000 microseconds: invalid argument"},
+		{"cpu period too long", &runtimeapi.LinuxContainerResources{CpuPeriod: 2000000}, "cpu_period 2000000 is outside [1000, 1000000] microseconds: invalid argument"},
+		{"swap below memory", &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 64 << 20, MemorySwapLimitInBytes: 32 << 20}, "memory_swap_limit_in_bytes 33554432 (memory plus swap) is below memory_limit_in_bytes 67108864: invalid argument"},
+		{"bad cpuset", &runtimeapi.LinuxContainerResources{CpusetCpus: "3-1"}, `cpuset_cpus "3-1": "3-1" is not a valid range: invalid argument`},
+		{"oom score", &runtimeapi.LinuxContainerResources{OomScoreAdj: 2000}, "oom_score_adj 2000 is outside [-1000, 1000]: invalid argument"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			calls := len(f.rt.Calls)
+			_, err := f.srv.UpdateContainerResources(ctx, &runtimeapi.UpdateContainerResourcesRequest{ContainerId: id, Linux: tc.res})
+			if !errdefs.IsInvalidArgument(err) || err.Error() != tc.msg {
+				t.Fatalf("update: %v, want InvalidArgument %q", err, tc.msg)
+			}
+			if len(f.rt.Calls) != calls {
+				t.Errorf("the runtime was called: %v", f.rt.Calls[calls:])
+			}
+			c := unitCtr("bad-" + strings.ReplaceAll(tc.name, " ", "-"))
+			c.Linux = &runtimeapi.LinuxContainerConfig{Resources: tc.res}
+			_, err = f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: c})
+			if !errdefs.IsInvalidArgument(err) || err.Error() != tc.msg {
+				t.Fatalf("create: %v, want InvalidArgument %q", err, tc.msg)
+			}
+		})
+	}
+	if r := status(); r.GetMemoryLimitInBytes() != 128<<20 {
+		t.Errorf("a refused update changed the reported limits: %v", r)
+	}
+}
+
+func readSpec(t *testing.T, f *ctrFixture, id string) *specs.Spec {
+	t.Helper()
+	c, err := f.srv.containers.Get(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(c.Dir, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s specs.Spec
+	if err := json.Unmarshal(b, &s); err != nil {
+		t.Fatal(err)
+	}
+	return &s
 }

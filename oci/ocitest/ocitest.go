@@ -4,7 +4,10 @@ package ocitest
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
@@ -79,6 +82,16 @@ func (r *Runtime) Create(_ context.Context, o oci.CreateOptions) (int, error) {
 		return 0, fmt.Errorf("container %s: %w", o.ID, errdefs.ErrAlreadyExists)
 	}
 	r.nextPid++
+	// Like the real runtime, the bundle gets the spec as config.json.
+	if o.Bundle != "" && o.Spec != nil {
+		b, err := json.Marshal(o.Spec)
+		if err != nil {
+			return 0, err
+		}
+		if err := os.WriteFile(filepath.Join(o.Bundle, "config.json"), b, 0o600); err != nil {
+			return 0, err
+		}
+	}
 	r.Containers[o.ID] = &oci.State{ID: o.ID, Status: oci.StatusCreated, Pid: r.nextPid, Bundle: o.Bundle, Created: time.Now(), ExitCode: -1}
 	r.Specs[o.ID] = o.Spec
 	return r.nextPid, nil
@@ -204,10 +217,14 @@ func (r *Runtime) Update(_ context.Context, id string, res *specs.LinuxResources
 	if r.UpdateErr != nil {
 		return r.UpdateErr
 	}
-	if _, err := r.get(id); err != nil {
+	st, err := r.get(id)
+	if err != nil {
 		return err
 	}
 	r.Resources[id] = res
+	if _, err := os.Stat(filepath.Join(st.Bundle, "config.json")); err == nil {
+		return oci.UpdateBundleResources(st.Bundle, res)
+	}
 	return nil
 }
 
