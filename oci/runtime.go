@@ -171,7 +171,7 @@ func (r *Runtime) runtimeState(ctx context.Context, id string) (rs *runcState, o
 	}
 	known, err := r.known(ctx, id)
 	if err != nil {
-		return nil, false, fmt.Errorf("%w (and listing containers: %v)", stateErr, err)
+		return nil, false, fmt.Errorf("%w (and listing containers: %w)", stateErr, err)
 	}
 	if known {
 		return nil, true, stateErr
@@ -207,7 +207,7 @@ func (r *Runtime) failure(ctx context.Context, id string, opErr error, moot func
 	rs, ok, err := r.runtimeState(ctx, id)
 	switch {
 	case err != nil:
-		return fmt.Errorf("%w (state after the failure: %v)", opErr, err)
+		return fmt.Errorf("%w (state after the failure: %w)", opErr, err)
 	case !ok:
 		return fmt.Errorf("container %s: the runtime does not know it: %w", id, errdefs.ErrNotFound)
 	case moot != nil && moot(Status(rs.Status)):

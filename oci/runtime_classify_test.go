@@ -89,7 +89,7 @@ func TestRuntimeErrorsFollowState(t *testing.T) {
 				t.Fatalf("err = %v, want %v containing %q", err, tc.want, tc.wantMsg)
 			}
 			for _, other := range []error{errdefs.ErrNotFound, errdefs.ErrUnknown, errdefs.ErrFailedPrecondition} {
-				if other != tc.want && errors.Is(err, other) {
+				if !errors.Is(other, tc.want) && errors.Is(err, other) {
 					t.Errorf("err = %v is also %v", err, other)
 				}
 			}
