@@ -146,7 +146,7 @@ func (r *Runtime) ExecSync(ctx context.Context, id string, cmd []string, timeout
 		case <-time.After(execDrain):
 			log.G(ctx).WithField("container", id).Debugf("exec %q exited but background processes hold its output after %s; killing them", strings.Join(cmd, " "), execDrain)
 			ex.killAll(ctx)
-			err = ex.waitRunc(c, done)
+			err = ex.waitRunc(ctx, c, done)
 		}
 	case <-timer:
 		killedBy = fmt.Errorf("command %q in container %s timed out after %s: %w", strings.Join(cmd, " "), id, timeout, context.DeadlineExceeded)
@@ -158,7 +158,8 @@ func (r *Runtime) ExecSync(ctx context.Context, id string, cmd []string, timeout
 		// process inside the container, so kill the process it started
 		// and everything that process started.
 		ex.killAll(ctx)
-		_ = ex.waitRunc(c, done) // The wait error adds nothing to killedBy.
+		_ = ex.waitRunc(ctx, c, done) // The wait error adds nothing to killedBy.
+		ex.killAll(ctx)
 		drain()
 		return outBuf.Bytes(), errBuf.Bytes(), -1, killedBy
 	}
@@ -237,15 +238,25 @@ func (e *execProcs) watch(stop <-chan struct{}, exited chan<- struct{}) {
 	}
 }
 
-// waitRunc waits for runc exec after its processes were killed, SIGKILLing
-// it (our own child, so no PID reuse) if it does not exit in time.
-func (e *execProcs) waitRunc(c *exec.Cmd, done <-chan error) error {
-	select {
-	case err := <-done:
-		return err
-	case <-time.After(execKillWait):
-		_ = c.Process.Kill()
-		return <-done
+// waitRunc waits for runc exec after its processes were killed. A process
+// forked between a scan and the kills keeps runc's output pipes open, so
+// the kills are repeated until runc exits; past execKillWait runc itself
+// (our own child, so no PID reuse) is killed.
+func (e *execProcs) waitRunc(ctx context.Context, c *exec.Cmd, done <-chan error) error {
+	deadline := time.NewTimer(execKillWait)
+	defer deadline.Stop()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-done:
+			return err
+		case <-tick.C:
+			e.killAll(ctx)
+		case <-deadline.C:
+			_ = c.Process.Kill()
+			return <-done
+		}
 	}
 }
 
@@ -292,7 +303,14 @@ func (e *execProcs) killAll(ctx context.Context) {
 // subreaper: orphans of the exec'd process land there) and the holders of
 // the exec's pipes and runc's, all started after the exec began.
 func (e *execProcs) victims(main procID) []procID {
-	pipes := append(slices.Clone(e.pipes), pipesOf(e.runc)...)
+	// runc's pipes are remembered: once runc is gone, processes that
+	// escaped a kill still hold them.
+	for _, ino := range pipesOf(e.runc) {
+		if !slices.Contains(e.pipes, ino) {
+			e.pipes = append(e.pipes, ino)
+		}
+	}
+	pipes := e.pipes
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil
