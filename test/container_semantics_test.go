@@ -12,6 +12,8 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pinrt/pinrt/test/testimage"
 )
 
 // TestContainerSemantics checks CRI semantics that need a real runtime:
@@ -23,6 +25,7 @@ func TestContainerSemantics(t *testing.T) {
 	t.Run("MountPropagation", e.testMountPropagation)
 	t.Run("StartMeansRunning", e.testStartMeansRunning)
 	t.Run("ExecSyncBackgroundChild", e.testExecSyncBackgroundChild)
+	t.Run("SupplementalGroupsPolicy", e.testSupplementalGroupsPolicy)
 }
 
 func (e *ctrEnv) privileged(name string, cmd ...string) *runtimeapi.ContainerConfig {
@@ -164,5 +167,46 @@ func (e *ctrEnv) testExecSyncBackgroundChild(t *testing.T) {
 		if strings.Contains(out, left) {
 			t.Errorf("%q of the timed-out exec still runs:\n%s", left, out)
 		}
+	}
+}
+
+// testSupplementalGroupsPolicy: Merge keeps the image's /etc/group
+// memberships of the user, Strict only the requested groups, and
+// ContainerStatus.user reports what the process really has.
+func (e *ctrEnv) testSupplementalGroupsPolicy(t *testing.T) {
+	group := testimage.Group + "extra:x:4242:user1002\n"
+	img := e.pull(t, e.reg.Push(t, "groups:1", testimage.Build(t, testimage.Spec{
+		Cmd:    []string{"sleep", "1000"},
+		Layers: [][]testimage.File{{{Path: "etc/group", Content: []byte(group), Mode: 0o644}}},
+	})))
+	pod, podCfg := e.pod(t, PodConfig("groups"))
+	for _, tc := range []struct {
+		policy runtimeapi.SupplementalGroupsPolicy
+		want   string
+	}{
+		{runtimeapi.SupplementalGroupsPolicy_Merge, "1002 4242 5555"},
+		{runtimeapi.SupplementalGroupsPolicy_Strict, "1002 5555"},
+	} {
+		cfg := e.ctr("g-"+strings.ToLower(tc.policy.String()), "sleep", "1000")
+		cfg.Image.Image = img
+		sc := cfg.Linux.SecurityContext
+		sc.RunAsUser, sc.RunAsGroup = &runtimeapi.Int64Value{Value: 1002}, &runtimeapi.Int64Value{Value: 1002}
+		sc.SupplementalGroups, sc.SupplementalGroupsPolicy = []int64{5555}, tc.policy
+		id := e.run(t, pod, podCfg, cfg)
+		if got := strings.Join(strings.Fields(e.mustExec(t, id, "id", "-G")), " "); got != tc.want {
+			t.Errorf("%v: id -G = %q, want %q", tc.policy, got, tc.want)
+		}
+		u := e.status(t, id).GetUser().GetLinux()
+		var groups []string
+		for _, g := range u.GetSupplementalGroups() {
+			groups = append(groups, strconv.FormatInt(g, 10))
+		}
+		if u.GetUid() != 1002 || u.GetGid() != 1002 || "1002 "+strings.Join(groups, " ") != tc.want {
+			t.Errorf("%v: status user %d:%d %v, want 1002:1002 and the groups of %q", tc.policy, u.GetUid(), u.GetGid(), groups, tc.want)
+		}
+	}
+	resp, err := e.d.Runtime.Status(Ctx(t), &runtimeapi.StatusRequest{})
+	if err != nil || !resp.GetFeatures().GetSupplementalGroupsPolicy() {
+		t.Errorf("Status features %v, %v; want supplemental_groups_policy", resp.GetFeatures(), err)
 	}
 }
