@@ -26,6 +26,7 @@ func TestContainerSemantics(t *testing.T) {
 	t.Run("StartMeansRunning", e.testStartMeansRunning)
 	t.Run("ExecSyncBackgroundChild", e.testExecSyncBackgroundChild)
 	t.Run("SupplementalGroupsPolicy", e.testSupplementalGroupsPolicy)
+	t.Run("Resources", e.testResourcesStatus)
 }
 
 func (e *ctrEnv) privileged(name string, cmd ...string) *runtimeapi.ContainerConfig {
@@ -208,5 +209,44 @@ func (e *ctrEnv) testSupplementalGroupsPolicy(t *testing.T) {
 	resp, err := e.d.Runtime.Status(Ctx(t), &runtimeapi.StatusRequest{})
 	if err != nil || !resp.GetFeatures().GetSupplementalGroupsPolicy() {
 		t.Errorf("Status features %v, %v; want supplemental_groups_policy", resp.GetFeatures(), err)
+	}
+}
+
+// testResourcesStatus: ContainerStatus.resources and the spec on disk show
+// the limits in force after an update, and a value runc would refuse is
+// InvalidArgument with a reason before runc sees it.
+func (e *ctrEnv) testResourcesStatus(t *testing.T) {
+	pod, podCfg := e.pod(t, PodConfig("resources"))
+	cfg := e.ctr("c", "sleep", "1000")
+	cfg.Linux.Resources = &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 64 << 20, CpuShares: 512}
+	id := e.run(t, pod, podCfg, cfg)
+	if r := e.status(t, id).GetResources().GetLinux(); r.GetMemoryLimitInBytes() != 64<<20 || r.GetCpuShares() != 512 {
+		t.Errorf("resources after create: %v", r)
+	}
+	if _, err := e.d.Runtime.UpdateContainerResources(Ctx(t), &runtimeapi.UpdateContainerResourcesRequest{
+		ContainerId: id, Linux: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 96 << 20, CpuShares: 1024},
+	}); err != nil {
+		t.Fatalf("UpdateContainerResources: %v", err)
+	}
+	if r := e.status(t, id).GetResources().GetLinux(); r.GetMemoryLimitInBytes() != 96<<20 || r.GetCpuShares() != 1024 {
+		t.Errorf("resources after update: %v, want memory 96 MiB and 1024 shares", r)
+	}
+	resp, err := e.d.Runtime.ContainerStatus(Ctx(t), &runtimeapi.ContainerStatusRequest{ContainerId: id, Verbose: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(resp.Info["info"], `"limit":100663296`) {
+		t.Errorf("verbose info's runtimeSpec lacks the updated memory limit 100663296")
+	}
+	for _, bad := range []struct {
+		res *runtimeapi.LinuxContainerResources
+		msg string
+	}{
+		{&runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 1 << 20}, "below the minimum"},
+		{&runtimeapi.LinuxContainerResources{CpuShares: -5}, "cpu_shares -5 is outside"},
+		{&runtimeapi.LinuxContainerResources{CpuQuota: -7}, "cpu_quota -7 must be"},
+	} {
+		_, err := e.d.Runtime.UpdateContainerResources(Ctx(t), &runtimeapi.UpdateContainerResourcesRequest{ContainerId: id, Linux: bad.res})
+		wantCode(t, err, codes.InvalidArgument, bad.msg)
 	}
 }
