@@ -446,7 +446,9 @@ func (r *Runtime) Features(ctx context.Context) (*Features, error) {
 	}
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(cctx, r.binary, "features").Output()
+	cmd := exec.CommandContext(cctx, r.binary, "features")
+	cmd.WaitDelay = time.Second
+	out, err := cmd.Output()
 	var f *Features
 	if err != nil {
 		if ctx.Err() != nil {
