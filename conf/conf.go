@@ -71,6 +71,10 @@ type RuntimeConfig struct {
 	CgroupParent string `toml:"cgroup_parent" comment:"Cgroup parent for pods when kubelet names none."`
 	// Runtimes are the handlers, by the name a RuntimeClass uses.
 	Runtimes map[string]Handler `toml:"runtimes" comment:"Runtime handlers by RuntimeClass handler name."`
+	// SeccompDefaultWhenUnset gives containers whose security context names
+	// no seccomp profile RuntimeDefault instead of the CRI's Unconfined, as
+	// CRI-O's seccomp_use_default_when_empty does.
+	SeccompDefaultWhenUnset bool `toml:"seccomp_default_when_unset" comment:"Containers without a seccomp profile get RuntimeDefault instead of Unconfined (the CRI's meaning of unset)."`
 }
 
 // Handler is one OCI runtime.
@@ -170,8 +174,9 @@ func Default() *Config {
 			CgroupDriver:   "cgroupfs",
 			CgroupParent:   "/pinrt",
 			Runtimes: map[string]Handler{
+				// Only runc: Debian's crun 1.8.1 refuses the spec version
+				// pinrt writes. The README shows how to add crun.
 				"runc": {Binary: "runc", Type: "oci"},
-				"crun": {Binary: "crun", Type: "oci"},
 			},
 		},
 		Userns: UsernsConfig{

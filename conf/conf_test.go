@@ -198,7 +198,7 @@ func TestEncodeRoundTrip(t *testing.T) {
 		t.Fatalf("decoding our own output: %v\n%s", err, out)
 	}
 	if back.Listen != c.Listen || back.ShutdownTimeout.Std() != 10*time.Second ||
-		back.Image.Registries["docker.io"].Mirrors[0] != "127.0.0.1:5000" || back.Runtime.Runtimes["crun"].Binary != "crun" {
+		back.Image.Registries["docker.io"].Mirrors[0] != "127.0.0.1:5000" || back.Runtime.Runtimes["runc"].Binary != "runc" {
 		t.Errorf("round trip lost values: %+v", back)
 	}
 }

@@ -137,34 +137,85 @@ func (r *Runtime) globalArgs() []string {
 	return nil
 }
 
-// run runs the runtime with args and returns stdout; a failure carries the
-// runtime's stderr.
+// run runs the runtime with args and returns stdout. A failure carries
+// the runtime's stderr for the message and its exit status, classed
+// Unknown: what it means is decided from the runtime's state (see
+// failure), never from the wording of its stderr.
 func (r *Runtime) run(ctx context.Context, stdin []byte, args ...string) ([]byte, error) {
 	cmd := exec.CommandContext(ctx, r.binary, append(r.globalArgs(), args...)...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	// A runtime forking a helper that keeps stdout open must not hold us.
+	cmd.WaitDelay = 5 * time.Second
 	if stdin != nil {
 		cmd.Stdin = bytes.NewReader(stdin)
 	}
 	if err := cmd.Run(); err != nil {
 		msg := strings.TrimSpace(stderr.String())
-		return stdout.Bytes(), classify(fmt.Errorf("%s %s: %w: %s", filepath.Base(r.binary), args[0], err, msg), msg)
+		return stdout.Bytes(), fmt.Errorf("%s %s: %w: %s: %w", filepath.Base(r.binary), args[0], err, msg, errdefs.ErrUnknown)
 	}
 	return stdout.Bytes(), nil
 }
 
-// classify maps a runtime's error text to an errdefs class.
-func classify(err error, msg string) error {
-	m := strings.ToLower(msg)
-	switch {
-	case strings.Contains(m, "does not exist"), strings.Contains(m, "not found"), strings.Contains(m, "no such"):
-		return fmt.Errorf("%w: %w", err, errdefs.ErrNotFound)
-	case strings.Contains(m, "already exists"):
-		return fmt.Errorf("%w: %w", err, errdefs.ErrAlreadyExists)
-	case strings.Contains(m, "not running"), strings.Contains(m, "is stopped"), strings.Contains(m, "process already finished"):
-		return fmt.Errorf("%w: %w", err, errdefs.ErrFailedPrecondition)
+// runtimeState asks the runtime for id's state. ok is false when the
+// runtime does not know the container, which `list` (structured output)
+// tells apart from a state command that failed for another reason.
+func (r *Runtime) runtimeState(ctx context.Context, id string) (rs *runcState, ok bool, err error) {
+	out, stateErr := r.run(ctx, nil, "state", id)
+	if stateErr == nil {
+		rs = &runcState{}
+		if err := json.Unmarshal(out, rs); err != nil {
+			return nil, false, fmt.Errorf("parse runtime state of %s: %w: %w", id, err, errdefs.ErrUnknown)
+		}
+		return rs, true, nil
 	}
-	return fmt.Errorf("%w: %w", err, errdefs.ErrUnknown)
+	known, err := r.known(ctx, id)
+	if err != nil {
+		return nil, false, fmt.Errorf("%w (and listing containers: %w)", stateErr, err)
+	}
+	if known {
+		return nil, true, stateErr
+	}
+	return nil, false, nil
+}
+
+// known reports whether the runtime lists id.
+func (r *Runtime) known(ctx context.Context, id string) (bool, error) {
+	out, err := r.run(ctx, nil, "list", "--format", "json")
+	if err != nil {
+		return false, err
+	}
+	var list []runcState
+	// runc prints "null" for no containers.
+	if err := json.Unmarshal(out, &list); err != nil {
+		return false, fmt.Errorf("parse runtime list: %w: %w", err, errdefs.ErrUnknown)
+	}
+	for _, c := range list {
+		if c.ID == id {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// failure classifies a failed op on id by the runtime's state after it:
+// a container the runtime does not know is NotFound; one whose state makes
+// op moot (allowed reports which) is not an error; anything else keeps
+// opErr, classed Unknown. A missing cgroup file or an EPERM from kill
+// thus stays an error even though its stderr says "no such file".
+func (r *Runtime) failure(ctx context.Context, id string, opErr error, moot func(Status) bool, precondition func(Status) bool) error {
+	rs, ok, err := r.runtimeState(ctx, id)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%w (state after the failure: %w)", opErr, err)
+	case !ok:
+		return fmt.Errorf("container %s: the runtime does not know it: %w", id, errdefs.ErrNotFound)
+	case moot != nil && moot(Status(rs.Status)):
+		return nil
+	case precondition != nil && precondition(Status(rs.Status)):
+		return fmt.Errorf("container %s is %s: %w", id, rs.Status, errdefs.ErrFailedPrecondition)
+	}
+	return opErr
 }
 
 func (r *Runtime) recordPath(id string) string {
@@ -191,8 +242,10 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 	if err := validateID(id); err != nil {
 		return err
 	}
-	_, err := r.run(ctx, nil, "start", id)
-	return err
+	if _, err := r.run(ctx, nil, "start", id); err != nil {
+		return r.failure(ctx, id, err, nil, func(st Status) bool { return st != StatusCreated })
+	}
+	return nil
 }
 
 // Kill signals the container's init (or all its processes).
@@ -204,8 +257,12 @@ func (r *Runtime) Kill(ctx context.Context, id string, sig syscall.Signal, all b
 	if all {
 		args = append(args, "--all")
 	}
-	_, err := r.run(ctx, nil, append(args, id, strconv.Itoa(int(sig)))...)
-	return err
+	if _, err := r.run(ctx, nil, append(args, id, strconv.Itoa(int(sig)))...); err != nil {
+		// Killing a container that has stopped is done; any other failure
+		// (EPERM, a frozen cgroup) is not, whatever runc printed.
+		return r.failure(ctx, id, err, func(st Status) bool { return st == StatusStopped }, nil)
+	}
+	return nil
 }
 
 // Stop sends sig, waits up to timeout for the container to exit, then
@@ -223,7 +280,7 @@ func (r *Runtime) Stop(ctx context.Context, id string, sig syscall.Signal, timeo
 		sig = syscall.SIGTERM
 	}
 	if timeout > 0 && sig != syscall.SIGKILL {
-		if err := r.Kill(ctx, id, sig, false); err != nil && !errdefs.IsFailedPrecondition(err) && !errdefs.IsNotFound(err) {
+		if err := r.Kill(ctx, id, sig, false); err != nil && !errdefs.IsNotFound(err) {
 			return err
 		}
 		if r.waitStopped(ctx, id, timeout) {
@@ -231,7 +288,7 @@ func (r *Runtime) Stop(ctx context.Context, id string, sig syscall.Signal, timeo
 		}
 		log.G(ctx).WithField("container", id).Debugf("container did not stop within %s after %s; killing", timeout, sig)
 	}
-	if err := r.Kill(ctx, id, syscall.SIGKILL, true); err != nil && !errdefs.IsFailedPrecondition(err) && !errdefs.IsNotFound(err) {
+	if err := r.Kill(ctx, id, syscall.SIGKILL, true); err != nil && !errdefs.IsNotFound(err) {
 		return err
 	}
 	if !r.waitStopped(ctx, id, 0) {
@@ -275,8 +332,10 @@ func (r *Runtime) Delete(ctx context.Context, id string, force bool) error {
 	if force {
 		args = append(args, "--force")
 	}
-	if _, err := r.run(ctx, nil, append(args, id)...); err != nil && !errdefs.IsNotFound(err) {
-		return err
+	if _, err := r.run(ctx, nil, append(args, id)...); err != nil {
+		if err := r.failure(ctx, id, err, nil, nil); !errdefs.IsNotFound(err) {
+			return err
+		}
 	}
 	if err := os.Remove(r.recordPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
@@ -301,18 +360,16 @@ func (r *Runtime) State(ctx context.Context, id string) (*State, error) {
 	}
 	rec, recErr := r.loadRecord(id)
 	st := &State{ID: id, ExitCode: -1}
-	out, err := r.run(ctx, nil, "state", id)
+	rs, known, err := r.runtimeState(ctx, id)
 	switch {
-	case err == nil:
-		var rs runcState
-		if err := json.Unmarshal(out, &rs); err != nil {
-			return nil, fmt.Errorf("parse runtime state of %s: %w", id, err)
-		}
+	case err != nil:
+		return nil, err
+	case known:
 		st.Status, st.Pid, st.Bundle, st.Created = Status(rs.Status), rs.Pid, rs.Bundle, rs.Created
-	case errdefs.IsNotFound(err) && recErr == nil:
+	case recErr == nil:
 		st.Status, st.Bundle = StatusStopped, rec.Bundle
 	default:
-		return nil, err
+		return nil, fmt.Errorf("container %s: %w", id, errdefs.ErrNotFound)
 	}
 	if st.Status != StatusStopped || recErr != nil {
 		return st, nil
@@ -351,95 +408,8 @@ func readExitFile(p string) (int32, time.Time, bool) {
 	return int32(code), fi.ModTime(), true
 }
 
-// maxExecOutput bounds what ExecSync buffers per stream.
-const maxExecOutput = 16 << 20
-
-type limitedBuffer struct {
-	bytes.Buffer
-}
-
-func (l *limitedBuffer) Write(p []byte) (int, error) {
-	if room := maxExecOutput - l.Len(); room < len(p) {
-		if room > 0 {
-			l.Buffer.Write(p[:room])
-		}
-		return len(p), nil
-	}
-	return l.Buffer.Write(p)
-}
-
-// ExecSync runs cmd in the container and collects its output. Past timeout
-// (0 = none) the exec'd process itself is killed, not just `runc exec`, and
-// the error wraps context.DeadlineExceeded.
-func (r *Runtime) ExecSync(ctx context.Context, id string, cmd []string, timeout time.Duration) (stdout, stderr []byte, exitCode int32, err error) {
-	if err := validateID(id); err != nil {
-		return nil, nil, -1, err
-	}
-	if len(cmd) == 0 {
-		return nil, nil, -1, fmt.Errorf("exec: empty command: %w", errdefs.ErrInvalidArgument)
-	}
-	rec, err := r.loadRecord(id)
-	if err != nil {
-		return nil, nil, -1, err
-	}
-	pidDir, err := os.MkdirTemp(rec.Bundle, "exec-")
-	if err != nil {
-		return nil, nil, -1, err
-	}
-	defer os.RemoveAll(pidDir)
-	pidFile := filepath.Join(pidDir, "pid")
-
-	args := append(r.globalArgs(), "exec", "--pid-file", pidFile, id)
-	c := exec.Command(r.binary, append(args, cmd...)...)
-	var outBuf, errBuf limitedBuffer
-	c.Stdout, c.Stderr = &outBuf, &errBuf
-	if err := c.Start(); err != nil {
-		return nil, nil, -1, fmt.Errorf("exec in %s: %w", id, err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- c.Wait() }()
-
-	var timer <-chan time.Time
-	if timeout > 0 {
-		t := time.NewTimer(timeout)
-		defer t.Stop()
-		timer = t.C
-	}
-	var killedBy error
-	select {
-	case err = <-done:
-	case <-timer:
-		killedBy = fmt.Errorf("command %q in container %s timed out after %s: %w", strings.Join(cmd, " "), id, timeout, context.DeadlineExceeded)
-	case <-ctx.Done():
-		killedBy = fmt.Errorf("exec in container %s: %w", id, ctx.Err())
-	}
-	if killedBy != nil {
-		// runc exec only relays signals; killing it would orphan the
-		// process inside the container, so kill the process it started.
-		if b, rerr := os.ReadFile(pidFile); rerr == nil {
-			if pid, _ := strconv.Atoi(strings.TrimSpace(string(b))); pid > 0 {
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-			}
-		}
-		select {
-		case <-done: // The wait error adds nothing to killedBy.
-		case <-time.After(5 * time.Second):
-			_ = c.Process.Kill()
-			<-done
-		}
-		return outBuf.Bytes(), errBuf.Bytes(), -1, killedBy
-	}
-	if err != nil {
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			return outBuf.Bytes(), errBuf.Bytes(), int32(ee.ExitCode()), nil
-		}
-		return nil, nil, -1, fmt.Errorf("exec in %s: %w", id, err)
-	}
-	return outBuf.Bytes(), errBuf.Bytes(), 0, nil
-}
-
-// Update changes the container's cgroup limits.
+// Update changes the container's cgroup limits and records them in the
+// bundle's config.json.
 func (r *Runtime) Update(ctx context.Context, id string, res *specs.LinuxResources) error {
 	if err := validateID(id); err != nil {
 		return err
@@ -451,8 +421,14 @@ func (r *Runtime) Update(ctx context.Context, id string, res *specs.LinuxResourc
 	if err != nil {
 		return err
 	}
-	_, err = r.run(ctx, b, "update", "--resources", "-", id)
-	return err
+	if _, err := r.run(ctx, b, "update", "--resources", "-", id); err != nil {
+		return r.failure(ctx, id, err, nil, func(st Status) bool { return st == StatusStopped })
+	}
+	rec, err := r.loadRecord(id)
+	if err != nil {
+		return err
+	}
+	return UpdateBundleResources(rec.Bundle, res)
 }
 
 var (
@@ -470,7 +446,9 @@ func (r *Runtime) Features(ctx context.Context) (*Features, error) {
 	}
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(cctx, r.binary, "features").Output()
+	cmd := exec.CommandContext(cctx, r.binary, "features")
+	cmd.WaitDelay = time.Second
+	out, err := cmd.Output()
 	var f *Features
 	if err != nil {
 		if ctx.Err() != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 const (
@@ -301,6 +303,73 @@ func TestRuntimeExecSync(t *testing.T) {
 	}
 }
 
+// TestRuntimeExecSyncBackgroundChild: a background child holding stdout
+// holds ExecSync neither past its timeout nor, without one, past the main
+// process; a timed-out exec returns its output so far and loses its children.
+func TestRuntimeExecSyncBackgroundChild(t *testing.T) {
+	e := newTestEnv(t)
+	id := "execbg-" + randID(t)
+	e.create(id, true, "sleep", "1000")
+	ctx := context.Background()
+	procs := filepath.Join("/sys/fs/cgroup/pids", e.cgroup, "pinrt-"+id, "cgroup.procs")
+	tests := []struct {
+		name     string
+		cmd      string
+		timeout  time.Duration
+		wantOut  string
+		wantCode int32
+		wantErr  error
+	}{
+		{"exits with child, timeout", "sleep 100 & echo hi", time.Second, "hi\n", 0, nil},
+		{"exits with child, no timeout", "sleep 100 & echo hi; exit 3", 0, "hi\n", 3, nil},
+		{"times out with children", "echo before; sleep 100 & sleep 101 >/dev/null & sleep 60", 500 * time.Millisecond, "before\n", -1, context.DeadlineExceeded},
+		{"times out while forking", "while :; do sleep 100 & sleep 0.02; done", 500 * time.Millisecond, "", -1, context.DeadlineExceeded},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			start := time.Now()
+			out, _, code, err := e.rt.ExecSync(ctx, id, []string{"sh", "-c", tc.cmd}, tc.timeout)
+			if took := time.Since(start); took > tc.timeout+execDrain+time.Second {
+				t.Errorf("took %v, want at most %v", took, tc.timeout+execDrain+time.Second)
+			}
+			if !errors.Is(err, tc.wantErr) || string(out) != tc.wantOut || code != tc.wantCode {
+				t.Errorf("= %q %d %v, want %q %d %v", out, code, err, tc.wantOut, tc.wantCode, tc.wantErr)
+			}
+			// The children holding the output are gone (runc exec reports
+			// the exit code only once they are), and so are those of the
+			// timed-out exec: only init stays.
+			waitFor(t, func() bool {
+				b, err := os.ReadFile(procs)
+				return err == nil && len(strings.Fields(string(b))) == 1
+			})
+		})
+	}
+	if err := e.rt.Stop(ctx, id, syscall.SIGKILL, 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestParseProcStat(t *testing.T) {
+	tests := []struct {
+		name, in string
+		want     procStat
+		wantErr  bool
+	}{
+		{"plain", "42 (sleep) S 7 42 42 0 -1 4194560 100 0 0 0 0 0 0 0 20 0 1 0 123456 1234 56 rest", procStat{ppid: 7, start: 123456}, false},
+		{"comm with spaces and parens", "42 (a) b) (c) R 1 42 42 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 99 0 0", procStat{ppid: 1, start: 99}, false},
+		{"short", "42 (x) S 1 2 3", procStat{}, true},
+		{"no comm", "garbage", procStat{}, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := parseProcStat(tc.in)
+			if (err != nil) != tc.wantErr || got != tc.want {
+				t.Fatalf("= %+v, %v; want %+v (err %v)", got, err, tc.want, tc.wantErr)
+			}
+		})
+	}
+}
+
 func TestRuntimeReopenLog(t *testing.T) {
 	e := newTestEnv(t)
 	id := "reopen-" + randID(t)
@@ -394,5 +463,32 @@ func BenchmarkContainerLifecycle(b *testing.B) {
 		if err := e.rt.Delete(ctx, id, false); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestRuntimeUpdatePersists: the bundle's config.json shows the limits
+// `runc update` applied, with the device rules of create kept.
+func TestRuntimeUpdatePersists(t *testing.T) {
+	e := newTestEnv(t)
+	id := "upd-" + randID(t)
+	e.create(id, true, "sleep", "1000")
+	ctx := context.Background()
+	limit := int64(64 << 20)
+	if err := e.rt.Update(ctx, id, &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit}}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(e.dir, "bundles", id, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s specs.Spec
+	if err := json.Unmarshal(b, &s); err != nil {
+		t.Fatal(err)
+	}
+	if r := s.Linux.Resources; r.Memory == nil || r.Memory.Limit == nil || *r.Memory.Limit != limit || len(r.Devices) == 0 {
+		t.Errorf("config.json resources %+v, want memory %d and the device rules", r, limit)
+	}
+	if err := e.rt.Stop(ctx, id, syscall.SIGKILL, 0); err != nil {
+		t.Fatal(err)
 	}
 }

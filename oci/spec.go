@@ -79,9 +79,22 @@ type User struct {
 	UID      *int64
 	GID      *int64
 	Username string
-	// SupplementalGroups are added to the groups found in /etc/group.
+	// SupplementalGroups are added to the groups found in /etc/group
+	// (GroupsMerge) or are the only supplementary groups (GroupsStrict).
 	SupplementalGroups []int64
+	GroupsPolicy       GroupsPolicy
 }
+
+// GroupsPolicy is the CRI's SupplementalGroupsPolicy.
+type GroupsPolicy int
+
+const (
+	// GroupsMerge adds the user's /etc/group memberships in the image.
+	GroupsMerge GroupsPolicy = iota
+	// GroupsStrict ignores the image's /etc/group: an image must not be
+	// able to grant its user groups the pod did not ask for.
+	GroupsStrict
+)
 
 // ProfileType selects a seccomp or AppArmor profile kind.
 type ProfileType int
@@ -223,7 +236,7 @@ func BuildContainerSpec(ctx context.Context, c *ContainerSpec) (*specs.Spec, err
 		WithUser(c.Rootfs, c.User, c.ImageUser),
 		WithTTY(c.Tty, c.Stdin),
 		WithNoNewPrivileges(c.NoNewPrivs),
-		WithCapabilities(c.Privileged, c.CapAdd, c.CapDrop, host.LastCap),
+		WithCapabilities(c.Privileged, c.CapAdd, c.CapDrop, host.BoundingCaps),
 		WithPrivileged(c.Privileged),
 		WithMaskedPaths(c.Privileged, c.MaskedPaths, c.ReadonlyPaths),
 		WithSeccomp(c.Privileged, c.Seccomp),

@@ -3,6 +3,7 @@ package oci
 import (
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/containerd/errdefs"
@@ -34,13 +35,39 @@ var DefaultCapabilities = []string{
 	"CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
 }
 
-// knownCaps returns the capabilities up to lastCap (the kernel's
-// cap_last_cap); runc refuses caps the kernel does not know.
-func knownCaps(lastCap int) []string {
-	if lastCap <= 0 || lastCap >= len(allCaps) {
+// ParseCapBnd turns the CapBnd line's hex mask of /proc/<pid>/status into
+// capability names, in number order. Bits pinrt has no name for are left
+// out: runc could not name them either.
+func ParseCapBnd(status []byte) ([]string, error) {
+	for _, line := range strings.Split(string(status), "\n") {
+		v, ok := strings.CutPrefix(line, "CapBnd:")
+		if !ok {
+			continue
+		}
+		mask, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+		if err != nil {
+			return nil, fmt.Errorf("parse CapBnd %q: %w", strings.TrimSpace(v), err)
+		}
+		out := []string{}
+		for i, name := range allCaps {
+			if mask&(1<<uint(i)) != 0 {
+				out = append(out, name)
+			}
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("no CapBnd line in the process status: %w", errdefs.ErrNotFound)
+}
+
+// boundingOrAll is the set privileged and "ALL" mean: the daemon's bounding
+// set, which is also every capability runc can hand out (asking for more
+// fails with "unable to apply caps: operation not permitted"). nil means
+// unknown, and then every capability pinrt knows.
+func boundingOrAll(bounding []string) []string {
+	if bounding == nil {
 		return allCaps
 	}
-	return allCaps[:lastCap+1]
+	return bounding
 }
 
 func normalizeCap(c string) string {
@@ -52,15 +79,17 @@ func normalizeCap(c string) string {
 }
 
 // WithCapabilities computes bounding/effective/permitted: privileged gets
-// every known cap; otherwise start from the defaults, "ALL" in drop empties
-// the set, "ALL" in add fills it, then named adds and drops apply (drop
-// last, so a cap both added and dropped is dropped).
-func WithCapabilities(privileged bool, add, drop []string, lastCap int) SpecOpt {
+// the daemon's bounding set (bounding; nil = unknown, all known caps);
+// otherwise start from the defaults, "ALL" in drop empties the set, "ALL"
+// in add fills it with the bounding set, then named adds and drops apply
+// (drop last, so a cap both added and dropped is dropped). A named add the
+// daemon does not hold is refused: runc would fail with a bare EPERM.
+func WithCapabilities(privileged bool, add, drop []string, bounding []string) SpecOpt {
 	return func(g *Generator) error {
-		known := knownCaps(lastCap)
+		avail := boundingOrAll(bounding)
 		var set []string
 		if privileged {
-			set = append(set, known...)
+			set = append(set, avail...)
 		} else {
 			set = append(set, DefaultCapabilities...)
 			norm := func(list []string) ([]string, bool, error) {
@@ -91,16 +120,21 @@ func WithCapabilities(privileged bool, add, drop []string, lastCap int) SpecOpt 
 				set = nil
 			}
 			if addAll {
-				set = append([]string(nil), known...)
+				set = append([]string(nil), avail...)
 			}
 			for _, c := range adds {
+				if !slices.Contains(avail, c) && !slices.Contains(drops, c) {
+					return fmt.Errorf("capability %s is not in the bounding set of the runtime daemon, so no container can get it: %w", c, errdefs.ErrFailedPrecondition)
+				}
 				if !slices.Contains(set, c) {
 					set = append(set, c)
 				}
 			}
 			set = slices.DeleteFunc(set, func(c string) bool { return slices.Contains(drops, c) })
 		}
-		set = slices.DeleteFunc(set, func(c string) bool { return !slices.Contains(known, c) })
+		// Defaults the daemon lacks are left out rather than failing every
+		// container.
+		set = slices.DeleteFunc(set, func(c string) bool { return !slices.Contains(avail, c) })
 		g.Config.Process.Capabilities = &capsT{
 			Bounding:  slices.Clone(set),
 			Effective: slices.Clone(set),

@@ -25,8 +25,11 @@ type HostInfo struct {
 	SELinux  bool
 	// OOMFloor is the lowest oom_score_adj the daemon may hand out.
 	OOMFloor int
-	// LastCap is /proc/sys/kernel/cap_last_cap (0 = unknown: all caps).
-	LastCap int
+	// BoundingCaps is the daemon's capability bounding set (CapBnd of
+	// /proc/self/status), the most any container can get: a daemon in a
+	// container or under systemd's CapabilityBoundingSet lacks some. nil
+	// means unknown: every capability pinrt knows.
+	BoundingCaps []string
 }
 
 var (
@@ -53,8 +56,9 @@ func ProbeHost() HostInfo {
 		h.AppArmor = strings.TrimSpace(string(b)) == "Y"
 		b, _ = os.ReadFile("/sys/fs/selinux/enforce")
 		h.SELinux = len(bytes.TrimSpace(b)) > 0
-		b, _ = os.ReadFile("/proc/sys/kernel/cap_last_cap")
-		h.LastCap, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+		if b, err := os.ReadFile("/proc/self/status"); err == nil {
+			h.BoundingCaps, _ = ParseCapBnd(b)
+		}
 		hostInfo = h
 	})
 	return hostInfo

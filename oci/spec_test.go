@@ -179,6 +179,8 @@ func TestWithUser(t *testing.T) {
 		{name: "request uid wins over image", user: User{UID: i64v(0)}, imageUser: "app", wantHome: "HOME=/root"},
 		{name: "unknown numeric uid", user: User{UID: i64v(4242)}, wantUID: 4242, wantHome: "HOME=/"},
 		{name: "username + gid + supplemental", user: User{Username: "app", GID: i64v(7), SupplementalGroups: []int64{63, 99}}, wantUID: 1000, wantGID: 7, wantGids: []uint32{10, 63, 99}, wantHome: "HOME=/home/app"},
+		{name: "strict ignores image groups", user: User{Username: "app", GID: i64v(7), SupplementalGroups: []int64{99}, GroupsPolicy: GroupsStrict}, wantUID: 1000, wantGID: 7, wantGids: []uint32{99}, wantHome: "HOME=/home/app"},
+		{name: "strict image user", imageUser: "app", user: User{GroupsPolicy: GroupsStrict}, wantUID: 1000, wantGID: 1001, wantHome: "HOME=/home/app"},
 		{name: "unknown name", user: User{Username: "nobody-here"}, wantErr: errdefs.ErrInvalidArgument},
 		{name: "negative uid", user: User{UID: i64v(-1)}, wantErr: errdefs.ErrInvalidArgument},
 	}
@@ -230,7 +232,7 @@ func TestWithCapabilities(t *testing.T) {
 		name       string
 		privileged bool
 		add, drop  []string
-		lastCap    int
+		bounding   []string
 		want       []string
 		wantErr    error
 	}{
@@ -238,14 +240,20 @@ func TestWithCapabilities(t *testing.T) {
 		{name: "add without prefix, drop with", add: []string{"net_admin"}, drop: []string{"CAP_KILL", "chown"},
 			want: []string{"CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW", "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_AUDIT_WRITE", "CAP_NET_ADMIN"}},
 		{name: "drop ALL add one", add: []string{"NET_BIND_SERVICE"}, drop: []string{"ALL"}, want: []string{"CAP_NET_BIND_SERVICE"}},
-		{name: "add ALL drop one", add: []string{"ALL"}, drop: []string{"SYS_ADMIN"}, lastCap: 3, want: []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_FOWNER"}},
+		{name: "add ALL drop one", add: []string{"ALL"}, drop: []string{"SYS_ADMIN"}, bounding: []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_SYS_ADMIN", "CAP_FOWNER"}, want: []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER"}},
 		{name: "add and drop same: dropped", add: []string{"SYS_TIME"}, drop: []string{"SYS_TIME", "ALL"}, want: nil},
-		{name: "privileged gets all known", privileged: true, drop: []string{"ALL"}, lastCap: 1, want: []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE"}},
+		{name: "privileged gets the bounding set", privileged: true, drop: []string{"ALL"}, bounding: []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE"}, want: []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE"}},
+		{name: "privileged without CAP_SYS_RESOURCE", privileged: true, bounding: slices.DeleteFunc(slices.Clone(allCaps), func(c string) bool { return c == "CAP_SYS_RESOURCE" }),
+			want: slices.DeleteFunc(slices.Clone(allCaps), func(c string) bool { return c == "CAP_SYS_RESOURCE" })},
+		{name: "privileged with unknown bounding set gets all known", privileged: true, want: allCaps},
+		{name: "add ALL without CAP_SYS_RESOURCE", add: []string{"ALL"}, bounding: []string{"CAP_CHOWN", "CAP_KILL"}, want: []string{"CAP_CHOWN", "CAP_KILL"}},
+		{name: "defaults the daemon lacks are left out", drop: []string{"CHOWN"}, bounding: []string{"CAP_CHOWN", "CAP_KILL", "CAP_SETUID"}, want: []string{"CAP_SETUID", "CAP_KILL"}},
+		{name: "named add beyond the bounding set", add: []string{"SYS_RESOURCE"}, bounding: []string{"CAP_CHOWN"}, wantErr: errdefs.ErrFailedPrecondition},
 		{name: "unknown cap", add: []string{"CAP_FLY"}, wantErr: errdefs.ErrInvalidArgument},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s, err := gen(t, WithCapabilities(tt.privileged, tt.add, tt.drop, tt.lastCap))
+			s, err := gen(t, WithCapabilities(tt.privileged, tt.add, tt.drop, tt.bounding))
 			if !errors.Is(err, tt.wantErr) {
 				t.Fatalf("err = %v, want %v", err, tt.wantErr)
 			}
@@ -258,6 +266,31 @@ func TestWithCapabilities(t *testing.T) {
 			}
 			if len(c.Inheritable) != 0 || len(c.Ambient) != 0 {
 				t.Errorf("inheritable/ambient = %v/%v, want none", c.Inheritable, c.Ambient)
+			}
+		})
+	}
+}
+
+func TestParseCapBnd(t *testing.T) {
+	tests := []struct {
+		name, status string
+		want         []string
+		wantErr      error
+	}{
+		// This host's daemon: everything up to CAP_CHECKPOINT_RESTORE (40)
+		// except CAP_SYS_RESOURCE (24).
+		{"no sys_resource", "Name:\tpinrt\nCapBnd:\t000001fffeffffff\nCapAmb:\t0\n",
+			slices.DeleteFunc(slices.Clone(allCaps), func(c string) bool { return c == "CAP_SYS_RESOURCE" }), nil},
+		{"three", "CapBnd:\t0000000000000007\n", []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH"}, nil},
+		{"none", "CapBnd:\t0000000000000000\n", []string{}, nil},
+		{"bits beyond known names", "CapBnd:\tffffffffffffffff\n", allCaps, nil},
+		{"missing", "Name:\tx\n", nil, errdefs.ErrNotFound},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := ParseCapBnd([]byte(tt.status))
+			if !errors.Is(err, tt.wantErr) || !slices.Equal(got, tt.want) {
+				t.Fatalf("= %v, %v; want %v, %v", got, err, tt.want, tt.wantErr)
 			}
 		})
 	}
@@ -292,7 +325,7 @@ func TestWithSeccomp(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s, err := gen(t, WithCapabilities(false, nil, nil, 0), WithSeccomp(tt.privileged, tt.p))
+			s, err := gen(t, WithCapabilities(false, nil, nil, nil), WithSeccomp(tt.privileged, tt.p))
 			if !errors.Is(err, tt.wantErr) {
 				t.Fatalf("err = %v, want %v", err, tt.wantErr)
 			}
@@ -670,4 +703,34 @@ func BenchmarkBuildContainerSpec(b *testing.B) {
 func generatorFor(s *specs.Spec) *Generator {
 	g := generate.NewFromSpec(s)
 	return &Generator{Generator: &g}
+}
+
+func TestValidateResources(t *testing.T) {
+	tests := []struct {
+		name                                  string
+		shares, quota, period, mem, swap, oom int64
+		cpus                                  string
+		wantErr                               bool
+	}{
+		{name: "all unset"},
+		{name: "typical", shares: 1024, quota: 50000, period: 100000, mem: 64 << 20, swap: 64 << 20, oom: -997, cpus: "0-1,3"},
+		{name: "unlimited quota and swap", quota: -1, swap: -1},
+		{name: "shares at the bounds", shares: MaxCPUShares},
+		{name: "shares too big", shares: MaxCPUShares + 1, wantErr: true},
+		{name: "quota below 1ms", quota: 999, wantErr: true},
+		{name: "period too short", period: 999, wantErr: true},
+		{name: "memory exactly 6 MiB", mem: MinMemoryLimit},
+		{name: "memory below 6 MiB", mem: MinMemoryLimit - 1, wantErr: true},
+		{name: "swap -2", swap: -2, wantErr: true},
+		{name: "cpuset garbage", cpus: "0,,1", wantErr: true},
+		{name: "oom -1001", oom: -1001, wantErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := ValidateResources(tt.shares, tt.quota, tt.period, tt.mem, tt.swap, tt.oom, tt.cpus, "")
+			if tt.wantErr != errdefs.IsInvalidArgument(err) || (!tt.wantErr && err != nil) {
+				t.Fatalf("err = %v, want error %v", err, tt.wantErr)
+			}
+		})
+	}
 }

@@ -19,7 +19,8 @@ func fileMode(mode uint32) os.FileMode { return os.FileMode(mode & 0o7777) }
 // WithUser resolves the process identity against the rootfs's /etc/passwd
 // and /etc/group. The request's UID or username wins over the image USER;
 // a requested GID replaces the primary group; supplemental groups are the
-// user's /etc/group memberships plus the requested ones. HOME comes from
+// user's /etc/group memberships (unless the policy is Strict) plus the
+// requested ones. HOME comes from
 // passwd unless the env already sets it.
 func WithUser(rootfs string, u User, imageUser string) SpecOpt {
 	return func(g *Generator) error {
@@ -81,8 +82,10 @@ func WithUser(rootfs string, u User, imageUser string) SpecOpt {
 				p.User.AdditionalGids = append(p.User.AdditionalGids, gid)
 			}
 		}
-		for _, sg := range eu.Sgids {
-			addGid(uint32(sg))
+		if u.GroupsPolicy != GroupsStrict {
+			for _, sg := range eu.Sgids {
+				addGid(uint32(sg))
+			}
 		}
 		for _, sg := range u.SupplementalGroups {
 			if sg < 0 {

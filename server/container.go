@@ -26,6 +26,8 @@ type ContainerRuntime interface {
 	ReopenLog(ctx context.Context, id string) error
 	Features(ctx context.Context) (*oci.Features, error)
 	CheckIDMap(ctx context.Context) error
+	// Probe fails when the runtime cannot run the containers pinrt makes.
+	Probe(ctx context.Context) error
 }
 
 var _ ContainerRuntime = (*oci.Runtime)(nil)
@@ -84,6 +86,7 @@ func (s *Server) ContainerStatus(ctx context.Context, req *runtimeapi.ContainerS
 	}
 	s.refreshContainer(ctx, c, false)
 	resp := &runtimeapi.ContainerStatusResponse{Status: containerStatus(c)}
+	resp.Status.Resources = containerResources(c.Dir)
 	if req.Verbose {
 		if resp.Info, err = containerInfo(c); err != nil {
 			return nil, err
@@ -127,6 +130,9 @@ func (s *Server) ListContainers(ctx context.Context, req *runtimeapi.ListContain
 func (s *Server) UpdateContainerResources(ctx context.Context, req *runtimeapi.UpdateContainerResourcesRequest) (*runtimeapi.UpdateContainerResourcesResponse, error) {
 	c, err := s.containers.Get(req.ContainerId)
 	if err != nil {
+		return nil, err
+	}
+	if err := validResources(req.Linux); err != nil {
 		return nil, err
 	}
 	if err := s.updateContainer(ctx, c, toResources(req.Linux)); err != nil {

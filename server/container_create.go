@@ -109,8 +109,14 @@ func (s *Server) containerRequest(sb *sandbox.Sandbox, cfg *runtimeapi.Container
 		r.spec.Devices = append(r.spec.Devices, oci.Device{HostPath: d.HostPath, ContainerPath: d.ContainerPath, Permissions: d.Permissions})
 	}
 	linux := cfg.GetLinux()
+	if err := validResources(linux.GetResources()); err != nil {
+		return nil, err
+	}
 	r.spec.Resources = toResources(linux.GetResources())
 	if err := securityContext(&r.spec, linux.GetSecurityContext()); err != nil {
+		return nil, err
+	}
+	if r.spec.Seccomp, err = s.seccompProfile(linux.GetSecurityContext().GetSeccomp()); err != nil {
 		return nil, err
 	}
 	ns := linux.GetSecurityContext().GetNamespaceOptions()
@@ -245,12 +251,18 @@ func securityProfile(p *runtimeapi.SecurityProfile) (oci.SecurityProfile, error)
 	return oci.SecurityProfile{}, invalid("unknown security profile type %v", p.GetProfileType())
 }
 
-// securityContext copies the container security context into c. A missing
-// seccomp profile is RuntimeDefault: kubelet always sends one, and a bare
-// crictl config should not be less confined than a kubelet pod.
+// securityContext copies the container security context into c; the
+// seccomp profile is Server.seccompProfile's, as it depends on the config.
 func securityContext(c *oci.ContainerSpec, sc *runtimeapi.LinuxContainerSecurityContext) error {
 	if sc == nil {
 		return nil
+	}
+	if err := validRunAs("container", sc.RunAsUser, sc.RunAsUsername, sc.RunAsGroup); err != nil {
+		return err
+	}
+	var err error
+	if c.User.GroupsPolicy, err = groupsPolicy(sc.SupplementalGroupsPolicy); err != nil {
+		return err
 	}
 	c.Privileged, c.ReadonlyRootfs, c.NoNewPrivs = sc.Privileged, sc.ReadonlyRootfs, sc.NoNewPrivs
 	c.CapAdd, c.CapDrop = sc.GetCapabilities().GetAddCapabilities(), sc.GetCapabilities().GetDropCapabilities()
@@ -270,12 +282,6 @@ func securityContext(c *oci.ContainerSpec, sc *runtimeapi.LinuxContainerSecurity
 	}
 	if len(sc.ReadonlyPaths) > 0 {
 		c.ReadonlyPaths = sc.ReadonlyPaths
-	}
-	var err error
-	if sc.Seccomp != nil {
-		if c.Seccomp, err = securityProfile(sc.Seccomp); err != nil {
-			return err
-		}
 	}
 	if sc.Apparmor != nil {
 		if c.AppArmor, err = securityProfile(sc.Apparmor); err != nil {
@@ -303,7 +309,7 @@ func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *run
 	if err != nil {
 		return nil, err
 	}
-	rt, err := s.runtimeFor(sb.Handler)
+	rt, err := s.usableRuntime(ctx, sb.Handler)
 	if err != nil {
 		return nil, err
 	}

@@ -136,7 +136,7 @@ func (s *Server) startInfra(ctx context.Context, md *sandbox.Metadata) (retErr e
 		oci.WithRootfs(rootfs, true),
 		oci.WithNamespaces(ns, host.CgroupNS),
 		oci.WithProcessArgs([]string{"/pause", "pause"}, nil, nil, nil),
-		oci.WithCapabilities(false, nil, []string{"ALL"}, host.LastCap),
+		oci.WithCapabilities(false, nil, []string{"ALL"}, host.BoundingCaps),
 		oci.WithNoNewPrivileges(true),
 		oci.WithMaskedPaths(false, nil, nil),
 		oci.WithSeccomp(false, oci.SecurityProfile{Type: oci.ProfileRuntimeDefault}),

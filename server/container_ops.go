@@ -161,7 +161,13 @@ func applyState(st *sandbox.ContainerStatus, rs *oci.State, err error) {
 	}
 	switch rs.Status {
 	case oci.StatusCreated, oci.StatusCreating:
-		st.State, st.Pid = sandbox.ContainerCreated, rs.Pid
+		// runc start's success already made the container running; runc
+		// state can still say created for a few tens of milliseconds
+		// after it, and the state never goes back.
+		if st.State != sandbox.ContainerRunning {
+			st.State = sandbox.ContainerCreated
+		}
+		st.Pid = rs.Pid
 	case oci.StatusRunning, oci.StatusPaused:
 		st.State, st.Pid = sandbox.ContainerRunning, rs.Pid
 	case oci.StatusStopped:

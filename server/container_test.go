@@ -31,6 +31,8 @@ import (
 type ctrImages struct {
 	*imagetest.Fake
 	MountErr error
+	// group is the rootfs's /etc/group; "" means root's group only.
+	group    string
 	mounted  map[string]image.MountRequest
 	released []string
 	// VolumeErr fails MountImageVolume for the volume at VolumeErrIndex;
@@ -50,7 +52,11 @@ func (f *ctrImages) MountRootfs(_ context.Context, req image.MountRequest) (stri
 	if err := os.MkdirAll(filepath.Join(rootfs, "etc"), 0o755); err != nil {
 		return "", err
 	}
-	for name, content := range map[string]string{"passwd": "root:x:0:0:root:/root:/bin/sh\n", "group": "root:x:0:\n"} {
+	group := f.group
+	if group == "" {
+		group = "root:x:0:\n"
+	}
+	for name, content := range map[string]string{"passwd": "root:x:0:0:root:/root:/bin/sh\n", "group": group} {
 		if err := os.WriteFile(filepath.Join(rootfs, "etc", name), []byte(content), 0o644); err != nil {
 			return "", err
 		}
@@ -422,8 +428,8 @@ func TestStatusRuntimeHandlers(t *testing.T) {
 	for _, h := range resp.RuntimeHandlers {
 		got = append(got, fmt.Sprintf("%q:%v/%v", h.Name, h.Features.UserNamespaces, h.Features.RecursiveReadOnlyMounts))
 	}
-	// crun is configured by default but has no runtime here: no features.
-	want := `"crun":false/false "runc":true/true "":true/true`
+	// Only runc is configured by default.
+	want := `"runc":true/true "":true/true`
 	if strings.Join(got, " ") != want {
 		t.Errorf("handlers %s, want %s", strings.Join(got, " "), want)
 	}

@@ -2,8 +2,12 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"os/exec"
 	"sort"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -43,28 +47,33 @@ func (s *Server) Status(ctx context.Context, req *runtimeapi.StatusRequest) (*ru
 	return &runtimeapi.StatusResponse{
 		Status:          &runtimeapi.RuntimeStatus{Conditions: []*runtimeapi.RuntimeCondition{runtimeCond, netCond}},
 		RuntimeHandlers: s.runtimeHandlers(ctx),
+		// kubelet sends Strict only to runtimes that claim it, and reads
+		// ContainerStatus.user back (see container.go).
+		Features: &runtimeapi.RuntimeFeatures{SupplementalGroupsPolicy: true},
 	}, nil
 }
 
-// runtimeHandlers lists every configured handler with the features its
-// binary reports; kubelet refuses hostUsers: false pods unless the handler
-// claims user namespaces. A handler whose binary is missing, or whose
-// probe fails, has no features: that is not an error of Status.
+// runtimeHandlers lists every configured handler that can run containers,
+// with the features its binary reports; kubelet refuses hostUsers: false
+// pods unless the handler claims user namespaces. A handler whose binary
+// is missing or whose probe failed is left out: advertising it would let
+// kubelet schedule pods that can never start.
 func (s *Server) runtimeHandlers(ctx context.Context) []*runtimeapi.RuntimeHandler {
+	probes := s.probeRuntimes(ctx)
 	names := make([]string, 0, len(s.cfg.Runtime.Runtimes))
 	for name := range s.cfg.Runtime.Runtimes {
-		names = append(names, name)
+		if probes[name] == nil {
+			names = append(names, name)
+		}
 	}
 	sort.Strings(names)
 	var out []*runtimeapi.RuntimeHandler
 	for _, name := range names {
 		f := &runtimeapi.RuntimeHandlerFeatures{}
-		if rt, ok := s.deps.Runtimes[name]; ok && rt != nil {
-			if feat, err := rt.Features(ctx); err == nil && feat != nil {
-				// A userns pod's volumes are idmapped mounts.
-				f.UserNamespaces = feat.IDMapMounts
-				f.RecursiveReadOnlyMounts = feat.RecursiveReadOnly
-			}
+		if feat, err := s.deps.Runtimes[name].Features(ctx); err == nil && feat != nil {
+			// A userns pod's volumes are idmapped mounts.
+			f.UserNamespaces = feat.IDMapMounts
+			f.RecursiveReadOnlyMounts = feat.RecursiveReadOnly
 		}
 		out = append(out, &runtimeapi.RuntimeHandler{Name: name, Features: f})
 		// kubelet looks the default handler up by the empty name.
@@ -94,4 +103,43 @@ func (s *Server) RuntimeConfig(ctx context.Context, req *runtimeapi.RuntimeConfi
 	return &runtimeapi.RuntimeConfigResponse{
 		Linux: &runtimeapi.LinuxRuntimeConfiguration{CgroupDriver: driver},
 	}, nil
+}
+
+// probeRuntimes checks every configured handler once, at start (Restore)
+// or at the first use, and warns about each one that cannot run
+// containers, saying why. The results never change: fixing a runtime
+// means restarting the daemon, as changing the config does.
+func (s *Server) probeRuntimes(ctx context.Context) map[string]error {
+	s.probeOnce.Do(func() {
+		s.probes = map[string]error{}
+		for name, h := range s.cfg.Runtime.Runtimes {
+			rt, ok := s.deps.Runtimes[name]
+			var err error
+			if !ok || rt == nil {
+				err = fmt.Errorf("runtime handler %q: binary %q was not found at start: %w", name, h.Binary, errdefs.ErrFailedPrecondition)
+			} else if err = rt.Probe(ctx); err != nil {
+				err = fmt.Errorf("runtime handler %q cannot run containers: %w", name, err)
+			}
+			if err != nil {
+				log.G(ctx).WithError(err).WithField("handler", name).Warn("not advertising runtime handler")
+			}
+			s.probes[name] = err
+		}
+	})
+	return s.probes
+}
+
+// usableRuntime is the runtime new containers of handler get: one whose
+// probe failed would fail every create with the runtime's own obscure
+// message (crun 1.8.1: "unknown version specified"). Existing containers
+// are still stopped and removed through runtimeFor.
+func (s *Server) usableRuntime(ctx context.Context, handler string) (ContainerRuntime, error) {
+	rt, err := s.runtimeFor(handler)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.probeRuntimes(ctx)[handler]; err != nil {
+		return nil, err
+	}
+	return rt, nil
 }

@@ -207,6 +207,11 @@ func (s *Server) podRequest(req *runtimeapi.RunPodSandboxRequest) (*podRequest, 
 		return nil, invalid("hostname %q is not valid", hostname)
 	}
 	linux := cfg.GetLinux()
+	if sc := linux.GetSecurityContext(); sc != nil {
+		if err := validRunAs("pod", sc.RunAsUser, "", sc.RunAsGroup); err != nil {
+			return nil, err
+		}
+	}
 	modes, err := namespaceModes(linux.GetSecurityContext().GetNamespaceOptions())
 	if err != nil {
 		return nil, err

@@ -9,6 +9,7 @@ package server
 
 import (
 	"context"
+	"sync"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"google.golang.org/grpc"
@@ -99,6 +100,10 @@ type Server struct {
 	containers *sandbox.Store[*sandbox.Container]
 	ctrNames   *sandbox.Names
 	pause      pauseRootfs
+
+	// probes are the handlers' probe results, taken once (probeRuntimes).
+	probeOnce sync.Once
+	probes    map[string]error
 }
 
 // New returns a server for cfg driving deps.
@@ -116,9 +121,11 @@ func New(cfg *conf.Config, deps Deps) *Server {
 	}
 }
 
-// Restore loads the pods and containers recorded on disk. It runs before
-// the socket opens, so kubelet never sees a half-restored runtime.
+// Restore probes the runtime handlers and loads the pods and containers
+// recorded on disk. It runs before the socket opens, so kubelet never sees
+// a half-restored runtime.
 func (s *Server) Restore(ctx context.Context) {
+	s.probeRuntimes(ctx)
 	s.restorePods(ctx)
 	s.restoreContainers(ctx)
 }

@@ -487,8 +487,11 @@ func (e *ctrEnv) testRuntimeHandlers(t *testing.T) {
 		"":        "userns=true rro=true",
 		"runc":    "userns=true rro=true",
 		"noidmap": "userns=false rro=false",
-		"crun":    "userns=false rro=false",
-		"missing": "userns=false rro=false",
+	}
+	// crun 1.8.1 cannot run pinrt's specs and "missing" has no binary:
+	// neither is advertised.
+	if len(got) != len(want) {
+		t.Errorf("handlers %v, want exactly %v", got, want)
 	}
 	for name, w := range want {
 		if got[name] != w {

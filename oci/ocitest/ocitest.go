@@ -4,7 +4,10 @@ package ocitest
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
@@ -29,10 +32,18 @@ type Runtime struct {
 	mu sync.Mutex
 
 	CreateErr, StartErr, KillErr, StopErr, DeleteErr, StateErr, UpdateErr, ReopenErr error
+	// ProbeErr is what Probe reports: the runtime cannot run containers.
+	ProbeErr error
+	// Probes counts Probe calls.
+	Probes int
 	// FeaturesResult is returned by Features; nil means no features.
 	FeaturesResult *oci.Features
 	// Exec is returned by ExecSync for every command.
 	Exec ExecResult
+	// StateLagsStart makes Start succeed while State keeps reporting the
+	// container created, as runc's state does for tens of milliseconds
+	// after `runc start` returned.
+	StateLagsStart bool
 	// StopExitCode is the exit code Kill/Stop record (default 137 for SIGKILL,
 	// 143 otherwise).
 	StopExitCode *int32
@@ -71,6 +82,16 @@ func (r *Runtime) Create(_ context.Context, o oci.CreateOptions) (int, error) {
 		return 0, fmt.Errorf("container %s: %w", o.ID, errdefs.ErrAlreadyExists)
 	}
 	r.nextPid++
+	// Like the real runtime, the bundle gets the spec as config.json.
+	if o.Bundle != "" && o.Spec != nil {
+		b, err := json.Marshal(o.Spec)
+		if err != nil {
+			return 0, err
+		}
+		if err := os.WriteFile(filepath.Join(o.Bundle, "config.json"), b, 0o600); err != nil {
+			return 0, err
+		}
+	}
 	r.Containers[o.ID] = &oci.State{ID: o.ID, Status: oci.StatusCreated, Pid: r.nextPid, Bundle: o.Bundle, Created: time.Now(), ExitCode: -1}
 	r.Specs[o.ID] = o.Spec
 	return r.nextPid, nil
@@ -91,7 +112,9 @@ func (r *Runtime) Start(_ context.Context, id string) error {
 	if st.Status != oci.StatusCreated {
 		return fmt.Errorf("container %s is %s: %w", id, st.Status, errdefs.ErrFailedPrecondition)
 	}
-	st.Status = oci.StatusRunning
+	if !r.StateLagsStart {
+		st.Status = oci.StatusRunning
+	}
 	return nil
 }
 
@@ -194,10 +217,14 @@ func (r *Runtime) Update(_ context.Context, id string, res *specs.LinuxResources
 	if r.UpdateErr != nil {
 		return r.UpdateErr
 	}
-	if _, err := r.get(id); err != nil {
+	st, err := r.get(id)
+	if err != nil {
 		return err
 	}
 	r.Resources[id] = res
+	if _, err := os.Stat(filepath.Join(st.Bundle, "config.json")); err == nil {
+		return oci.UpdateBundleResources(st.Bundle, res)
+	}
 	return nil
 }
 
@@ -230,4 +257,12 @@ func (r *Runtime) CheckIDMap(ctx context.Context) error {
 		return fmt.Errorf("runtime %q (%s) lacks idmapped mounts (features: linux.mountExtensions.idmap.enabled is not true): %w", "fake", "fake", errdefs.ErrFailedPrecondition)
 	}
 	return nil
+}
+
+// Probe returns ProbeErr.
+func (r *Runtime) Probe(context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.Probes++
+	return r.ProbeErr
 }

@@ -1,0 +1,476 @@
+package oci
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
+)
+
+// maxExecOutput bounds what ExecSync buffers per stream.
+const maxExecOutput = 16 << 20
+
+// execDrain bounds how long ExecSync waits for `runc exec` once the
+// process it started exited. runc relays the output through pipes of its
+// own and exits only when every holder closed them, so a background child
+// the command left holding stdout (`sh -c 'sleep 100 & echo hi'`) would
+// hold the call until that child exits, forever for a daemon. Past the
+// bound such children are killed: runc reports the exit code only once
+// they are gone.
+const execDrain = time.Second
+
+// execKillWait bounds the wait for `runc exec` to exit after the process it
+// started was killed.
+const execKillWait = 5 * time.Second
+
+type limitedBuffer struct {
+	bytes.Buffer
+}
+
+func (l *limitedBuffer) Write(p []byte) (int, error) {
+	if room := maxExecOutput - l.Len(); room < len(p) {
+		if room > 0 {
+			l.Buffer.Write(p[:room])
+		}
+		return len(p), nil
+	}
+	return l.Buffer.Write(p)
+}
+
+// ExecSync runs cmd in the container and collects its output. Past timeout
+// (0 = none) the exec'd process and its children are killed, not just
+// `runc exec`, and the error wraps context.DeadlineExceeded; the output
+// written until then is returned with it. Once the exec'd process exited,
+// output is read for at most execDrain more.
+func (r *Runtime) ExecSync(ctx context.Context, id string, cmd []string, timeout time.Duration) (stdout, stderr []byte, exitCode int32, err error) {
+	if err := validateID(id); err != nil {
+		return nil, nil, -1, err
+	}
+	if len(cmd) == 0 {
+		return nil, nil, -1, fmt.Errorf("exec: empty command: %w", errdefs.ErrInvalidArgument)
+	}
+	rec, err := r.loadRecord(id)
+	if err != nil {
+		return nil, nil, -1, err
+	}
+	pidDir, err := os.MkdirTemp(rec.Bundle, "exec-")
+	if err != nil {
+		return nil, nil, -1, err
+	}
+	defer os.RemoveAll(pidDir)
+
+	// Our own pipes rather than io.Writers: Wait then returns when runc
+	// exec exits, whoever else holds the write ends, and the pipe's inode
+	// names every process that does.
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return nil, nil, -1, err
+	}
+	defer outR.Close()
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		outW.Close()
+		return nil, nil, -1, err
+	}
+	defer errR.Close()
+
+	args := append(r.globalArgs(), "exec", "--pid-file", filepath.Join(pidDir, "pid"), id)
+	c := exec.Command(r.binary, append(args, cmd...)...)
+	c.Stdout, c.Stderr = outW, errW
+	c.WaitDelay = execDrain
+	ex := &execProcs{pidFile: filepath.Join(pidDir, "pid"), since: bootTicks(), self: os.Getpid()}
+	err = c.Start()
+	outW.Close()
+	errW.Close()
+	if err != nil {
+		return nil, nil, -1, fmt.Errorf("exec in %s: %w", id, err)
+	}
+	ex.runc = c.Process.Pid
+	ex.pipes = pipeInodes(outR, errR)
+
+	var outBuf, errBuf limitedBuffer
+	var copiers sync.WaitGroup
+	drained := make(chan struct{})
+	copiers.Add(2)
+	go func() { defer copiers.Done(); _, _ = io.Copy(&outBuf, outR) }()
+	go func() { defer copiers.Done(); _, _ = io.Copy(&errBuf, errR) }()
+	go func() { copiers.Wait(); close(drained) }()
+	// drain waits for the output for at most execDrain, then closes the
+	// read ends so the copiers return and the buffers can be read.
+	drain := func() {
+		select {
+		case <-drained:
+		case <-time.After(execDrain):
+			log.G(ctx).WithField("container", id).Debugf("exec %q: a background process still holds its output after %s; not waiting for it", strings.Join(cmd, " "), execDrain)
+			outR.Close()
+			errR.Close()
+			<-drained
+		}
+	}
+
+	done := make(chan error, 1)
+	go func() { done <- c.Wait() }()
+	// The pid file appears while the process runs; learn its identity
+	// then, so a later kill can tell it from a process that reused the
+	// PID, and learn when it exits.
+	stopWatch := make(chan struct{})
+	mainExited := make(chan struct{})
+	go ex.watch(stopWatch, mainExited)
+	defer close(stopWatch)
+
+	var timer <-chan time.Time
+	if timeout > 0 {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		timer = t.C
+	}
+	var killedBy error
+	select {
+	case err = <-done:
+	case <-mainExited:
+		select {
+		case err = <-done:
+		case <-time.After(execDrain):
+			log.G(ctx).WithField("container", id).Debugf("exec %q exited but background processes hold its output after %s; killing them", strings.Join(cmd, " "), execDrain)
+			ex.killAll(ctx)
+			err = ex.waitRunc(ctx, c, done)
+		}
+	case <-timer:
+		killedBy = fmt.Errorf("command %q in container %s timed out after %s: %w", strings.Join(cmd, " "), id, timeout, context.DeadlineExceeded)
+	case <-ctx.Done():
+		killedBy = fmt.Errorf("exec in container %s: %w", id, ctx.Err())
+	}
+	if killedBy != nil {
+		// runc exec only relays signals; killing it would orphan the
+		// process inside the container, so kill the process it started
+		// and everything that process started.
+		ex.killAll(ctx)
+		_ = ex.waitRunc(ctx, c, done) // The wait error adds nothing to killedBy.
+		ex.killAll(ctx)
+		drain()
+		return outBuf.Bytes(), errBuf.Bytes(), -1, killedBy
+	}
+	drain()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return outBuf.Bytes(), errBuf.Bytes(), int32(ee.ExitCode()), nil
+		}
+		return nil, nil, -1, fmt.Errorf("exec in %s: %w", id, err)
+	}
+	return outBuf.Bytes(), errBuf.Bytes(), 0, nil
+}
+
+// execProcs finds the processes of one exec for killing.
+type execProcs struct {
+	pidFile string
+	// since is the boot-time tick just before runc exec started: a process
+	// of this exec cannot have started earlier.
+	since uint64
+	// self and runc are never killed: runc exec exits by itself once the
+	// exec'd process is dead.
+	self, runc int
+	pipes      []uint64
+
+	mu   sync.Mutex
+	main procID
+}
+
+// procID identifies a process across PID reuse, as runc's hasInit does.
+type procID struct {
+	pid   int
+	start uint64
+}
+
+// watch learns the exec'd process from the pid file and closes exited
+// when it has exited (its pidfd polls readable).
+func (e *execProcs) watch(stop <-chan struct{}, exited chan<- struct{}) {
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !e.readPid() {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+		}
+	}
+	e.mu.Lock()
+	main := e.main
+	e.mu.Unlock()
+	if main.pid <= 0 {
+		close(exited)
+		return
+	}
+	fd, err := unix.PidfdOpen(main.pid, 0)
+	if err != nil {
+		close(exited) // ESRCH: already gone.
+		return
+	}
+	defer unix.Close(fd)
+	if st, err := readProcStat(main.pid); err != nil || st.start != main.start {
+		close(exited)
+		return
+	}
+	for {
+		n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 50)
+		if err == nil && n > 0 {
+			close(exited)
+			return
+		}
+		select {
+		case <-stop:
+			return
+		default:
+		}
+	}
+}
+
+// waitRunc waits for runc exec after its processes were killed. A process
+// forked between a scan and the kills keeps runc's output pipes open, so
+// the kills are repeated until runc exits; past execKillWait runc itself
+// (our own child, so no PID reuse) is killed.
+func (e *execProcs) waitRunc(ctx context.Context, c *exec.Cmd, done <-chan error) error {
+	deadline := time.NewTimer(execKillWait)
+	defer deadline.Stop()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-done:
+			return err
+		case <-tick.C:
+			e.killAll(ctx)
+		case <-deadline.C:
+			_ = c.Process.Kill()
+			return <-done
+		}
+	}
+}
+
+func (e *execProcs) readPid() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.main.pid > 0 {
+		return true
+	}
+	b, err := os.ReadFile(e.pidFile)
+	if err != nil {
+		return false
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return false
+	}
+	st, err := readProcStat(pid)
+	if err != nil || st.start < e.since {
+		// Already gone: nothing to kill, and it has exited.
+		e.main = procID{pid: -1}
+		return true
+	}
+	e.main = procID{pid: pid, start: st.start}
+	return true
+}
+
+// killAll SIGKILLs the exec'd process, its descendants and every process
+// holding the exec's output pipes, each only while it is still the
+// process that was found.
+func (e *execProcs) killAll(ctx context.Context) {
+	e.readPid()
+	e.mu.Lock()
+	main := e.main
+	e.mu.Unlock()
+	for _, p := range e.victims(main) {
+		if err := killIfSame(p); err != nil {
+			log.G(ctx).WithError(err).Debugf("exec: not killing pid %d", p.pid)
+		}
+	}
+}
+
+// victims lists main, its descendants, the descendants of runc exec (a
+// subreaper: orphans of the exec'd process land there) and the holders of
+// the exec's pipes and runc's, all started after the exec began.
+func (e *execProcs) victims(main procID) []procID {
+	// runc's pipes are remembered: once runc is gone, processes that
+	// escaped a kill still hold them.
+	for _, ino := range pipesOf(e.runc) {
+		if !slices.Contains(e.pipes, ino) {
+			e.pipes = append(e.pipes, ino)
+		}
+	}
+	pipes := e.pipes
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	stats := map[int]procStat{}
+	children := map[int][]int{}
+	for _, d := range ents {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil || pid == e.self || pid == e.runc {
+			continue
+		}
+		st, err := readProcStat(pid)
+		if err != nil || st.start < e.since {
+			continue
+		}
+		stats[pid] = st
+		children[st.ppid] = append(children[st.ppid], pid)
+	}
+	seen := map[int]bool{}
+	var out []procID
+	add := func(pid int) {
+		if !seen[pid] {
+			seen[pid] = true
+			out = append(out, procID{pid: pid, start: stats[pid].start})
+		}
+	}
+	queue := slices.Clone(children[e.runc])
+	if st, ok := stats[main.pid]; ok && main.pid > 0 && st.start == main.start {
+		queue = append(queue, main.pid)
+	}
+	for len(queue) > 0 {
+		pid := queue[0]
+		queue = queue[1:]
+		add(pid)
+		queue = append(queue, children[pid]...)
+	}
+	for pid := range stats {
+		if holdsPipe(pid, pipes) {
+			add(pid)
+		}
+	}
+	return out
+}
+
+// pipesOf is the inodes of the pipes pid holds.
+func pipesOf(pid int) []uint64 {
+	var out []uint64
+	dir := "/proc/" + strconv.Itoa(pid) + "/fd"
+	ents, _ := os.ReadDir(dir)
+	for _, d := range ents {
+		if ino, ok := pipeInode(dir + "/" + d.Name()); ok {
+			out = append(out, ino)
+		}
+	}
+	return out
+}
+
+func pipeInode(link string) (uint64, bool) {
+	l, err := os.Readlink(link)
+	if err != nil || !strings.HasPrefix(l, "pipe:[") {
+		return 0, false
+	}
+	ino, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimPrefix(l, "pipe:["), "]"), 10, 64)
+	return ino, err == nil
+}
+
+// killIfSame sends SIGKILL through a pidfd opened after checking that pid
+// still has the start time it was found with, so a reused PID is never
+// signalled.
+func killIfSame(p procID) error {
+	fd, err := unix.PidfdOpen(p.pid, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	st, err := readProcStat(p.pid)
+	if err != nil {
+		return err
+	}
+	if st.start != p.start {
+		return fmt.Errorf("pid %d was reused (start time %d, want %d)", p.pid, st.start, p.start)
+	}
+	return unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+}
+
+// pipeInodes are the inodes of the exec's pipes; /proc/<pid>/fd links of
+// their holders read "pipe:[<inode>]".
+func pipeInodes(files ...*os.File) []uint64 {
+	var out []uint64
+	for _, f := range files {
+		var st unix.Stat_t
+		if err := unix.Fstat(int(f.Fd()), &st); err == nil {
+			out = append(out, st.Ino)
+		}
+	}
+	return out
+}
+
+func holdsPipe(pid int, inodes []uint64) bool {
+	dir := "/proc/" + strconv.Itoa(pid) + "/fd"
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return false
+	}
+	for _, d := range ents {
+		if ino, ok := pipeInode(dir + "/" + d.Name()); ok && slices.Contains(inodes, ino) {
+			return true
+		}
+	}
+	return false
+}
+
+type procStat struct {
+	ppid  int
+	start uint64 // clock ticks since boot
+}
+
+func readProcStat(pid int) (procStat, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return procStat{}, err
+	}
+	return parseProcStat(string(b))
+}
+
+// parseProcStat reads ppid and starttime from /proc/<pid>/stat. The
+// command name may hold spaces and parentheses, so fields are counted
+// from its last ')'.
+func parseProcStat(s string) (procStat, error) {
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return procStat{}, fmt.Errorf("malformed stat %q", s)
+	}
+	f := strings.Fields(s[i+1:])
+	// f[0] is field 3 (state): ppid is field 4, starttime field 22.
+	if len(f) < 20 {
+		return procStat{}, fmt.Errorf("short stat %q", s)
+	}
+	ppid, err := strconv.Atoi(f[1])
+	if err != nil {
+		return procStat{}, fmt.Errorf("stat ppid %q: %w", f[1], err)
+	}
+	start, err := strconv.ParseUint(f[19], 10, 64)
+	if err != nil {
+		return procStat{}, fmt.Errorf("stat starttime %q: %w", f[19], err)
+	}
+	return procStat{ppid: ppid, start: start}, nil
+}
+
+// bootTicks is now in the unit of /proc/<pid>/stat's starttime: USER_HZ
+// (100 on every Linux ABI) ticks of CLOCK_BOOTTIME. One tick is taken off
+// so rounding cannot make a process look older than the exec.
+func bootTicks() uint64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		return 0
+	}
+	t := uint64(ts.Nano()) / uint64(time.Second/100)
+	if t > 0 {
+		t--
+	}
+	return t
+}

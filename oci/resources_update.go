@@ -1,0 +1,118 @@
+package oci
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// Limits runc and the kernel enforce, checked before runc sees a value so
+// a bad request is InvalidArgument with a reason instead of runc's stderr.
+const (
+	// MinCPUShares and MaxCPUShares bound cgroup v1 cpu.shares; runc maps
+	// the same range onto cgroup v2 cpu.weight and refuses values outside.
+	MinCPUShares = 2
+	MaxCPUShares = 262144
+	// MinCPUPeriod and MaxCPUPeriod bound cpu.cfs_period_us (1 ms to 1 s).
+	MinCPUPeriod = 1000
+	MaxCPUPeriod = 1000000
+	// MinCPUQuota is the kernel's smallest cfs quota (1 ms).
+	MinCPUQuota = 1000
+	// MinMemoryLimit is the smallest memory limit accepted, as Docker
+	// does: below it a container cannot even start its init.
+	MinMemoryLimit = 6 << 20
+)
+
+// ValidateResources checks res the way runc and the kernel would, with
+// the CRI's conventions: 0 means unset, -1 means unlimited for quota and
+// swap. The values come signed from the CRI request, before conversion.
+func ValidateResources(cpuShares, cpuQuota, cpuPeriod, memory, swap, oomScoreAdj int64, cpusetCpus, cpusetMems string) error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf(format+": %w", append(args, errdefs.ErrInvalidArgument)...)
+	}
+	switch {
+	case cpuShares < 0 || cpuShares != 0 && (cpuShares < MinCPUShares || cpuShares > MaxCPUShares):
+		return bad("cpu_shares %d is outside [%d, %d]", cpuShares, MinCPUShares, MaxCPUShares)
+	case cpuPeriod < 0 || cpuPeriod != 0 && (cpuPeriod < MinCPUPeriod || cpuPeriod > MaxCPUPeriod):
+		return bad("cpu_period %d is outside [%d, %d] microseconds", cpuPeriod, MinCPUPeriod, MaxCPUPeriod)
+	case cpuQuota < -1 || cpuQuota > 0 && cpuQuota < MinCPUQuota:
+		return bad("cpu_quota %d must be -1 (unlimited), 0 (unset) or at least %d microseconds", cpuQuota, MinCPUQuota)
+	case memory < 0:
+		return bad("memory_limit_in_bytes %d is negative", memory)
+	case memory > 0 && memory < MinMemoryLimit:
+		return bad("memory_limit_in_bytes %d is below the minimum of %d (6 MiB)", memory, MinMemoryLimit)
+	case swap < -1:
+		return bad("memory_swap_limit_in_bytes %d must be -1 (unlimited), 0 (unset) or positive", swap)
+	case swap > 0 && memory > 0 && swap < memory:
+		return bad("memory_swap_limit_in_bytes %d (memory plus swap) is below memory_limit_in_bytes %d", swap, memory)
+	case oomScoreAdj < -1000 || oomScoreAdj > 1000:
+		return bad("oom_score_adj %d is outside [-1000, 1000]", oomScoreAdj)
+	}
+	for _, c := range []struct{ name, v string }{{"cpuset_cpus", cpusetCpus}, {"cpuset_mems", cpusetMems}} {
+		if err := validCPUList(c.v); err != nil {
+			return bad("%s %q: %v", c.name, c.v, err)
+		}
+	}
+	return nil
+}
+
+// validCPUList checks the kernel's list format: "0-3,5,7-8".
+func validCPUList(s string) error {
+	if s == "" {
+		return nil
+	}
+	for _, part := range strings.Split(s, ",") {
+		lo, hi, isRange := strings.Cut(part, "-")
+		a, err := strconv.ParseUint(lo, 10, 32)
+		if err != nil {
+			return fmt.Errorf("%q is not a number or range", part)
+		}
+		if isRange {
+			b, err := strconv.ParseUint(hi, 10, 32)
+			if err != nil || b < a {
+				return fmt.Errorf("%q is not a valid range", part)
+			}
+		}
+	}
+	return nil
+}
+
+// UpdateBundleResources records res, just applied by `runc update`, in the
+// bundle's config.json, so the spec on disk (crictl inspect, a restart)
+// shows the limits in force. Device rules are not part of an update and
+// are kept.
+func UpdateBundleResources(bundle string, res *specs.LinuxResources) error {
+	p := filepath.Join(bundle, "config.json")
+	b, err := os.ReadFile(p)
+	if errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("bundle %s has no config.json: %w", bundle, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return err
+	}
+	var spec specs.Spec
+	if err := json.Unmarshal(b, &spec); err != nil {
+		return fmt.Errorf("parse %s: %w: %w", p, err, errdefs.ErrDataLoss)
+	}
+	if spec.Linux == nil {
+		spec.Linux = &specs.Linux{}
+	}
+	old := spec.Linux.Resources
+	merged := *res
+	if old != nil {
+		merged.Devices = old.Devices
+	}
+	spec.Linux.Resources = &merged
+	out, err := json.Marshal(&spec)
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(p, out, 0o600)
+}

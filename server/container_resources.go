@@ -1,0 +1,78 @@
+package server
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pinrt/pinrt/oci"
+)
+
+// validResources refuses what runc or the kernel would, while the values
+// are still signed: toResources turns a negative cpu_shares into a huge
+// unsigned one.
+func validResources(r *runtimeapi.LinuxContainerResources) error {
+	if r == nil {
+		return nil
+	}
+	if err := oci.ValidateResources(r.CpuShares, r.CpuQuota, r.CpuPeriod, r.MemoryLimitInBytes,
+		r.MemorySwapLimitInBytes, r.OomScoreAdj, r.CpusetCpus, r.CpusetMems); err != nil {
+		return err
+	}
+	for _, h := range r.HugepageLimits {
+		if h.PageSize == "" {
+			return invalid("hugepage limit without a page size")
+		}
+	}
+	return nil
+}
+
+// containerResources reports the limits in force, from the bundle's
+// config.json: create writes it and every UpdateContainerResources
+// rewrites it after runc applied the new limits. nil when it cannot be
+// read (the container is being removed).
+func containerResources(dir string) *runtimeapi.ContainerResources {
+	b, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		return nil
+	}
+	var spec specs.Spec
+	if err := json.Unmarshal(b, &spec); err != nil {
+		return nil
+	}
+	out := &runtimeapi.LinuxContainerResources{}
+	if spec.Process != nil && spec.Process.OOMScoreAdj != nil {
+		out.OomScoreAdj = int64(*spec.Process.OOMScoreAdj)
+	}
+	if spec.Linux != nil && spec.Linux.Resources != nil {
+		r := spec.Linux.Resources
+		if c := r.CPU; c != nil {
+			out.CpusetCpus, out.CpusetMems = c.Cpus, c.Mems
+			if c.Shares != nil {
+				out.CpuShares = int64(*c.Shares)
+			}
+			if c.Quota != nil {
+				out.CpuQuota = *c.Quota
+			}
+			if c.Period != nil {
+				out.CpuPeriod = int64(*c.Period)
+			}
+		}
+		if m := r.Memory; m != nil {
+			if m.Limit != nil {
+				out.MemoryLimitInBytes = *m.Limit
+			}
+			if m.Swap != nil {
+				out.MemorySwapLimitInBytes = *m.Swap
+			}
+		}
+		for _, h := range r.HugepageLimits {
+			out.HugepageLimits = append(out.HugepageLimits, &runtimeapi.HugepageLimit{PageSize: h.Pagesize, Limit: h.Limit})
+		}
+		out.Unified = r.Unified
+	}
+	return &runtimeapi.ContainerResources{Linux: out}
+}

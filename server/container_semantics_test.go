@@ -1,0 +1,309 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pinrt/pinrt/conf"
+	"github.com/pinrt/pinrt/oci/ocitest"
+)
+
+func withSC(edit func(sc *runtimeapi.LinuxContainerSecurityContext)) func(c *runtimeapi.ContainerConfig) {
+	return func(c *runtimeapi.ContainerConfig) {
+		if c.Linux == nil {
+			c.Linux = &runtimeapi.LinuxContainerConfig{}
+		}
+		if c.Linux.SecurityContext == nil {
+			c.Linux.SecurityContext = &runtimeapi.LinuxContainerSecurityContext{}
+		}
+		edit(c.Linux.SecurityContext)
+	}
+}
+
+func TestSeccompUnset(t *testing.T) {
+	tests := []struct {
+		name          string
+		defaultUnset  bool
+		edit          func(c *runtimeapi.ContainerConfig)
+		wantConfined  bool
+		wantErrSubstr string
+	}{
+		{name: "no security context", wantConfined: false},
+		{name: "security context without seccomp", edit: withSC(func(*runtimeapi.LinuxContainerSecurityContext) {}), wantConfined: false},
+		{name: "runtime default", edit: withSC(func(sc *runtimeapi.LinuxContainerSecurityContext) {
+			sc.Seccomp = &runtimeapi.SecurityProfile{ProfileType: runtimeapi.SecurityProfile_RuntimeDefault}
+		}), wantConfined: true},
+		{name: "unset with seccomp_default_when_unset", defaultUnset: true, wantConfined: true},
+		{name: "explicit unconfined with seccomp_default_when_unset", defaultUnset: true, edit: withSC(func(sc *runtimeapi.LinuxContainerSecurityContext) {
+			sc.Seccomp = &runtimeapi.SecurityProfile{ProfileType: runtimeapi.SecurityProfile_Unconfined}
+		}), wantConfined: false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newCtrFixture(t)
+			f.cfg.Runtime.SeccompDefaultWhenUnset = tc.defaultUnset
+			pod, _ := f.pod(t, false)
+			cfg := unitCtr("c")
+			if tc.edit != nil {
+				tc.edit(cfg)
+			}
+			resp, err := f.srv.CreateContainer(context.Background(), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: cfg})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := f.rt.Specs[resp.ContainerId].Linux.Seccomp != nil; got != tc.wantConfined {
+				t.Errorf("seccomp confined = %v, want %v", got, tc.wantConfined)
+			}
+		})
+	}
+}
+
+func TestRunAsGroupNeedsUser(t *testing.T) {
+	i64 := func(v int64) *runtimeapi.Int64Value { return &runtimeapi.Int64Value{Value: v} }
+	tests := []struct {
+		name    string
+		sc      func(sc *runtimeapi.LinuxContainerSecurityContext)
+		wantErr error
+		msg     string
+	}{
+		{"group alone", func(sc *runtimeapi.LinuxContainerSecurityContext) { sc.RunAsGroup = i64(5) }, errdefs.ErrInvalidArgument,
+			"container: run_as_group 5 without run_as_user or run_as_username: invalid argument"},
+		{"group with uid", func(sc *runtimeapi.LinuxContainerSecurityContext) { sc.RunAsGroup, sc.RunAsUser = i64(5), i64(0) }, nil, ""},
+		{"group with username", func(sc *runtimeapi.LinuxContainerSecurityContext) { sc.RunAsGroup, sc.RunAsUsername = i64(5), "root" }, nil, ""},
+		{"uid alone", func(sc *runtimeapi.LinuxContainerSecurityContext) { sc.RunAsUser = i64(0) }, nil, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newCtrFixture(t)
+			pod, _ := f.pod(t, false)
+			cfg := unitCtr("c")
+			withSC(tc.sc)(cfg)
+			_, err := f.srv.CreateContainer(context.Background(), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: cfg})
+			if !errors.Is(err, tc.wantErr) || (tc.wantErr != nil && err.Error() != tc.msg) {
+				t.Fatalf("err = %v, want %v %q", err, tc.wantErr, tc.msg)
+			}
+			if tc.wantErr != nil {
+				f.nothingLeft(t)
+			}
+		})
+	}
+}
+
+func TestPodRunAsGroupNeedsUser(t *testing.T) {
+	f := newCtrFixture(t)
+	req := unitPod("p", false)
+	req.Config.Linux.SecurityContext.RunAsGroup = &runtimeapi.Int64Value{Value: 5}
+	_, err := f.srv.RunPodSandbox(context.Background(), req)
+	if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "pod: run_as_group 5 without run_as_user") {
+		t.Fatalf("err = %v, want InvalidArgument naming run_as_group", err)
+	}
+	req.Config.Linux.SecurityContext.RunAsUser = &runtimeapi.Int64Value{Value: 0}
+	if _, err := f.srv.RunPodSandbox(context.Background(), req); err != nil {
+		t.Fatalf("with run_as_user: %v", err)
+	}
+}
+
+func TestSupplementalGroupsPolicy(t *testing.T) {
+	tests := []struct {
+		name   string
+		policy runtimeapi.SupplementalGroupsPolicy
+		want   []int64
+	}{
+		// The fake rootfs's /etc/group makes root a member of group 10.
+		{"merge", runtimeapi.SupplementalGroupsPolicy_Merge, []int64{10, 99}},
+		{"strict", runtimeapi.SupplementalGroupsPolicy_Strict, []int64{99}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newCtrFixture(t)
+			f.images.group = "root:x:0:\nwheel:x:10:root\n"
+			pod, _ := f.pod(t, false)
+			cfg := unitCtr("c")
+			withSC(func(sc *runtimeapi.LinuxContainerSecurityContext) {
+				sc.RunAsUser, sc.RunAsGroup = &runtimeapi.Int64Value{Value: 0}, &runtimeapi.Int64Value{Value: 7}
+				sc.SupplementalGroups, sc.SupplementalGroupsPolicy = []int64{99}, tc.policy
+			})(cfg)
+			resp, err := f.srv.CreateContainer(context.Background(), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: cfg})
+			if err != nil {
+				t.Fatal(err)
+			}
+			st, err := f.srv.ContainerStatus(context.Background(), &runtimeapi.ContainerStatusRequest{ContainerId: resp.ContainerId})
+			if err != nil {
+				t.Fatal(err)
+			}
+			u := st.Status.GetUser().GetLinux()
+			if u.GetUid() != 0 || u.GetGid() != 7 || !reflect.DeepEqual(u.GetSupplementalGroups(), tc.want) {
+				t.Errorf("user = %d:%d %v, want 0:7 %v", u.GetUid(), u.GetGid(), u.GetSupplementalGroups(), tc.want)
+			}
+		})
+	}
+	f := newCtrFixture(t)
+	resp, err := f.srv.Status(context.Background(), &runtimeapi.StatusRequest{})
+	if err != nil || !resp.GetFeatures().GetSupplementalGroupsPolicy() {
+		t.Errorf("Status features %v, %v: want supplemental_groups_policy", resp.GetFeatures(), err)
+	}
+}
+
+func TestStartContainerMeansRunning(t *testing.T) {
+	f := newCtrFixture(t)
+	f.rt.StateLagsStart = true
+	pod, _ := f.pod(t, false)
+	ctx := context.Background()
+	resp, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr("c")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.srv.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: resp.ContainerId}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := f.srv.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: resp.ContainerId})
+	if err != nil || st.Status.State != runtimeapi.ContainerState_CONTAINER_RUNNING || st.Status.StartedAt == 0 {
+		t.Fatalf("status right after start: %v %v, want RUNNING with a start time", st.GetStatus().GetState(), err)
+	}
+	list, _ := f.srv.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
+	if len(list.Containers) != 1 || list.Containers[0].State != runtimeapi.ContainerState_CONTAINER_RUNNING {
+		t.Fatalf("list right after start: %v, want one RUNNING", list.Containers)
+	}
+}
+
+func TestBrokenHandlerNotAdvertised(t *testing.T) {
+	f := newCtrFixture(t)
+	crun := ocitest.New()
+	crun.ProbeErr = fmt.Errorf("runtime \"crun\" (/usr/bin/crun) has no features command and writes OCI spec 1.0.0: %w", errdefs.ErrFailedPrecondition)
+	f.srv.deps.Runtimes["crun"] = crun
+	f.cfg.Runtime.Runtimes["crun"] = conf.Handler{Binary: "crun"}
+	f.cfg.Runtime.Runtimes["missing"] = conf.Handler{Binary: "/nonexistent"}
+	ctx := context.Background()
+	for i := 0; i < 2; i++ {
+		resp, err := f.srv.Status(ctx, &runtimeapi.StatusRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, h := range resp.RuntimeHandlers {
+			got = append(got, fmt.Sprintf("%q", h.Name))
+		}
+		if strings.Join(got, " ") != `"runc" ""` {
+			t.Errorf("handlers %v, want only runc and the default", got)
+		}
+	}
+	if crun.Probes != 1 || f.rt.Probes != 1 {
+		t.Errorf("probes: crun %d, runc %d; want each probed once", crun.Probes, f.rt.Probes)
+	}
+	req := unitPod("p", false)
+	req.RuntimeHandler = "crun"
+	pod, err := f.srv.RunPodSandbox(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod.PodSandboxId, Config: unitCtr("c")})
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), `runtime handler "crun" cannot run containers: runtime "crun" (/usr/bin/crun) has no features command`) {
+		t.Fatalf("create with the broken handler: %v, want FailedPrecondition saying why", err)
+	}
+	f.nothingLeft(t)
+}
+
+func TestContainerResourcesUpdateAndStatus(t *testing.T) {
+	f := newCtrFixture(t)
+	pod, _ := f.pod(t, false)
+	ctx := context.Background()
+	cfg := unitCtr("c")
+	cfg.Linux = &runtimeapi.LinuxContainerConfig{Resources: &runtimeapi.LinuxContainerResources{CpuShares: 512, MemoryLimitInBytes: 64 << 20, OomScoreAdj: 100}}
+	resp, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.ContainerId
+	status := func() *runtimeapi.LinuxContainerResources {
+		t.Helper()
+		st, err := f.srv.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Status.GetResources().GetLinux()
+	}
+	if r := status(); r.GetCpuShares() != 512 || r.GetMemoryLimitInBytes() != 64<<20 || r.GetOomScoreAdj() != 100 {
+		t.Errorf("resources after create: %v, want shares 512, memory 64 MiB, oom 100", r)
+	}
+	if _, err := f.srv.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: id}); err != nil {
+		t.Fatal(err)
+	}
+	upd := &runtimeapi.LinuxContainerResources{CpuShares: 1024, CpuQuota: 50000, CpuPeriod: 100000, MemoryLimitInBytes: 128 << 20}
+	if _, err := f.srv.UpdateContainerResources(ctx, &runtimeapi.UpdateContainerResourcesRequest{ContainerId: id, Linux: upd}); err != nil {
+		t.Fatal(err)
+	}
+	r := status()
+	if r.GetCpuShares() != 1024 || r.GetCpuQuota() != 50000 || r.GetCpuPeriod() != 100000 || r.GetMemoryLimitInBytes() != 128<<20 {
+		t.Errorf("resources after update: %v, want the updated limits", r)
+	}
+	// The bundle's config.json has them, and keeps its device rules.
+	spec := readSpec(t, f, id)
+	if got := spec.Linux.Resources; got.Memory == nil || *got.Memory.Limit != 128<<20 || len(got.Devices) == 0 {
+		t.Errorf("config.json resources %+v, want memory 128 MiB and the device rules kept", got)
+	}
+
+	tests := []struct {
+		name string
+		res  *runtimeapi.LinuxContainerResources
+		msg  string
+	}{
+		{"negative memory", &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: -1}, "memory_limit_in_bytes -1 is negative: invalid argument"},
+		{"memory below 6 MiB", &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 1 << 20}, "memory_limit_in_bytes 1048576 is below the minimum of 6291456 (6 MiB): invalid argument"},
+		{"cpu shares 1", &runtimeapi.LinuxContainerResources{CpuShares: 1}, "cpu_shares 1 is outside [2, 262144]: invalid argument"},
+		{"negative cpu shares", &runtimeapi.LinuxContainerResources{CpuShares: -2}, "cpu_shares -2 is outside [2, 262144]: invalid argument"},
+		{"cpu quota -5", &runtimeapi.LinuxContainerResources{CpuQuota: -5}, "cpu_quota -5 must be -1 (unlimited), 0 (unset) or at least 1000 microseconds: invalid argument"},
+		{"cpu period too long", &runtimeapi.LinuxContainerResources{CpuPeriod: 2000000}, "cpu_period 2000000 is outside [1000, 1000000] microseconds: invalid argument"},
+		{"swap below memory", &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 64 << 20, MemorySwapLimitInBytes: 32 << 20}, "memory_swap_limit_in_bytes 33554432 (memory plus swap) is below memory_limit_in_bytes 67108864: invalid argument"},
+		{"bad cpuset", &runtimeapi.LinuxContainerResources{CpusetCpus: "3-1"}, `cpuset_cpus "3-1": "3-1" is not a valid range: invalid argument`},
+		{"oom score", &runtimeapi.LinuxContainerResources{OomScoreAdj: 2000}, "oom_score_adj 2000 is outside [-1000, 1000]: invalid argument"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			calls := len(f.rt.Calls)
+			_, err := f.srv.UpdateContainerResources(ctx, &runtimeapi.UpdateContainerResourcesRequest{ContainerId: id, Linux: tc.res})
+			if !errdefs.IsInvalidArgument(err) || err.Error() != tc.msg {
+				t.Fatalf("update: %v, want InvalidArgument %q", err, tc.msg)
+			}
+			if len(f.rt.Calls) != calls {
+				t.Errorf("the runtime was called: %v", f.rt.Calls[calls:])
+			}
+			c := unitCtr("bad-" + strings.ReplaceAll(tc.name, " ", "-"))
+			c.Linux = &runtimeapi.LinuxContainerConfig{Resources: tc.res}
+			_, err = f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: c})
+			if !errdefs.IsInvalidArgument(err) || err.Error() != tc.msg {
+				t.Fatalf("create: %v, want InvalidArgument %q", err, tc.msg)
+			}
+		})
+	}
+	if r := status(); r.GetMemoryLimitInBytes() != 128<<20 {
+		t.Errorf("a refused update changed the reported limits: %v", r)
+	}
+}
+
+func readSpec(t *testing.T, f *ctrFixture, id string) *specs.Spec {
+	t.Helper()
+	c, err := f.srv.containers.Get(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(c.Dir, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s specs.Spec
+	if err := json.Unmarshal(b, &s); err != nil {
+		t.Fatal(err)
+	}
+	return &s
+}
