@@ -145,6 +145,12 @@ func TestInvalidValues(t *testing.T) {
 		{"pull timeout", "[image]\npull_timeout = \"0s\"", "image.pull_timeout"},
 		{"relative ca", "[image.registries.\"r.io\"]\nca_file = \"ca.pem\"", "image.registries.r.io.ca_file"},
 		{"skip origin without mirror", "[image.registries.\"r.io\"]\nskip_origin = true", "image.registries.r.io.skip_origin"},
+		{"streaming host name", "[streaming]\naddress = \"localhost\"", "streaming.address"},
+		{"streaming port", "[streaming]\nport = 70000", "streaming.port"},
+		{"streaming cert without key", "[streaming]\ntls_cert_file = \"/etc/pinrt/c.pem\"", "streaming.tls_cert_file"},
+		{"streaming relative tls", "[streaming]\ntls_cert_file = \"c.pem\"\ntls_key_file = \"k.pem\"", "streaming.tls_cert_file"},
+		{"streaming idle timeout", "[streaming]\nidle_timeout = \"0s\"", "streaming.idle_timeout"},
+		{"streaming max streams", "[streaming]\nmax_streams = 0", "streaming.max_streams"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -90,6 +90,10 @@ type record struct {
 	Bundle  string `json:"bundle"`
 	ExitDir string `json:"exitDir"`
 	LogPath string `json:"logPath,omitempty"`
+	// StdinOnce and Tty shape Attach: a stdin_once container's stdin is
+	// closed when the attached client's stdin ends.
+	StdinOnce bool `json:"stdinOnce,omitempty"`
+	Tty       bool `json:"tty,omitempty"`
 }
 
 const recordVersion = 1

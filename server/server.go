@@ -91,6 +91,8 @@ type Server struct {
 	containers *sandbox.Store[*sandbox.Container]
 	ctrNames   *sandbox.Names
 	pause      pauseRootfs
+
+	streams Streams // nil until SetStreams
 }
 
 // New returns a server for cfg driving deps.
