@@ -25,13 +25,15 @@ type AttachOptions struct {
 }
 
 // conmon's attach protocol: the socket is SOCK_SEQPACKET; every packet
-// conmon sends starts with the stream it came from, followed by at most
+// conmon sends starts with the pipe it came from, followed by at most
 // conmon's STDIO_BUF_SIZE bytes. What the client writes goes to the
-// container's stdin unchanged.
+// container's stdin unchanged. The pipe numbers are conmon's enum
+// (NO_PIPE, STDIN_PIPE, STDOUT_PIPE, STDERR_PIPE), as CRI-O uses them:
+// stdout is 2 and stderr 3, not 1 and 2.
 const (
 	attachBufSize    = 8192 + 1
-	attachPipeStdout = 1
-	attachPipeStderr = 2
+	attachPipeStdout = 2
+	attachPipeStderr = 3
 	ctlWinResize     = 1
 )
 
