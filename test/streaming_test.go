@@ -22,12 +22,12 @@ import (
 	"testing"
 	"time"
 
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/portforward"
 	"k8s.io/client-go/tools/remotecommand"
 	"k8s.io/client-go/transport/spdy"
 	utilexec "k8s.io/client-go/util/exec"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pinrt/pinrt/test/testimage"
 )
@@ -97,6 +97,7 @@ func TestStreaming(t *testing.T) {
 	t.Run("PortForward", s.testPortForward)
 	t.Run("PortForwardClosedPort", s.testPortForwardClosed)
 	t.Run("TokenSingleUse", s.testTokenSingleUse)
+	t.Run("ContainerExitEndsStreams", func(t *testing.T) { s.testContainerExit(t, podCfg) })
 	t.Run("NoLeaks", s.testNoLeaks)
 	t.Run("StopPodClosesForward", s.testStopPodClosesForward)
 }
@@ -486,6 +487,37 @@ func (s *streamEnv) testTokenSingleUse(t *testing.T) {
 	time.Sleep(61 * time.Second)
 	if err := spdyStream(Ctx(t), u, streamOpts{stdout: io.Discard, stderr: io.Discard}); err == nil {
 		t.Fatal("an expired token was accepted")
+	}
+}
+
+// testContainerExit checks that an exec and an attach end when their
+// container stops.
+func (s *streamEnv) testContainerExit(t *testing.T, podCfg *runtimeapi.PodSandboxConfig) {
+	id := s.run(t, s.pod, podCfg, s.ctr("victim", "sh", "-c", "while :; do echo tick; sleep 0.2; done"))
+	execDone := make(chan error, 1)
+	u := s.execURL(t, id, []string{"sleep", "1000"}, false, false)
+	go func() { execDone <- spdyStream(Ctx(t), u, streamOpts{stdout: io.Discard, stderr: io.Discard}) }()
+	resp, err := s.d.Runtime.Attach(Ctx(t), &runtimeapi.AttachRequest{ContainerId: id, Stdout: true, Stderr: true})
+	if err != nil {
+		t.Fatalf("Attach: %v", err)
+	}
+	au, _ := url.Parse(resp.Url)
+	var out lockedBuffer
+	attachDone := make(chan error, 1)
+	go func() { attachDone <- spdyStream(Ctx(t), au, streamOpts{stdout: &out, stderr: io.Discard}) }()
+	waitFor(t, 10*time.Second, "attached output", func() bool { return strings.Contains(out.String(), "tick") })
+	waitFor(t, 10*time.Second, "the exec'd sleep", func() bool { return len(runcExecs(id, id)) == 1 })
+
+	if _, err := s.d.Runtime.StopContainer(Ctx(t), &runtimeapi.StopContainerRequest{ContainerId: id, Timeout: 0}); err != nil {
+		t.Fatalf("StopContainer: %v", err)
+	}
+	for what, ch := range map[string]chan error{"exec": execDone, "attach": attachDone} {
+		select {
+		case err := <-ch:
+			t.Logf("%s ended with %v", what, err)
+		case <-time.After(15 * time.Second):
+			t.Fatalf("the %s stream stayed open after its container stopped", what)
+		}
 	}
 }
 
