@@ -55,9 +55,9 @@ func (r *Runtime) Attach(ctx context.Context, id string, o AttachOptions) error 
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 	// Closing the connection ends both copies.
-	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
 	defer stop()
 
 	outDone := make(chan error, 1)

@@ -127,7 +127,7 @@ func (r *runtime) PortForward(ctx context.Context, podSandboxID string, port int
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 	return pipe(ctx, conn, stream)
 }
 
@@ -173,7 +173,7 @@ type resetter interface{ Reset() error }
 // the pod closing its side ends the forward.
 func pipe(ctx context.Context, conn net.Conn, stream io.ReadWriteCloser) error {
 	stop := context.AfterFunc(ctx, func() {
-		conn.Close()
+		_ = conn.Close()
 		if r, ok := stream.(resetter); ok {
 			_ = r.Reset()
 		}

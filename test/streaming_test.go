@@ -446,7 +446,7 @@ func (s *streamEnv) testPortForward(t *testing.T) {
 			defer wg.Done()
 			got, err := get(client, local, "/par/"+strconv.Itoa(i))
 			if want := "hello /par/" + strconv.Itoa(i); err != nil || got != want {
-				errs <- fmt.Errorf("concurrent request %d: %q, %v", i, got, err)
+				errs <- fmt.Errorf("concurrent request %d: %q, %w", i, got, err)
 			}
 		}()
 	}

@@ -123,7 +123,7 @@ func runDaemon(o *options, cfg *conf.Config) error {
 	if err != nil {
 		return err
 	}
-	defer streams.Close()
+	defer func() { _ = streams.Close() }()
 	l, err := listen(cfg)
 	if err != nil {
 		return err
