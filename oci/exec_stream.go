@@ -210,9 +210,14 @@ func startTty(c *exec.Cmd, o ExecOptions, kill func()) (*execIO, error) {
 		_, _ = io.Copy(killOnError{o.Stdout, kill}, master)
 	}()
 	if o.Stdin != nil {
-		// A TTY has no EOF to pass on: the client ends a shell with ^D or
-		// exit, which are bytes in the stream.
-		go func() { _, _ = io.Copy(master, o.Stdin) }()
+		// A terminal has no EOF to pass on: the end of the client's input
+		// means the client is gone (kubectl uses a TTY only when its own
+		// stdin is one). Hang up, as a closed terminal does: runc relays
+		// SIGHUP to the process, and a shell left alone does not leak.
+		go func() {
+			_, _ = io.Copy(master, o.Stdin)
+			_ = c.Process.Signal(syscall.SIGHUP)
+		}()
 	}
 	stopResize := make(chan struct{})
 	if o.Resize != nil {

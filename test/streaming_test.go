@@ -22,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/portforward"
 	"k8s.io/client-go/tools/remotecommand"
@@ -94,6 +95,8 @@ func TestStreaming(t *testing.T) {
 	t.Run("ExecTTYResize", s.testExecTTY)
 	t.Run("Tar", s.testTar)
 	t.Run("Attach", s.testAttach)
+	t.Run("AttachStdinOnce", func(t *testing.T) { s.testAttachStdinOnce(t, podCfg, img) })
+	t.Run("AttachTTYResize", func(t *testing.T) { s.testAttachTTY(t, podCfg, img) })
 	t.Run("PortForward", s.testPortForward)
 	t.Run("PortForwardClosedPort", s.testPortForwardClosed)
 	t.Run("TokenSingleUse", s.testTokenSingleUse)
@@ -228,9 +231,18 @@ func (s *streamEnv) testExecTTY(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- spdyStream(Ctx(t), u, streamOpts{stdin: inR, stdout: &out, tty: true, sizes: sizes}) }()
 
-	waitFor(t, 10*time.Second, "a shell prompt", func() bool { return strings.Contains(out.String(), "#") })
-	fmt.Fprintf(inW, "stty size\n")
-	waitFor(t, 10*time.Second, "stty size 24 80", func() bool { return strings.Contains(out.String(), "24 80") })
+	defer func() {
+		if t.Failed() {
+			t.Logf("terminal output: %q", out.String())
+		}
+	}()
+	// The first size may reach the terminal after the shell's first
+	// prompt: ask until it did.
+	waitFor(t, 10*time.Second, "stty size 24 80", func() bool {
+		fmt.Fprintf(inW, "stty size\n")
+		time.Sleep(100 * time.Millisecond)
+		return strings.Contains(out.String(), "24 80")
+	})
 	sizes <- remotecommand.TerminalSize{Width: 123, Height: 45}
 	// The resize travels client -> stream -> pty -> SIGWINCH to runc ->
 	// the container's pty; ask until it arrived.
@@ -250,6 +262,18 @@ func (s *streamEnv) testExecTTY(t *testing.T) {
 	}
 	close(sizes)
 	inW.Close()
+
+	// A client that goes away hangs the terminal up: the shell ends.
+	u = s.execURL(t, s.server, []string{"sh"}, true, true)
+	inR, inW = io.Pipe()
+	go func() { done <- spdyStream(Ctx(t), u, streamOpts{stdin: inR, stdout: io.Discard, tty: true}) }()
+	fmt.Fprintf(inW, "echo hi\n")
+	inW.Close()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("a tty exec whose client closed its input is still running")
+	}
 }
 
 // testTar copies a 50 MB directory into the container and back with tar
@@ -518,6 +542,70 @@ func (s *streamEnv) testContainerExit(t *testing.T, podCfg *runtimeapi.PodSandbo
 		case <-time.After(15 * time.Second):
 			t.Fatalf("the %s stream stayed open after its container stopped", what)
 		}
+	}
+	_, err = s.d.Runtime.Exec(Ctx(t), &runtimeapi.ExecRequest{ContainerId: id, Cmd: []string{"true"}, Stdout: true})
+	wantCode(t, err, codes.FailedPrecondition, "not running")
+}
+
+// attachURL asks for an attach URL with stdin and stdout.
+func (s *streamEnv) attachURL(t *testing.T, id string, tty bool) *url.URL {
+	t.Helper()
+	resp, err := s.d.Runtime.Attach(Ctx(t), &runtimeapi.AttachRequest{ContainerId: id, Stdin: true, Stdout: true, Stderr: !tty, Tty: tty})
+	if err != nil {
+		t.Fatalf("Attach: %v", err)
+	}
+	u, _ := url.Parse(resp.Url)
+	return u
+}
+
+// testAttachStdinOnce checks that the end of the attached client's stdin
+// closes a stdin_once container's stdin: cat sees EOF and exits.
+func (s *streamEnv) testAttachStdinOnce(t *testing.T, podCfg *runtimeapi.PodSandboxConfig, img string) {
+	cfg := s.ctr("once", "cat")
+	cfg.Image.Image = img
+	cfg.Stdin, cfg.StdinOnce = true, true
+	id := s.run(t, s.pod, podCfg, cfg)
+	var out lockedBuffer
+	err := spdyStream(Ctx(t), s.attachURL(t, id, false), streamOpts{stdin: strings.NewReader("once\n"), stdout: &out, stderr: io.Discard})
+	if err != nil {
+		t.Fatalf("attach: %v", err)
+	}
+	if st := s.waitExit(t, id, 10*time.Second); st.ExitCode != 0 {
+		t.Fatalf("cat exited %d after its stdin closed", st.ExitCode)
+	}
+	if !strings.Contains(out.String(), "once") {
+		t.Fatalf("attach output %q lacks the echo", out.String())
+	}
+}
+
+// testAttachTTY resizes an attached TTY through conmon's control fifo.
+func (s *streamEnv) testAttachTTY(t *testing.T, podCfg *runtimeapi.PodSandboxConfig, img string) {
+	cfg := s.ctr("tty", "sh")
+	cfg.Image.Image = img
+	cfg.Stdin, cfg.Tty = true, true
+	id := s.run(t, s.pod, podCfg, cfg)
+	sizes := make(sizeQueue, 1)
+	sizes <- remotecommand.TerminalSize{Width: 77, Height: 33}
+	inR, inW := io.Pipe()
+	var out lockedBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- spdyStream(Ctx(t), s.attachURL(t, id, true), streamOpts{stdin: inR, stdout: &out, tty: true, sizes: sizes})
+	}()
+	waitFor(t, 10*time.Second, "stty size 33 77 through conmon", func() bool {
+		fmt.Fprintf(inW, "stty size\n")
+		time.Sleep(100 * time.Millisecond)
+		return strings.Contains(out.String(), "33 77")
+	})
+	inW.Close()
+	close(sizes)
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("attach did not end after the client's stdin closed")
+	}
+	if st := s.status(t, id); st.State != runtimeapi.ContainerState_CONTAINER_RUNNING {
+		t.Fatalf("tty container is %v after a detach, want running", st.State)
 	}
 }
 
