@@ -36,6 +36,9 @@ type ExecOptions struct {
 	Resize <-chan TerminalSize
 }
 
+// execHelperPath is the binary that runs ExecHelperMain: the daemon itself.
+var execHelperPath = "/proc/self/exe"
+
 // execWaitDelay bounds how long output is drained after the exec'd
 // process exited: a background grandchild that inherited the pipes must
 // not hold the stream open.
@@ -44,6 +47,8 @@ const execWaitDelay = 2 * time.Second
 // ExecStream runs o.Cmd in the running container id with its stdio copied
 // from and to o's streams, and returns the command's exit code. runc exec
 // joins every namespace of the container, its user namespace included.
+// Without a TTY, runc runs detached under the exec helper, which hands
+// the process pinrt's pipes and waits for its exit code.
 //
 // With a TTY, runc runs in the foreground with a pseudo-terminal pinrt
 // allocates as its stdio: runc then makes the container's own pty and
@@ -71,11 +76,17 @@ func (r *Runtime) ExecStream(ctx context.Context, id string, o ExecOptions) (int
 	defer os.RemoveAll(pidDir)
 	pidFile := filepath.Join(pidDir, "pid")
 
-	args := append(r.globalArgs(), "exec", "--pid-file", pidFile)
+	var c *exec.Cmd
 	if o.Tty {
-		args = append(args, "--tty")
+		args := append(r.globalArgs(), "exec", "--tty", "--pid-file", pidFile, id)
+		c = exec.Command(r.binary, append(args, o.Cmd...)...)
+	} else {
+		// Detached under the helper, so that only the exec'd process's
+		// own exit ends the exec (see ExecHelperCommand).
+		args := append([]string{ExecHelperCommand, pidFile, r.binary}, r.globalArgs()...)
+		args = append(args, "exec", "--detach", "--pid-file", pidFile, id)
+		c = exec.Command(execHelperPath, append(args, o.Cmd...)...)
 	}
-	c := exec.Command(r.binary, append(append(args, id), o.Cmd...)...)
 	c.WaitDelay = execWaitDelay
 
 	var once sync.Once

@@ -30,6 +30,7 @@ import (
 	utilexec "k8s.io/client-go/util/exec"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pinrt/pinrt/oci"
 	"github.com/pinrt/pinrt/test/testimage"
 )
 
@@ -89,6 +90,7 @@ func TestStreaming(t *testing.T) {
 	s.echo = e.run(t, pod, podCfg, echo)
 
 	t.Run("ExecEcho", s.testExecEcho)
+	t.Run("ExecBackground", s.testExecBackground)
 	t.Run("ExecWebSocket", s.testExecWebSocket)
 	t.Run("ExecExitCode", s.testExecExitCode)
 	t.Run("ExecStdin", s.testExecStdin)
@@ -154,6 +156,19 @@ func (s *streamEnv) testExecEcho(t *testing.T) {
 	out, errOut, err := s.streamExec(t, s.server, nil, "sh", "-c", "echo hello; echo oops >&2")
 	if err != nil || out != "hello\n" || errOut != "oops\n" {
 		t.Fatalf("exec echo: stdout %q stderr %q err %v", out, errOut, err)
+	}
+}
+
+// A background process that keeps the output pipes open does not hold the
+// exec open past the command's exit.
+func (s *streamEnv) testExecBackground(t *testing.T) {
+	start := time.Now()
+	out, _, err := s.streamExec(t, s.server, nil, "sh", "-c", "sleep 30 & echo started")
+	if err != nil || out != "started\n" {
+		t.Fatalf("exec with a background child: %q, %v", out, err)
+	}
+	if d := time.Since(start); d > 15*time.Second {
+		t.Fatalf("exec took %v: the background child held it", d)
 	}
 }
 
@@ -621,8 +636,8 @@ func (s *streamEnv) testNoLeaks(t *testing.T) {
 	})
 }
 
-// runcExecs lists the command lines of running `runc exec` processes in
-// the containers ids.
+// runcExecs lists the command lines of running `runc exec` processes, and
+// of pinrt's exec helpers that wait for them, in the containers ids.
 func runcExecs(ids ...string) []string {
 	var out []string
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
@@ -632,7 +647,8 @@ func runcExecs(ids ...string) []string {
 			continue
 		}
 		args := strings.Split(string(b), "\x00")
-		if len(args) > 1 && filepath.Base(args[0]) == "runc" && containsArg(args, "exec") && (containsArg(args, ids[0]) || containsArg(args, ids[1])) {
+		isExec := containsArg(args, oci.ExecHelperCommand) || (filepath.Base(args[0]) == "runc" && containsArg(args, "exec"))
+		if isExec && (containsArg(args, ids[0]) || containsArg(args, ids[1])) {
 			out = append(out, strings.Join(args, " "))
 		}
 	}
