@@ -84,7 +84,8 @@ func (r *Runtime) Attach(ctx context.Context, id string, o AttachOptions) error 
 	case <-ctx.Done():
 		return nil
 	case err := <-stdinDone:
-		if err != nil || !rec.StdinOnce {
+		// A terminal's input has no end of its own: its end is a detach.
+		if err != nil || !rec.StdinOnce || rec.Tty {
 			return nil // detached
 		}
 	}

@@ -90,8 +90,8 @@ type record struct {
 	Bundle  string `json:"bundle"`
 	ExitDir string `json:"exitDir"`
 	LogPath string `json:"logPath,omitempty"`
-	// StdinOnce and Tty shape Attach: a stdin_once container's stdin is
-	// closed when the attached client's stdin ends.
+	// StdinOnce and Tty shape Attach: the end of an attached client's
+	// stdin closes a stdin_once container's stdin, unless it is a TTY.
 	StdinOnce bool `json:"stdinOnce,omitempty"`
 	Tty       bool `json:"tty,omitempty"`
 }
