@@ -5,6 +5,7 @@ package conf
 
 import (
 	"fmt"
+	"net"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -47,6 +48,25 @@ type Config struct {
 	Runtime RuntimeConfig `toml:"runtime" comment:"OCI runtimes and the container monitor."`
 	Userns  UsernsConfig  `toml:"userns" comment:"Host ID ranges for pods with a user namespace."`
 	Image   ImageConfig   `toml:"image" comment:"Image pulls and registries."`
+
+	Streaming StreamingConfig `toml:"streaming" comment:"The HTTP server kubelet connects to for exec, attach and port-forward."`
+}
+
+// StreamingConfig configures the exec/attach/port-forward server. Its URLs
+// carry single-use tokens that expire after a minute.
+type StreamingConfig struct {
+	// Address is the IP the server listens on; kubelet must reach it.
+	Address string `toml:"address" comment:"IP the streaming server listens on; kubelet connects to the URLs pinrt returns."`
+	// Port is the TCP port; 0 picks a free one at every start.
+	Port int `toml:"port" comment:"TCP port; 0 picks any free port."`
+	// TLSCertFile and TLSKeyFile turn on TLS; both or neither.
+	TLSCertFile string `toml:"tls_cert_file" comment:"PEM certificate for TLS (with tls_key_file). Empty: plain HTTP."`
+	TLSKeyFile  string `toml:"tls_key_file" comment:"PEM private key for TLS (with tls_cert_file)."`
+	// IdleTimeout closes a stream with no traffic for this long.
+	IdleTimeout Duration `toml:"idle_timeout" comment:"A stream with no traffic for this long is closed."`
+	// MaxStreams bounds the streams (exec, attach, port-forward
+	// connections) served at once; more are refused with 429.
+	MaxStreams int `toml:"max_streams" comment:"Streams served at once; more are refused with HTTP 429."`
 }
 
 // CNIConfig configures pod networking.
@@ -193,6 +213,11 @@ func Default() *Config {
 			// and its commented example.
 			Registries: map[string]Registry{},
 		},
+		Streaming: StreamingConfig{
+			Address:     "127.0.0.1",
+			IdleTimeout: Duration(4 * time.Hour),
+			MaxStreams:  256,
+		},
 	}
 }
 
@@ -269,7 +294,7 @@ func (c *Config) Validate() error {
 	if err := c.Image.validate(); err != nil {
 		return err
 	}
-	return nil
+	return c.Streaming.validate()
 }
 
 func (c *ImageConfig) validate() error {
@@ -372,6 +397,24 @@ func (u *UsernsConfig) validate() error {
 		return &FieldError{"userns.max_host_id", "must be above min_host_id"}
 	case u.MaxPods <= 0:
 		return &FieldError{"userns.max_pods", "must be positive"}
+	}
+	return nil
+}
+
+func (s *StreamingConfig) validate() error {
+	switch {
+	case net.ParseIP(s.Address) == nil:
+		return &FieldError{"streaming.address", fmt.Sprintf("must be an IP address, got %q", s.Address)}
+	case s.Port < 0 || s.Port > 65535:
+		return &FieldError{"streaming.port", fmt.Sprintf("must be 0-65535, got %d", s.Port)}
+	case (s.TLSCertFile == "") != (s.TLSKeyFile == ""):
+		return &FieldError{"streaming.tls_cert_file", "tls_cert_file and tls_key_file go together"}
+	case s.TLSCertFile != "" && (!filepath.IsAbs(s.TLSCertFile) || !filepath.IsAbs(s.TLSKeyFile)):
+		return &FieldError{"streaming.tls_cert_file", "TLS files must be absolute paths"}
+	case s.IdleTimeout <= 0:
+		return &FieldError{"streaming.idle_timeout", "must be positive"}
+	case s.MaxStreams <= 0:
+		return &FieldError{"streaming.max_streams", "must be positive"}
 	}
 	return nil
 }

@@ -155,6 +155,12 @@ func TestInvalidValues(t *testing.T) {
 		{"pin two stars", "[image]\npinned_images = [\"reg/pause**\"]", "image.pinned_images"},
 		{"pin char class", "[image]\npinned_images = [\"reg/pause:[0-9]\"]", "image.pinned_images"},
 		{"pin with space", "[image]\npinned_images = [\"reg/pause :1\"]", "image.pinned_images"},
+		{"streaming host name", "[streaming]\naddress = \"localhost\"", "streaming.address"},
+		{"streaming port", "[streaming]\nport = 70000", "streaming.port"},
+		{"streaming cert without key", "[streaming]\ntls_cert_file = \"/etc/pinrt/c.pem\"", "streaming.tls_cert_file"},
+		{"streaming relative tls", "[streaming]\ntls_cert_file = \"c.pem\"\ntls_key_file = \"k.pem\"", "streaming.tls_cert_file"},
+		{"streaming idle timeout", "[streaming]\nidle_timeout = \"0s\"", "streaming.idle_timeout"},
+		{"streaming max streams", "[streaming]\nmax_streams = 0", "streaming.max_streams"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -69,7 +69,7 @@ func (r *Runtime) Create(ctx context.Context, o CreateOptions) (pid int, retErr 
 	if err := writeFileAtomic(filepath.Join(o.Bundle, "config.json"), specJSON, 0o600); err != nil {
 		return 0, fmt.Errorf("write config.json: %w", err)
 	}
-	rec, _ := json.Marshal(record{Version: recordVersion, ID: o.ID, Bundle: o.Bundle, ExitDir: o.ExitDir, LogPath: o.LogPath})
+	rec, _ := json.Marshal(record{Version: recordVersion, ID: o.ID, Bundle: o.Bundle, ExitDir: o.ExitDir, LogPath: o.LogPath, StdinOnce: o.Stdin && o.StdinOnce, Tty: o.Tty})
 	if err := writeFileAtomic(r.recordPath(o.ID), rec, 0o600); err != nil {
 		return 0, fmt.Errorf("write container record: %w", err)
 	}

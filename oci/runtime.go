@@ -90,6 +90,10 @@ type record struct {
 	Bundle  string `json:"bundle"`
 	ExitDir string `json:"exitDir"`
 	LogPath string `json:"logPath,omitempty"`
+	// StdinOnce and Tty shape Attach: the end of an attached client's
+	// stdin closes a stdin_once container's stdin, unless it is a TTY.
+	StdinOnce bool `json:"stdinOnce,omitempty"`
+	Tty       bool `json:"tty,omitempty"`
 }
 
 const recordVersion = 1

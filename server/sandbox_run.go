@@ -242,6 +242,7 @@ func (s *Server) stopPod(ctx context.Context, sb *sandbox.Sandbox) error {
 	unlock := sb.Lock()
 	defer unlock()
 	ctx = log.WithLogger(ctx, log.G(ctx).WithField("sandbox", sb.ID))
+	s.closePodStreams(sb.ID) // port-forwards into the pod end with it
 	if err := s.stopPodContainers(ctx, sb); err != nil {
 		return err
 	}

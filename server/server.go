@@ -104,6 +104,7 @@ type Server struct {
 	// probes are the handlers' probe results, taken once (probeRuntimes).
 	probeOnce sync.Once
 	probes    map[string]error
+	streams   Streams // nil until SetStreams
 }
 
 // New returns a server for cfg driving deps.

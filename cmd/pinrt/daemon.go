@@ -22,6 +22,7 @@ import (
 	"github.com/pinrt/pinrt/nsmgr"
 	"github.com/pinrt/pinrt/oci"
 	"github.com/pinrt/pinrt/server"
+	"github.com/pinrt/pinrt/streaming"
 	"github.com/pinrt/pinrt/version"
 )
 
@@ -118,6 +119,11 @@ func runDaemon(o *options, cfg *conf.Config) error {
 	if err != nil {
 		return err
 	}
+	streams, err := startStreaming(ctx, cfg, srv)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = streams.Close() }()
 	l, err := listen(cfg)
 	if err != nil {
 		return err
@@ -154,6 +160,27 @@ func runDaemon(o *options, cfg *conf.Config) error {
 			return err
 		}
 	}
+}
+
+// startStreaming starts the exec/attach/port-forward server; it stops
+// when the daemon returns.
+func startStreaming(ctx context.Context, cfg *conf.Config, srv *server.Server) (*streaming.Server, error) {
+	sc := cfg.Streaming
+	streams, err := streaming.New(ctx, streaming.Config{
+		Address: sc.Address, Port: sc.Port, TLSCertFile: sc.TLSCertFile, TLSKeyFile: sc.TLSKeyFile,
+		IdleTimeout: sc.IdleTimeout.Std(), MaxStreams: sc.MaxStreams,
+	}, srv.StreamTargets())
+	if err != nil {
+		return nil, err
+	}
+	srv.SetStreams(streams)
+	go func() {
+		if err := streams.Serve(); err != nil {
+			log.G(ctx).WithError(err).Error("streaming server stopped")
+		}
+	}()
+	log.G(ctx).WithField("url", streams.URL()).Info("streaming server is serving")
+	return streams, nil
 }
 
 // stop lets in-flight calls finish for at most timeout, then cuts them.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/pinrt/pinrt/conf"
 	"github.com/pinrt/pinrt/nsmgr"
+	"github.com/pinrt/pinrt/oci"
 	"github.com/pinrt/pinrt/version"
 )
 
@@ -22,6 +23,10 @@ func main() {
 	// flags or start anything else.
 	if len(os.Args) > 1 && os.Args[1] == nsmgr.HelperCommand {
 		os.Exit(nsmgr.HelperMain(os.Args[2:]))
+	}
+	// So is the exec helper, the subreaper that waits for a detached runc exec.
+	if len(os.Args) > 1 && os.Args[1] == oci.ExecHelperCommand {
+		os.Exit(oci.ExecHelperMain(os.Args[2:]))
 	}
 	os.Exit(run(os.Args[1:]))
 }

@@ -1,0 +1,299 @@
+package oci
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
+)
+
+// TerminalSize is a terminal's size in characters.
+type TerminalSize struct {
+	Width, Height uint16
+}
+
+// ExecOptions describe an interactive exec.
+type ExecOptions struct {
+	Cmd []string
+	// Stdin is nil when the client sends none.
+	Stdin io.Reader
+	// Stdout and Stderr are nil when the client wants none; with Tty both
+	// streams of the process go to Stdout.
+	Stdout, Stderr io.Writer
+	Tty            bool
+	// Resize carries terminal size changes (Tty only); nil means none.
+	Resize <-chan TerminalSize
+}
+
+// execHelperPath is the binary that runs ExecHelperMain: the daemon itself.
+var execHelperPath = "/proc/self/exe"
+
+// execWaitDelay bounds how long output is drained after the exec'd
+// process exited: a background grandchild that inherited the pipes must
+// not hold the stream open.
+const execWaitDelay = 2 * time.Second
+
+// ExecStream runs o.Cmd in the running container id with its stdio copied
+// from and to o's streams, and returns the command's exit code. runc exec
+// joins every namespace of the container, its user namespace included.
+// Without a TTY, runc runs detached under the exec helper, which hands
+// the process pinrt's pipes and waits for its exit code.
+//
+// With a TTY, runc runs in the foreground with a pseudo-terminal pinrt
+// allocates as its stdio: runc then makes the container's own pty and
+// relays between them, and a TIOCSWINSZ on pinrt's master reaches the
+// container as SIGWINCH to runc. --console-socket is not used because runc
+// accepts it only with --detach, and a detached process's exit code is lost.
+//
+// When ctx ends, or the client stops reading the output, the exec'd process
+// itself is killed: killing runc alone would leave it running.
+func (r *Runtime) ExecStream(ctx context.Context, id string, o ExecOptions) (int, error) {
+	if err := validateID(id); err != nil {
+		return -1, err
+	}
+	if len(o.Cmd) == 0 {
+		return -1, fmt.Errorf("exec: empty command: %w", errdefs.ErrInvalidArgument)
+	}
+	rec, err := r.loadRecord(id)
+	if err != nil {
+		return -1, err
+	}
+	pidDir, err := os.MkdirTemp(rec.Bundle, "exec-")
+	if err != nil {
+		return -1, err
+	}
+	defer os.RemoveAll(pidDir)
+	pidFile := filepath.Join(pidDir, "pid")
+
+	var c *exec.Cmd
+	if o.Tty {
+		args := append(r.globalArgs(), "exec", "--tty", "--pid-file", pidFile, id)
+		c = exec.Command(r.binary, append(args, o.Cmd...)...)
+	} else {
+		// Detached under the helper, so that only the exec'd process's
+		// own exit ends the exec (see ExecHelperCommand).
+		args := append([]string{ExecHelperCommand, pidFile, r.binary}, r.globalArgs()...)
+		args = append(args, "exec", "--detach", "--pid-file", pidFile, id)
+		c = exec.Command(execHelperPath, append(args, o.Cmd...)...)
+	}
+	c.WaitDelay = execWaitDelay
+
+	var once sync.Once
+	kill := func() {
+		once.Do(func() { killPidFile(pidFile) })
+	}
+	var stream *execIO
+	if o.Tty {
+		stream, err = startTty(c, o, kill)
+	} else {
+		stream, err = startPipes(c, o, kill)
+	}
+	if err != nil {
+		return -1, fmt.Errorf("exec in %s: %w", id, err)
+	}
+
+	done := make(chan error, 1)
+	go func() { done <- c.Wait() }()
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		kill()
+		select {
+		case err = <-done:
+		case <-time.After(5 * time.Second):
+			_ = c.Process.Kill()
+			err = <-done
+		}
+	}
+	stream.finish()
+	if ctx.Err() != nil {
+		return -1, fmt.Errorf("exec in %s: %w", id, ctx.Err())
+	}
+	var ee *exec.ExitError
+	switch {
+	case err == nil, errors.Is(err, exec.ErrWaitDelay):
+		return c.ProcessState.ExitCode(), nil
+	case errors.As(err, &ee):
+		return ee.ExitCode(), nil
+	}
+	return -1, fmt.Errorf("exec in %s: %w", id, err)
+}
+
+// killPidFile SIGKILLs the process runc wrote into pidFile, if any.
+func killPidFile(pidFile string) {
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		return
+	}
+	if pid, _ := strconv.Atoi(strings.TrimSpace(string(b))); pid > 0 {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+}
+
+// execIO is the copying around one started exec.
+type execIO struct {
+	// finish runs after runc exited: it waits (bounded) for the output to
+	// drain and releases what the copies hold.
+	finish func()
+}
+
+// killOnError wraps a client stream: when writing to the client fails,
+// nobody reads the output any more, so the process is killed.
+type killOnError struct {
+	w    io.Writer
+	kill func()
+}
+
+func (k killOnError) Write(p []byte) (int, error) {
+	n, err := k.w.Write(p)
+	if err != nil {
+		k.kill()
+	}
+	return n, err
+}
+
+func startPipes(c *exec.Cmd, o ExecOptions, kill func()) (*execIO, error) {
+	// Wait copies the output (and bounds the copy with WaitDelay).
+	if o.Stdout != nil {
+		c.Stdout = killOnError{o.Stdout, kill}
+	}
+	if o.Stderr != nil {
+		c.Stderr = killOnError{o.Stderr, kill}
+	}
+	// Stdin is copied here rather than by exec.Cmd: its copy blocks on the
+	// client, and Cmd.Wait would wait for it after the process exited.
+	var stdin io.WriteCloser
+	if o.Stdin != nil {
+		var err error
+		if stdin, err = c.StdinPipe(); err != nil {
+			return nil, err
+		}
+	}
+	if err := c.Start(); err != nil {
+		return nil, err
+	}
+	if stdin != nil {
+		go func() {
+			_, _ = io.Copy(stdin, o.Stdin)
+			// EOF from the client closes the process's stdin (`cat`
+			// ends); an EPIPE after the process exited is expected.
+			stdin.Close()
+		}()
+	}
+	return &execIO{finish: func() {}}, nil
+}
+
+func startTty(c *exec.Cmd, o ExecOptions, kill func()) (*execIO, error) {
+	master, slave, err := openPty()
+	if err != nil {
+		return nil, err
+	}
+	c.Stdin, c.Stdout, c.Stderr = slave, slave, slave
+	// runc must own the terminal: it finds its console on its stdio and
+	// gets SIGWINCH as the terminal's foreground process group.
+	c.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	err = c.Start()
+	// Only runc may hold the slave, so that the master reads EIO once runc
+	// and the container's process are gone.
+	slave.Close()
+	if err != nil {
+		master.Close()
+		return nil, err
+	}
+	outDone := make(chan struct{})
+	go func() {
+		defer close(outDone)
+		if o.Stdout == nil {
+			_, _ = io.Copy(io.Discard, master)
+			return
+		}
+		_, _ = io.Copy(killOnError{o.Stdout, kill}, master)
+	}()
+	if o.Stdin != nil {
+		// A terminal has no EOF to pass on: the end of the client's input
+		// means the client is gone (kubectl uses a TTY only when its own
+		// stdin is one). Hang up, as a closed terminal does: runc relays
+		// SIGHUP to the process, and a shell left alone does not leak.
+		go func() {
+			_, _ = io.Copy(master, o.Stdin)
+			_ = c.Process.Signal(syscall.SIGHUP)
+		}()
+	}
+	stopResize := make(chan struct{})
+	if o.Resize != nil {
+		go func() {
+			for {
+				select {
+				case <-stopResize:
+					return
+				case sz, ok := <-o.Resize:
+					if !ok {
+						return
+					}
+					_ = setWinsize(master, sz)
+				}
+			}
+		}()
+	}
+	return &execIO{finish: func() {
+		close(stopResize)
+		select {
+		case <-outDone:
+		case <-time.After(execWaitDelay):
+		}
+		master.Close()
+		<-outDone
+	}}, nil
+}
+
+// openPty returns a new pseudo-terminal's master and slave.
+func openPty() (master, slave *os.File, retErr error) {
+	fd, err := unix.Open("/dev/ptmx", unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open /dev/ptmx: %w", err)
+	}
+	// Non-blocking, so the runtime poller serves it and Close ends a Read.
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return nil, nil, err
+	}
+	master = os.NewFile(uintptr(fd), "/dev/ptmx")
+	defer func() {
+		if retErr != nil {
+			master.Close()
+		}
+	}()
+	if err := unix.IoctlSetPointerInt(fd, unix.TIOCSPTLCK, 0); err != nil {
+		return nil, nil, fmt.Errorf("unlockpt: %w", err)
+	}
+	n, err := unix.IoctlGetUint32(fd, unix.TIOCGPTN)
+	if err != nil {
+		return nil, nil, fmt.Errorf("ptsname: %w", err)
+	}
+	slave, err = os.OpenFile("/dev/pts/"+strconv.FormatUint(uint64(n), 10), os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	return master, slave, nil
+}
+
+func setWinsize(f *os.File, sz TerminalSize) error {
+	ws := &unix.Winsize{Row: sz.Height, Col: sz.Width}
+	var err error
+	rc, _ := f.SyscallConn()
+	if cerr := rc.Control(func(fd uintptr) { err = unix.IoctlSetWinsize(int(fd), unix.TIOCSWINSZ, ws) }); cerr != nil {
+		return cerr
+	}
+	return err
+}

@@ -1,0 +1,140 @@
+package server
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/containerd/errdefs"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pinrt/pinrt/sandbox"
+	"github.com/pinrt/pinrt/streaming"
+)
+
+// This file holds the streaming entry points: Exec, Attach and
+// PortForward only check their target and return a URL of the streaming
+// server; the work happens when the client connects to it. ExecSync lives
+// in container.go.
+
+// Streams serves exec, attach and port-forward sessions (package
+// streaming).
+type Streams interface {
+	GetExec(*runtimeapi.ExecRequest) (*runtimeapi.ExecResponse, error)
+	GetAttach(*runtimeapi.AttachRequest) (*runtimeapi.AttachResponse, error)
+	GetPortForward(*runtimeapi.PortForwardRequest) (*runtimeapi.PortForwardResponse, error)
+	// ClosePod ends the pod's port-forwards.
+	ClosePod(id string)
+}
+
+var _ Streams = (*streaming.Server)(nil)
+
+// SetStreams installs the streaming server. The daemon builds it after
+// the Server, because it resolves its targets through StreamTargets; it is
+// set before the CRI socket opens.
+func (s *Server) SetStreams(st Streams) { s.streams = st }
+
+// StreamTargets resolves the streaming server's requests on the stores.
+func (s *Server) StreamTargets() streaming.Targets { return streamTargets{s} }
+
+// Exec returns the URL of an exec session in a running container.
+func (s *Server) Exec(ctx context.Context, req *runtimeapi.ExecRequest) (*runtimeapi.ExecResponse, error) {
+	if len(req.Cmd) == 0 {
+		return nil, invalid("exec: empty command")
+	}
+	if _, err := s.streamTarget(ctx, req.ContainerId); err != nil {
+		return nil, err
+	}
+	st, err := s.streamServer()
+	if err != nil {
+		return nil, err
+	}
+	return st.GetExec(req)
+}
+
+// Attach returns the URL of an attach session to a running container.
+func (s *Server) Attach(ctx context.Context, req *runtimeapi.AttachRequest) (*runtimeapi.AttachResponse, error) {
+	if _, err := s.streamTarget(ctx, req.ContainerId); err != nil {
+		return nil, err
+	}
+	st, err := s.streamServer()
+	if err != nil {
+		return nil, err
+	}
+	return st.GetAttach(req)
+}
+
+// PortForward returns the URL of a port-forward session into a Ready pod.
+func (s *Server) PortForward(ctx context.Context, req *runtimeapi.PortForwardRequest) (*runtimeapi.PortForwardResponse, error) {
+	if _, err := s.podNetNS(req.PodSandboxId); err != nil {
+		return nil, err
+	}
+	st, err := s.streamServer()
+	if err != nil {
+		return nil, err
+	}
+	return st.GetPortForward(req)
+}
+
+func (s *Server) streamServer() (Streams, error) {
+	if s.streams == nil {
+		return nil, fmt.Errorf("the streaming server is not running: %w", errdefs.ErrNotImplemented)
+	}
+	return s.streams, nil
+}
+
+// closePodStreams ends a stopping pod's port-forwards.
+func (s *Server) closePodStreams(id string) {
+	if s.streams != nil {
+		s.streams.ClosePod(id)
+	}
+}
+
+// streamTarget returns the runtime of a running container.
+func (s *Server) streamTarget(ctx context.Context, id string) (streaming.ContainerRuntime, error) {
+	c, err := s.containers.Get(id)
+	if err != nil {
+		return nil, err
+	}
+	s.refreshContainer(ctx, c, false)
+	if st := c.Status().State; st != sandbox.ContainerRunning {
+		return nil, fmt.Errorf("container %s is %s, not running: %w", c.ID, st, errdefs.ErrFailedPrecondition)
+	}
+	rt, err := s.runtimeFor(c.Handler)
+	if err != nil {
+		return nil, err
+	}
+	sr, ok := rt.(streaming.ContainerRuntime)
+	if !ok {
+		return nil, fmt.Errorf("runtime handler %q cannot stream: %w", c.Handler, errdefs.ErrNotImplemented)
+	}
+	return sr, nil
+}
+
+// podNetNS is the pinned netns of a Ready pod, "" on the host network.
+func (s *Server) podNetNS(id string) (string, error) {
+	sb, err := s.sandboxes.Get(id)
+	if err != nil {
+		return "", err
+	}
+	if st := sb.Status().State; st != sandbox.StateReady {
+		return "", fmt.Errorf("pod %s is not ready: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	if sb.Modes.Network == sandbox.ModeNode {
+		return "", nil
+	}
+	p := sb.Pins["net"]
+	if p == "" {
+		return "", fmt.Errorf("pod %s has no pinned network namespace: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	return p, nil
+}
+
+type streamTargets struct{ s *Server }
+
+func (t streamTargets) Container(ctx context.Context, id string) (streaming.ContainerRuntime, error) {
+	return t.s.streamTarget(ctx, id)
+}
+
+func (t streamTargets) PodNetNS(_ context.Context, id string) (string, error) {
+	return t.s.podNetNS(id)
+}

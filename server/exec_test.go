@@ -1,0 +1,119 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/containerd/errdefs"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// fakeStreams hands out fixed URLs and records the pods closed.
+type fakeStreams struct{ closed []string }
+
+func (f *fakeStreams) GetExec(*runtimeapi.ExecRequest) (*runtimeapi.ExecResponse, error) {
+	return &runtimeapi.ExecResponse{Url: "http://s/exec/t"}, nil
+}
+
+func (f *fakeStreams) GetAttach(*runtimeapi.AttachRequest) (*runtimeapi.AttachResponse, error) {
+	return &runtimeapi.AttachResponse{Url: "http://s/attach/t"}, nil
+}
+
+func (f *fakeStreams) GetPortForward(*runtimeapi.PortForwardRequest) (*runtimeapi.PortForwardResponse, error) {
+	return &runtimeapi.PortForwardResponse{Url: "http://s/portforward/t"}, nil
+}
+
+func (f *fakeStreams) ClosePod(id string) { f.closed = append(f.closed, id) }
+
+func TestStreamingEntryPoints(t *testing.T) {
+	f := newCtrFixture(t)
+	ctx := context.Background()
+	pod := mustRunPod(t, f, "p")
+	stopped := mustRunPod(t, f, "q")
+	created, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod.PodSandboxId, Config: unitCtr("c")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	streams := &fakeStreams{}
+	f.srv.SetStreams(streams)
+	if _, err := f.srv.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: stopped.PodSandboxId}); err != nil {
+		t.Fatal(err)
+	}
+	if len(streams.closed) != 1 || streams.closed[0] != stopped.PodSandboxId {
+		t.Fatalf("StopPodSandbox closed the streams of %v, want [%s]", streams.closed, stopped.PodSandboxId)
+	}
+
+	tests := []struct {
+		name    string
+		call    func() (string, error)
+		wantURL string
+		wantErr error
+	}{
+		{"exec unknown container", func() (string, error) {
+			r, err := f.srv.Exec(ctx, &runtimeapi.ExecRequest{ContainerId: "nope", Cmd: []string{"true"}, Stdout: true})
+			return r.GetUrl(), err
+		}, "", errdefs.ErrNotFound},
+		{"exec empty command", func() (string, error) {
+			r, err := f.srv.Exec(ctx, &runtimeapi.ExecRequest{ContainerId: created.ContainerId, Stdout: true})
+			return r.GetUrl(), err
+		}, "", errdefs.ErrInvalidArgument},
+		{"exec in a created container", func() (string, error) {
+			r, err := f.srv.Exec(ctx, &runtimeapi.ExecRequest{ContainerId: created.ContainerId, Cmd: []string{"true"}, Stdout: true})
+			return r.GetUrl(), err
+		}, "", errdefs.ErrFailedPrecondition},
+		{"attach to a created container", func() (string, error) {
+			r, err := f.srv.Attach(ctx, &runtimeapi.AttachRequest{ContainerId: created.ContainerId, Stdout: true})
+			return r.GetUrl(), err
+		}, "", errdefs.ErrFailedPrecondition},
+		{"port-forward unknown pod", func() (string, error) {
+			r, err := f.srv.PortForward(ctx, &runtimeapi.PortForwardRequest{PodSandboxId: "nope", Port: []int32{80}})
+			return r.GetUrl(), err
+		}, "", errdefs.ErrNotFound},
+		{"port-forward into a stopped pod", func() (string, error) {
+			r, err := f.srv.PortForward(ctx, &runtimeapi.PortForwardRequest{PodSandboxId: stopped.PodSandboxId, Port: []int32{80}})
+			return r.GetUrl(), err
+		}, "", errdefs.ErrFailedPrecondition},
+		{"port-forward into a ready pod", func() (string, error) {
+			r, err := f.srv.PortForward(ctx, &runtimeapi.PortForwardRequest{PodSandboxId: pod.PodSandboxId, Port: []int32{80}})
+			return r.GetUrl(), err
+		}, "http://s/portforward/t", nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			url, err := tc.call()
+			if tc.wantErr != nil {
+				if !errors.Is(err, tc.wantErr) {
+					t.Fatalf("got %v, want %v", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || url != tc.wantURL {
+				t.Fatalf("got %q, %v; want %q", url, err, tc.wantURL)
+			}
+		})
+	}
+}
+
+func TestStreamingWithoutServer(t *testing.T) {
+	f := newCtrFixture(t)
+	ctx := context.Background()
+	pod := mustRunPod(t, f, "p")
+	_, err := f.srv.PortForward(ctx, &runtimeapi.PortForwardRequest{PodSandboxId: pod.PodSandboxId, Port: []int32{80}})
+	if !errdefs.IsNotImplemented(err) {
+		t.Fatalf("PortForward without a streaming server: %v, want NotImplemented", err)
+	}
+	// Stopping a pod needs no streaming server.
+	if _, err := f.srv.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: pod.PodSandboxId}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func mustRunPod(t *testing.T, f *ctrFixture, name string) *runtimeapi.RunPodSandboxResponse {
+	t.Helper()
+	resp, err := f.srv.RunPodSandbox(context.Background(), unitPod(name, false))
+	if err != nil {
+		t.Fatalf("RunPodSandbox(%s): %v", name, err)
+	}
+	return resp
+}

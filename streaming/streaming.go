@@ -1,0 +1,236 @@
+// Package streaming is the runtime side of the CRI Exec, Attach and
+// PortForward calls. The CRI calls only return a URL; kubelet (or the API
+// server, or kubectl through them) then connects to it over SPDY or
+// WebSocket, and k8s.io/cri-streaming's server turns the connection into
+// streams and calls the Runtime implemented here:
+//
+//   - exec runs `runc exec` through package oci, with pipes or a TTY;
+//   - attach connects to conmon's attach socket through package oci;
+//   - port-forward dials 127.0.0.1:<port> from inside the pod's pinned
+//     network namespace, on a locked OS thread, and copies both ways.
+//
+// Every URL is a single-use token that expires after a minute (the
+// library's request cache). Port-forwards are tracked per pod so that
+// stopping the pod closes them.
+package streaming
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	cristreaming "k8s.io/cri-streaming/pkg/streaming"
+
+	"github.com/pinrt/pinrt/oci"
+)
+
+// ContainerRuntime is what exec and attach need of an OCI runtime driver.
+type ContainerRuntime interface {
+	ExecStream(ctx context.Context, id string, o oci.ExecOptions) (int, error)
+	Attach(ctx context.Context, id string, o oci.AttachOptions) error
+}
+
+var _ ContainerRuntime = (*oci.Runtime)(nil)
+
+// Targets resolves the IDs in stream requests; the CRI server implements
+// it on its stores. It is consulted when the client connects, not when the
+// URL is handed out, so a container that died in between is refused.
+type Targets interface {
+	// Container returns the runtime of a running container.
+	Container(ctx context.Context, id string) (ContainerRuntime, error)
+	// PodNetNS returns the pinned network namespace of a Ready pod, or
+	// "" for a pod on the host network.
+	PodNetNS(ctx context.Context, id string) (string, error)
+}
+
+// Config configures the server.
+type Config struct {
+	// Address and Port are where to listen; port 0 picks a free one.
+	Address string
+	Port    int
+	// TLSCertFile and TLSKeyFile turn on TLS when both are set.
+	TLSCertFile, TLSKeyFile string
+	// IdleTimeout closes a stream without traffic.
+	IdleTimeout time.Duration
+	// MaxStreams bounds the connections served at once.
+	MaxStreams int
+}
+
+// Server serves exec, attach and port-forward streams over HTTP.
+type Server struct {
+	lib     cristreaming.Server
+	targets Targets
+	ln      net.Listener
+	http    *http.Server
+	url     string
+
+	slots  chan struct{}
+	active atomic.Int64
+
+	// ctx ends every stream when the server closes: hijacked connections
+	// are not closed by http.Server.Close.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu       sync.Mutex
+	forwards map[string]map[*forward]struct{} // by pod ID
+}
+
+// forward is one port-forward connection, cancelled when its pod stops.
+type forward struct{ cancel context.CancelFunc }
+
+// New listens on cfg's address and returns a server that is not serving
+// yet; Serve starts it. Listening here, not in Serve, makes the URLs
+// right (the real port) from the first Get call on.
+func New(ctx context.Context, cfg Config, targets Targets) (*Server, error) {
+	if cfg.MaxStreams <= 0 {
+		return nil, fmt.Errorf("streaming: max streams must be positive: %w", errdefs.ErrInvalidArgument)
+	}
+	var tlsConfig *tls.Config
+	if cfg.TLSCertFile != "" || cfg.TLSKeyFile != "" {
+		cert, err := tls.LoadX509KeyPair(cfg.TLSCertFile, cfg.TLSKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("streaming TLS key pair: %w: %w", err, errdefs.ErrInvalidArgument)
+		}
+		tlsConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(cfg.Address, strconv.Itoa(cfg.Port)))
+	if err != nil {
+		return nil, fmt.Errorf("streaming server: %w", err)
+	}
+	if tlsConfig != nil {
+		ln = tls.NewListener(ln, tlsConfig)
+	}
+	base := &url.URL{Scheme: "http", Host: ln.Addr().String()}
+	if tlsConfig != nil {
+		base.Scheme = "https"
+	}
+	libCfg := cristreaming.DefaultConfig
+	libCfg.Addr = ln.Addr().String()
+	libCfg.BaseURL = base
+	libCfg.StreamIdleTimeout = cfg.IdleTimeout
+	s := &Server{
+		targets:  targets,
+		ln:       ln,
+		url:      base.String(),
+		slots:    make(chan struct{}, cfg.MaxStreams),
+		forwards: map[string]map[*forward]struct{}{},
+	}
+	s.ctx, s.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	lib, err := cristreaming.NewServer(libCfg, &runtime{s: s})
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	s.lib = lib
+	s.http = &http.Server{Handler: s, ReadHeaderTimeout: 30 * time.Second}
+	return s, nil
+}
+
+// Serve serves until Close; it returns nil after Close.
+func (s *Server) Serve() error {
+	err := s.http.Serve(s.ln)
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// Close stops listening and ends every stream.
+func (s *Server) Close() error {
+	err := s.http.Close()
+	s.cancel()
+	return err
+}
+
+// URL is the server's base URL.
+func (s *Server) URL() string { return s.url }
+
+// Active is the number of streams being served.
+func (s *Server) Active() int { return int(s.active.Load()) }
+
+// ServeHTTP bounds the concurrent streams, then hands over to the library.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	select {
+	case s.slots <- struct{}{}:
+	default:
+		http.Error(w, "too many concurrent streams", http.StatusTooManyRequests)
+		return
+	}
+	defer func() { <-s.slots }()
+	n := s.active.Add(1)
+	l := log.G(s.ctx).WithField("path", r.URL.Path)
+	l.WithField("active", n).Debug("stream started")
+	defer func() {
+		l.WithField("active", s.active.Add(-1)).Debug("stream finished")
+	}()
+	s.lib.ServeHTTP(w, r)
+}
+
+// GetExec returns the URL of an exec.
+func (s *Server) GetExec(req *runtimeapi.ExecRequest) (*runtimeapi.ExecResponse, error) {
+	return s.lib.GetExec(req)
+}
+
+// GetAttach returns the URL of an attach.
+func (s *Server) GetAttach(req *runtimeapi.AttachRequest) (*runtimeapi.AttachResponse, error) {
+	return s.lib.GetAttach(req)
+}
+
+// GetPortForward returns the URL of a port-forward.
+func (s *Server) GetPortForward(req *runtimeapi.PortForwardRequest) (*runtimeapi.PortForwardResponse, error) {
+	return s.lib.GetPortForward(req)
+}
+
+// ClosePod ends the pod's port-forwards; new ones are refused by Targets
+// once the pod is not Ready.
+func (s *Server) ClosePod(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for f := range s.forwards[id] {
+		f.cancel()
+	}
+	delete(s.forwards, id)
+}
+
+// trackForward registers a port-forward of pod id; the returned context
+// ends when the pod stops or the server closes.
+func (s *Server) trackForward(ctx context.Context, id string) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(s.ctx, cancel)
+	f := &forward{cancel: cancel}
+	s.mu.Lock()
+	if s.forwards[id] == nil {
+		s.forwards[id] = map[*forward]struct{}{}
+	}
+	s.forwards[id][f] = struct{}{}
+	s.mu.Unlock()
+	return ctx, func() {
+		stop()
+		cancel()
+		s.mu.Lock()
+		delete(s.forwards[id], f)
+		if len(s.forwards[id]) == 0 {
+			delete(s.forwards, id)
+		}
+		s.mu.Unlock()
+	}
+}
+
+// Forwards is the number of open port-forward connections of pod id.
+func (s *Server) Forwards(id string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.forwards[id])
+}

@@ -1,0 +1,304 @@
+package streaming
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	utilexec "k8s.io/utils/exec"
+
+	"github.com/pinrt/pinrt/oci"
+)
+
+// fakeRuntime is a container runtime whose exec exits with code.
+type fakeRuntime struct {
+	code    int
+	execErr error
+	gotCmd  []string
+}
+
+func (f *fakeRuntime) ExecStream(_ context.Context, _ string, o oci.ExecOptions) (int, error) {
+	f.gotCmd = o.Cmd
+	return f.code, f.execErr
+}
+
+func (f *fakeRuntime) Attach(context.Context, string, oci.AttachOptions) error { return nil }
+
+// fakeTargets resolves one container and pods by a map.
+type fakeTargets struct {
+	rt     *fakeRuntime
+	netns  map[string]string
+	ctrErr error
+}
+
+func (f *fakeTargets) Container(context.Context, string) (ContainerRuntime, error) {
+	if f.ctrErr != nil {
+		return nil, f.ctrErr
+	}
+	return f.rt, nil
+}
+
+func (f *fakeTargets) PodNetNS(_ context.Context, id string) (string, error) {
+	p, ok := f.netns[id]
+	if !ok {
+		return "", errdefs.ErrNotFound
+	}
+	return p, nil
+}
+
+func newTestServer(t *testing.T, tg Targets, maxStreams int) *Server {
+	t.Helper()
+	s, err := New(context.Background(), Config{Address: "127.0.0.1", IdleTimeout: time.Minute, MaxStreams: maxStreams}, tg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = s.Serve() }()
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func TestExecResult(t *testing.T) {
+	tests := []struct {
+		name     string
+		code     int
+		execErr  error
+		ctrErr   error
+		wantCode int // -1: no exit error
+		wantErr  error
+	}{
+		{name: "success", code: 0, wantCode: -1},
+		{name: "non-zero exit is an exit code", code: 3, wantCode: 3},
+		{name: "runtime failure", execErr: errdefs.ErrUnknown, wantCode: -1, wantErr: errdefs.ErrUnknown},
+		{name: "container gone", ctrErr: errdefs.ErrNotFound, wantCode: -1, wantErr: errdefs.ErrNotFound},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tg := &fakeTargets{rt: &fakeRuntime{code: tc.code, execErr: tc.execErr}, ctrErr: tc.ctrErr}
+			s := newTestServer(t, tg, 1)
+			err := (&runtime{s: s}).Exec(context.Background(), "c1", []string{"echo", "hi"}, nil, nil, nil, false, nil)
+			var ee utilexec.CodeExitError
+			switch {
+			case tc.wantCode >= 0:
+				if !errors.As(err, &ee) || ee.ExitStatus() != tc.wantCode || !ee.Exited() {
+					t.Fatalf("Exec: %v, want exit code %d", err, tc.wantCode)
+				}
+			case tc.wantErr != nil:
+				if !errors.Is(err, tc.wantErr) {
+					t.Fatalf("Exec: %v, want %v", err, tc.wantErr)
+				}
+			case err != nil:
+				t.Fatalf("Exec: %v", err)
+			}
+		})
+	}
+}
+
+func TestMaxStreams(t *testing.T) {
+	s := newTestServer(t, &fakeTargets{}, 1)
+	s.slots <- struct{}{} // one stream is being served
+	rec := httptest.NewRecorder()
+	s.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/exec/abcdefgh", nil))
+	if rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("a stream over max_streams got %d, want 429", rec.Code)
+	}
+	<-s.slots
+	rec = httptest.NewRecorder()
+	s.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/exec/abcdefgh", nil))
+	if rec.Code != http.StatusNotFound {
+		t.Fatalf("an unknown token got %d, want 404", rec.Code)
+	}
+	if n := s.Active(); n != 0 {
+		t.Fatalf("Active() = %d after the requests, want 0", n)
+	}
+}
+
+func TestURLsUseTheListenerPort(t *testing.T) {
+	s := newTestServer(t, &fakeTargets{}, 1)
+	resp, err := s.GetExec(&runtimeapi.ExecRequest{ContainerId: "c1", Cmd: []string{"true"}, Stdout: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(resp.Url, s.URL()+"/exec/") || strings.HasSuffix(s.URL(), ":0") {
+		t.Fatalf("exec URL %q does not point at the server %q", resp.Url, s.URL())
+	}
+}
+
+// echoListener accepts connections on the host's loopback and echoes.
+func echoListener(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _, _ = io.Copy(c, c); c.Close() }()
+		}
+	}()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// closedPort is a loopback port nothing listens on.
+func closedPort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	return p
+}
+
+func TestPortForwardHostNetwork(t *testing.T) {
+	open, closed := echoListener(t), closedPort(t)
+	tests := []struct {
+		name    string
+		pod     string
+		port    int
+		wantErr func(error) bool
+	}{
+		{name: "echo", pod: "host", port: open},
+		{name: "closed port", pod: "host", port: closed, wantErr: func(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }},
+		{name: "unknown pod", pod: "nope", port: open, wantErr: errdefs.IsNotFound},
+		{name: "bad port", pod: "host", port: 0, wantErr: errdefs.IsInvalidArgument},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newTestServer(t, &fakeTargets{netns: map[string]string{"host": ""}}, 1)
+			client, server := net.Pipe()
+			done := make(chan error, 1)
+			go func() { done <- (&runtime{s: s}).PortForward(context.Background(), tc.pod, int32(tc.port), server) }()
+			if tc.wantErr != nil {
+				if err := <-done; !tc.wantErr(err) {
+					t.Fatalf("PortForward: %v", err)
+				}
+				return
+			}
+			if _, err := client.Write([]byte("ping")); err != nil {
+				t.Fatal(err)
+			}
+			buf := make([]byte, 4)
+			if _, err := io.ReadFull(client, buf); err != nil || string(buf) != "ping" {
+				t.Fatalf("echo through the forward: %q, %v", buf, err)
+			}
+			if n := s.Forwards(tc.pod); n != 1 {
+				t.Fatalf("Forwards(%s) = %d while open, want 1", tc.pod, n)
+			}
+			// Stopping the pod ends the forward.
+			s.ClosePod(tc.pod)
+			select {
+			case err := <-done:
+				if !errors.Is(err, context.Canceled) {
+					t.Fatalf("PortForward after ClosePod: %v, want context.Canceled", err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("PortForward still running after ClosePod")
+			}
+			if n := s.Forwards(tc.pod); n != 0 {
+				t.Fatalf("Forwards(%s) = %d after ClosePod, want 0", tc.pod, n)
+			}
+		})
+	}
+}
+
+func TestNewRejects(t *testing.T) {
+	tests := []struct {
+		name string
+		cfg  Config
+	}{
+		{"no streams", Config{Address: "127.0.0.1", MaxStreams: 0}},
+		{"missing key pair", Config{Address: "127.0.0.1", MaxStreams: 1, TLSCertFile: "/nonexistent/c.pem", TLSKeyFile: "/nonexistent/k.pem"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := New(context.Background(), tc.cfg, &fakeTargets{}); !errdefs.IsInvalidArgument(err) {
+				t.Fatalf("New: %v, want InvalidArgument", err)
+			}
+		})
+	}
+}
+
+// writeKeyPair writes a self-signed certificate for 127.0.0.1.
+func writeKeyPair(t *testing.T) (certFile, keyFile string, pool *x509.CertPool) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "pinrt-test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	pool = x509.NewCertPool()
+	pool.AddCert(cert)
+	return certFile, keyFile, pool
+}
+
+func TestTLS(t *testing.T) {
+	certFile, keyFile, pool := writeKeyPair(t)
+	s, err := New(context.Background(), Config{Address: "127.0.0.1", IdleTimeout: time.Minute, MaxStreams: 1, TLSCertFile: certFile, TLSKeyFile: keyFile}, &fakeTargets{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = s.Serve() }()
+	t.Cleanup(func() { s.Close() })
+	resp, err := s.GetPortForward(&runtimeapi.PortForwardRequest{PodSandboxId: "p"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(resp.Url, "https://127.0.0.1:") {
+		t.Fatalf("URL %q is not https on the listener", resp.Url)
+	}
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
+	r, err := client.Get(s.URL() + "/exec/unknown0")
+	if err != nil {
+		t.Fatalf("GET over TLS: %v", err)
+	}
+	r.Body.Close()
+	if r.StatusCode != http.StatusNotFound {
+		t.Fatalf("unknown token over TLS: %d, want 404", r.StatusCode)
+	}
+}

@@ -1,0 +1,691 @@
+package test
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/portforward"
+	"k8s.io/client-go/tools/remotecommand"
+	"k8s.io/client-go/transport/spdy"
+	utilexec "k8s.io/client-go/util/exec"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pinrt/pinrt/oci"
+	"github.com/pinrt/pinrt/test/testimage"
+)
+
+// httpServer is the port-forward target: it listens on the pod's
+// loopback only, so a forward that reached it went through the pod's netns.
+const httpServer = `package main
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+)
+
+func main() {
+	http.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "hello %s", r.URL.Path)
+	})
+	http.HandleFunc("/hang", func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	})
+	l, err := net.Listen("tcp4", "127.0.0.1:8080")
+	if err != nil {
+		panic(err)
+	}
+	panic(http.Serve(l, nil))
+}
+`
+
+// streamEnv is a userns pod with an HTTP server container and a container
+// that echoes its stdin.
+type streamEnv struct {
+	*ctrEnv
+	pod, server, echo string
+}
+
+func TestStreaming(t *testing.T) {
+	e := newCtrEnv(t)
+	var extra []testimage.File
+	for _, a := range []string{"stty", "tar", "sha256sum"} {
+		extra = append(extra, testimage.File{Path: "bin/" + a, Type: tar.TypeSymlink, Linkname: "busybox"})
+	}
+	img := e.reg.Push(t, "stream:1", testimage.Build(t, testimage.Spec{
+		Programs: map[string]string{"/bin/httpserver": httpServer},
+		Layers:   [][]testimage.File{extra},
+	}))
+	e.pull(t, img)
+	pod, podCfg := e.pod(t, UsernsPod(PodConfig("stream"), 0))
+	srv := e.ctr("server", "/bin/httpserver")
+	srv.Image.Image = img
+	echo := e.ctr("echo", "cat")
+	echo.Image.Image = img
+	echo.Stdin = true
+	s := &streamEnv{ctrEnv: e, pod: pod}
+	s.server = e.run(t, pod, podCfg, srv)
+	s.echo = e.run(t, pod, podCfg, echo)
+
+	t.Run("ExecEcho", s.testExecEcho)
+	t.Run("ExecBackground", s.testExecBackground)
+	t.Run("ExecWebSocket", s.testExecWebSocket)
+	t.Run("ExecExitCode", s.testExecExitCode)
+	t.Run("ExecStdin", s.testExecStdin)
+	t.Run("ExecTTYResize", s.testExecTTY)
+	t.Run("Tar", s.testTar)
+	t.Run("Attach", s.testAttach)
+	t.Run("AttachStdinOnce", func(t *testing.T) { s.testAttachStdinOnce(t, podCfg, img) })
+	t.Run("AttachTTYResize", func(t *testing.T) { s.testAttachTTY(t, podCfg, img) })
+	t.Run("PortForward", s.testPortForward)
+	t.Run("PortForwardClosedPort", s.testPortForwardClosed)
+	t.Run("TokenSingleUse", s.testTokenSingleUse)
+	t.Run("ContainerExitEndsStreams", func(t *testing.T) { s.testContainerExit(t, podCfg) })
+	t.Run("NoLeaks", s.testNoLeaks)
+	t.Run("StopPodClosesForward", s.testStopPodClosesForward)
+}
+
+// execURL asks for an exec URL the way kubelet does.
+func (s *streamEnv) execURL(t *testing.T, id string, cmd []string, stdin, tty bool) *url.URL {
+	t.Helper()
+	resp, err := s.d.Runtime.Exec(Ctx(t), &runtimeapi.ExecRequest{
+		ContainerId: id, Cmd: cmd, Stdin: stdin, Stdout: true, Stderr: !tty, Tty: tty,
+	})
+	if err != nil {
+		t.Fatalf("Exec(%v): %v", cmd, err)
+	}
+	u, err := url.Parse(resp.Url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+// streamOpts are the client's side of an exec or attach.
+type streamOpts struct {
+	stdin  io.Reader
+	stdout io.Writer
+	stderr io.Writer
+	tty    bool
+	sizes  remotecommand.TerminalSizeQueue
+}
+
+func spdyStream(ctx context.Context, u *url.URL, o streamOpts) error {
+	ex, err := remotecommand.NewSPDYExecutor(&rest.Config{}, "POST", u)
+	if err != nil {
+		return err
+	}
+	return ex.StreamWithContext(ctx, remotecommand.StreamOptions{
+		Stdin: o.stdin, Stdout: o.stdout, Stderr: o.stderr, Tty: o.tty, TerminalSizeQueue: o.sizes,
+	})
+}
+
+// exec runs cmd through a SPDY exec and returns stdout, stderr and the
+// stream error.
+func (s *streamEnv) streamExec(t *testing.T, id string, stdin io.Reader, cmd ...string) (string, string, error) {
+	t.Helper()
+	u := s.execURL(t, id, cmd, stdin != nil, false)
+	var out, errOut bytes.Buffer
+	err := spdyStream(Ctx(t), u, streamOpts{stdin: stdin, stdout: &out, stderr: &errOut})
+	return out.String(), errOut.String(), err
+}
+
+func (s *streamEnv) testExecEcho(t *testing.T) {
+	out, errOut, err := s.streamExec(t, s.server, nil, "sh", "-c", "echo hello; echo oops >&2")
+	if err != nil || out != "hello\n" || errOut != "oops\n" {
+		t.Fatalf("exec echo: stdout %q stderr %q err %v", out, errOut, err)
+	}
+}
+
+// A background process that keeps the output pipes open does not hold the
+// exec open past the command's exit.
+func (s *streamEnv) testExecBackground(t *testing.T) {
+	start := time.Now()
+	out, _, err := s.streamExec(t, s.server, nil, "sh", "-c", "sleep 30 & echo started")
+	if err != nil || out != "started\n" {
+		t.Fatalf("exec with a background child: %q, %v", out, err)
+	}
+	if d := time.Since(start); d > 15*time.Second {
+		t.Fatalf("exec took %v: the background child held it", d)
+	}
+}
+
+func (s *streamEnv) testExecWebSocket(t *testing.T) {
+	u := s.execURL(t, s.server, []string{"echo", "over websocket"}, false, false)
+	// cri-streaming's WebSocket side speaks up to v4.channel.k8s.io; v5,
+	// client-go's default, is spoken by the API server, which talks SPDY
+	// to kubelet and the runtime.
+	ex, err := remotecommand.NewWebSocketExecutorForProtocols(&rest.Config{}, "GET", u.String(), "v4.channel.k8s.io")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	err = ex.StreamWithContext(Ctx(t), remotecommand.StreamOptions{Stdout: &out, Stderr: &errOut})
+	if err != nil || out.String() != "over websocket\n" {
+		t.Fatalf("websocket exec: stdout %q stderr %q err %v", out.String(), errOut.String(), err)
+	}
+}
+
+func (s *streamEnv) testExecExitCode(t *testing.T) {
+	_, _, err := s.streamExec(t, s.server, nil, "sh", "-c", "exit 3")
+	var ee utilexec.ExitError
+	if !errors.As(err, &ee) || ee.ExitStatus() != 3 {
+		t.Fatalf("exec exit 3: got %v (%T), want an exit error with code 3", err, err)
+	}
+}
+
+func (s *streamEnv) testExecStdin(t *testing.T) {
+	data := make([]byte, 10<<20)
+	_, _ = rand.Read(data)
+	out, errOut, err := s.streamExec(t, s.server, bytes.NewReader(data), "cat")
+	if err != nil {
+		t.Fatalf("exec cat: %v (stderr %q)", err, errOut)
+	}
+	if !bytes.Equal([]byte(out), data) {
+		t.Fatalf("cat returned %d bytes, want the %d sent byte for byte", len(out), len(data))
+	}
+}
+
+// sizeQueue hands the client's terminal sizes to the executor.
+type sizeQueue chan remotecommand.TerminalSize
+
+func (q sizeQueue) Next() *remotecommand.TerminalSize {
+	sz, ok := <-q
+	if !ok {
+		return nil
+	}
+	return &sz
+}
+
+// lockedBuffer is written by the stream and read by the test.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func (s *streamEnv) testExecTTY(t *testing.T) {
+	u := s.execURL(t, s.server, []string{"sh"}, true, true)
+	sizes := make(sizeQueue, 2)
+	sizes <- remotecommand.TerminalSize{Width: 80, Height: 24}
+	inR, inW := io.Pipe()
+	var out lockedBuffer
+	done := make(chan error, 1)
+	go func() { done <- spdyStream(Ctx(t), u, streamOpts{stdin: inR, stdout: &out, tty: true, sizes: sizes}) }()
+
+	defer func() {
+		if t.Failed() {
+			t.Logf("terminal output: %q", out.String())
+		}
+	}()
+	// The first size may reach the terminal after the shell's first
+	// prompt: ask until it did.
+	waitFor(t, 10*time.Second, "stty size 24 80", func() bool {
+		fmt.Fprintf(inW, "stty size\n")
+		time.Sleep(100 * time.Millisecond)
+		return strings.Contains(out.String(), "24 80")
+	})
+	sizes <- remotecommand.TerminalSize{Width: 123, Height: 45}
+	// The resize travels client -> stream -> pty -> SIGWINCH to runc ->
+	// the container's pty; ask until it arrived.
+	waitFor(t, 10*time.Second, "stty size 45 123 after a resize", func() bool {
+		fmt.Fprintf(inW, "stty size\n")
+		time.Sleep(100 * time.Millisecond)
+		return strings.Contains(out.String(), "45 123")
+	})
+	fmt.Fprintf(inW, "exit 0\n")
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("tty exec: %v\n%s", err, out.String())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("tty exec did not end after exit:\n%s", out.String())
+	}
+	close(sizes)
+	inW.Close()
+
+	// A client that goes away hangs the terminal up: the shell ends.
+	u = s.execURL(t, s.server, []string{"sh"}, true, true)
+	inR, inW = io.Pipe()
+	go func() { done <- spdyStream(Ctx(t), u, streamOpts{stdin: inR, stdout: io.Discard, tty: true}) }()
+	fmt.Fprintf(inW, "echo hi\n")
+	inW.Close()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("a tty exec whose client closed its input is still running")
+	}
+}
+
+// testTar copies a 50 MB directory into the container and back with tar
+// over exec, as kubectl cp does, using GNU tar on the host.
+func (s *streamEnv) testTar(t *testing.T) {
+	if _, err := exec.LookPath("tar"); err != nil {
+		t.Skip("needs GNU tar on the host")
+	}
+	src := t.TempDir()
+	for i := range 10 {
+		dir := filepath.Join(src, "d"+strconv.Itoa(i%3))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		b := make([]byte, 5<<20)
+		_, _ = rand.Read(b)
+		if err := os.WriteFile(filepath.Join(dir, "f"+strconv.Itoa(i)), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := treeSum(t, src)
+
+	in := exec.Command("tar", "cf", "-", "-C", src, ".")
+	tarIn, err := in.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := in.Start(); err != nil {
+		t.Fatal(err)
+	}
+	_, errOut, err := s.streamExec(t, s.server, tarIn, "sh", "-c", "mkdir -p /tmp/cp && tar xf - -C /tmp/cp")
+	if werr := in.Wait(); err != nil || werr != nil {
+		t.Fatalf("tar into the container: %v, %v (stderr %q)", err, werr, errOut)
+	}
+
+	dst := t.TempDir()
+	out := exec.Command("tar", "xf", "-", "-C", dst)
+	tarOut, err := out.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var outErr bytes.Buffer
+	out.Stderr = &outErr
+	if err := out.Start(); err != nil {
+		t.Fatal(err)
+	}
+	u := s.execURL(t, s.server, []string{"tar", "cf", "-", "-C", "/tmp/cp", "."}, false, false)
+	var stderr bytes.Buffer
+	err = spdyStream(Ctx(t), u, streamOpts{stdout: tarOut, stderr: &stderr})
+	tarOut.Close()
+	if werr := out.Wait(); err != nil || werr != nil {
+		t.Fatalf("tar out of the container: %v, %v (%s %s)", err, werr, stderr.String(), outErr.String())
+	}
+	if got := treeSum(t, dst); got != want {
+		t.Fatalf("the tree that came back differs: %s, want %s", got, want)
+	}
+	s.mustExec(t, s.server, "rm", "-rf", "/tmp/cp")
+}
+
+// treeSum hashes every regular file's relative path and content.
+func treeSum(t *testing.T, root string) string {
+	t.Helper()
+	h := sha256.New()
+	err := filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		rel, _ := filepath.Rel(root, p)
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(h, "%s %d\n", rel, len(b))
+		h.Write(b)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func (s *streamEnv) testAttach(t *testing.T) {
+	for round := range 2 {
+		resp, err := s.d.Runtime.Attach(Ctx(t), &runtimeapi.AttachRequest{ContainerId: s.echo, Stdin: true, Stdout: true, Stderr: true})
+		if err != nil {
+			t.Fatalf("Attach: %v", err)
+		}
+		u, _ := url.Parse(resp.Url)
+		inR, inW := io.Pipe()
+		var out lockedBuffer
+		done := make(chan error, 1)
+		go func() { done <- spdyStream(Ctx(t), u, streamOpts{stdin: inR, stdout: &out, stderr: io.Discard}) }()
+		line := fmt.Sprintf("ping %d", round)
+		waitFor(t, 10*time.Second, "the echo of "+line, func() bool {
+			fmt.Fprintln(inW, line)
+			time.Sleep(100 * time.Millisecond)
+			return strings.Contains(out.String(), line)
+		})
+		// The end of the client's stdin detaches: the container is not
+		// stdin_once, so it keeps running.
+		inW.Close()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("attach ended with %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("attach did not end after the client's stdin closed")
+		}
+		if st := s.status(t, s.echo); st.State != runtimeapi.ContainerState_CONTAINER_RUNNING {
+			t.Fatalf("container is %v after a detach, want running", st.State)
+		}
+	}
+	// The log kept being written while attached.
+	if log := readFile(t, s.status(t, s.echo).LogPath); !strings.Contains(log, "ping 1") {
+		t.Fatalf("container log lacks what was echoed while attached:\n%s", log)
+	}
+}
+
+// forward starts a SPDY port-forward to port in the pod and returns the
+// local port and a stop function.
+func (s *streamEnv) forward(t *testing.T, port int32) (int, func()) {
+	t.Helper()
+	resp, err := s.d.Runtime.PortForward(Ctx(t), &runtimeapi.PortForwardRequest{PodSandboxId: s.pod, Port: []int32{port}})
+	if err != nil {
+		t.Fatalf("PortForward: %v", err)
+	}
+	u, _ := url.Parse(resp.Url)
+	transport, upgrader, err := spdy.RoundTripperFor(&rest.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dialer := spdy.NewDialer(upgrader, &http.Client{Transport: transport}, "POST", u)
+	stop, ready := make(chan struct{}), make(chan struct{})
+	fw, err := portforward.NewOnAddresses(dialer, []string{"127.0.0.1"}, []string{"0:" + strconv.Itoa(int(port))}, stop, ready, io.Discard, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- fw.ForwardPorts() }()
+	select {
+	case <-ready:
+	case err := <-errc:
+		t.Fatalf("port-forward: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("port-forward not ready after 10s")
+	}
+	ports, err := fw.GetPorts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	stopFn := func() {
+		once.Do(func() {
+			close(stop)
+			select {
+			case <-errc:
+			case <-time.After(10 * time.Second):
+				t.Error("port-forward did not stop")
+			}
+		})
+	}
+	t.Cleanup(stopFn)
+	return int(ports[0].Local), stopFn
+}
+
+func get(client *http.Client, port int, path string) (string, error) {
+	resp, err := client.Get(fmt.Sprintf("http://127.0.0.1:%d%s", port, path))
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
+func (s *streamEnv) testPortForward(t *testing.T) {
+	local, stop := s.forward(t, 8080)
+	defer stop()
+	// A fresh connection per request: each is its own stream pair.
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	for i := range 100 {
+		got, err := get(client, local, "/seq/"+strconv.Itoa(i))
+		if want := "hello /seq/" + strconv.Itoa(i); err != nil || got != want {
+			t.Fatalf("request %d: %q, %v; want %q", i, got, err, want)
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 10)
+	for i := range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got, err := get(client, local, "/par/"+strconv.Itoa(i))
+			if want := "hello /par/" + strconv.Itoa(i); err != nil || got != want {
+				errs <- fmt.Errorf("concurrent request %d: %q, %w", i, got, err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+func (s *streamEnv) testPortForwardClosed(t *testing.T) {
+	local, stop := s.forward(t, 8081)
+	defer stop()
+	client := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	start := time.Now()
+	got, err := get(client, local, "/")
+	if err == nil {
+		t.Fatalf("request to a closed port answered %q", got)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("a closed port took %v to fail: %v", d, err)
+	}
+}
+
+func (s *streamEnv) testTokenSingleUse(t *testing.T) {
+	u := s.execURL(t, s.server, []string{"true"}, false, false)
+	if err := spdyStream(Ctx(t), u, streamOpts{stdout: io.Discard, stderr: io.Discard}); err != nil {
+		t.Fatalf("first use: %v", err)
+	}
+	if err := spdyStream(Ctx(t), u, streamOpts{stdout: io.Discard, stderr: io.Discard}); err == nil {
+		t.Fatal("a used token was accepted again")
+	}
+	// Tokens expire after the library's one-minute TTL.
+	if testing.Short() {
+		t.Skip("the expiry check waits a minute")
+	}
+	u = s.execURL(t, s.server, []string{"true"}, false, false)
+	time.Sleep(61 * time.Second)
+	if err := spdyStream(Ctx(t), u, streamOpts{stdout: io.Discard, stderr: io.Discard}); err == nil {
+		t.Fatal("an expired token was accepted")
+	}
+}
+
+// testContainerExit checks that an exec and an attach end when their
+// container stops.
+func (s *streamEnv) testContainerExit(t *testing.T, podCfg *runtimeapi.PodSandboxConfig) {
+	id := s.run(t, s.pod, podCfg, s.ctr("victim", "sh", "-c", "while :; do echo tick; sleep 0.2; done"))
+	execDone := make(chan error, 1)
+	u := s.execURL(t, id, []string{"sleep", "1000"}, false, false)
+	go func() { execDone <- spdyStream(Ctx(t), u, streamOpts{stdout: io.Discard, stderr: io.Discard}) }()
+	resp, err := s.d.Runtime.Attach(Ctx(t), &runtimeapi.AttachRequest{ContainerId: id, Stdout: true, Stderr: true})
+	if err != nil {
+		t.Fatalf("Attach: %v", err)
+	}
+	au, _ := url.Parse(resp.Url)
+	var out lockedBuffer
+	attachDone := make(chan error, 1)
+	go func() { attachDone <- spdyStream(Ctx(t), au, streamOpts{stdout: &out, stderr: io.Discard}) }()
+	waitFor(t, 10*time.Second, "attached output", func() bool { return strings.Contains(out.String(), "tick") })
+	waitFor(t, 10*time.Second, "the exec'd sleep", func() bool { return len(runcExecs(id, id)) == 1 })
+
+	if _, err := s.d.Runtime.StopContainer(Ctx(t), &runtimeapi.StopContainerRequest{ContainerId: id, Timeout: 0}); err != nil {
+		t.Fatalf("StopContainer: %v", err)
+	}
+	for what, ch := range map[string]chan error{"exec": execDone, "attach": attachDone} {
+		select {
+		case err := <-ch:
+			t.Logf("%s ended with %v", what, err)
+		case <-time.After(15 * time.Second):
+			t.Fatalf("the %s stream stayed open after its container stopped", what)
+		}
+	}
+	_, err = s.d.Runtime.Exec(Ctx(t), &runtimeapi.ExecRequest{ContainerId: id, Cmd: []string{"true"}, Stdout: true})
+	wantCode(t, err, codes.FailedPrecondition, "not running")
+}
+
+// attachURL asks for an attach URL with stdin and stdout.
+func (s *streamEnv) attachURL(t *testing.T, id string, tty bool) *url.URL {
+	t.Helper()
+	resp, err := s.d.Runtime.Attach(Ctx(t), &runtimeapi.AttachRequest{ContainerId: id, Stdin: true, Stdout: true, Stderr: !tty, Tty: tty})
+	if err != nil {
+		t.Fatalf("Attach: %v", err)
+	}
+	u, _ := url.Parse(resp.Url)
+	return u
+}
+
+// testAttachStdinOnce checks that the end of the attached client's stdin
+// closes a stdin_once container's stdin: cat sees EOF and exits.
+func (s *streamEnv) testAttachStdinOnce(t *testing.T, podCfg *runtimeapi.PodSandboxConfig, img string) {
+	cfg := s.ctr("once", "cat")
+	cfg.Image.Image = img
+	cfg.Stdin, cfg.StdinOnce = true, true
+	id := s.run(t, s.pod, podCfg, cfg)
+	var out lockedBuffer
+	err := spdyStream(Ctx(t), s.attachURL(t, id, false), streamOpts{stdin: strings.NewReader("once\n"), stdout: &out, stderr: io.Discard})
+	if err != nil {
+		t.Fatalf("attach: %v", err)
+	}
+	if st := s.waitExit(t, id, 10*time.Second); st.ExitCode != 0 {
+		t.Fatalf("cat exited %d after its stdin closed", st.ExitCode)
+	}
+	if !strings.Contains(out.String(), "once") {
+		t.Fatalf("attach output %q lacks the echo", out.String())
+	}
+}
+
+// testAttachTTY resizes an attached TTY through conmon's control fifo.
+func (s *streamEnv) testAttachTTY(t *testing.T, podCfg *runtimeapi.PodSandboxConfig, img string) {
+	cfg := s.ctr("tty", "sh")
+	cfg.Image.Image = img
+	cfg.Stdin, cfg.Tty = true, true
+	id := s.run(t, s.pod, podCfg, cfg)
+	sizes := make(sizeQueue, 1)
+	sizes <- remotecommand.TerminalSize{Width: 77, Height: 33}
+	inR, inW := io.Pipe()
+	var out lockedBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- spdyStream(Ctx(t), s.attachURL(t, id, true), streamOpts{stdin: inR, stdout: &out, tty: true, sizes: sizes})
+	}()
+	waitFor(t, 10*time.Second, "stty size 33 77 through conmon", func() bool {
+		fmt.Fprintf(inW, "stty size\n")
+		time.Sleep(100 * time.Millisecond)
+		return strings.Contains(out.String(), "33 77")
+	})
+	inW.Close()
+	close(sizes)
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("attach did not end after the client's stdin closed")
+	}
+	if st := s.status(t, id); st.State != runtimeapi.ContainerState_CONTAINER_RUNNING {
+		t.Fatalf("tty container is %v after a detach, want running", st.State)
+	}
+}
+
+var activeRE = regexp.MustCompile(`stream finished.*active=(-?\d+)`)
+
+// testNoLeaks checks that no `runc exec` is left and that the daemon's
+// stream count went back to zero.
+func (s *streamEnv) testNoLeaks(t *testing.T) {
+	waitFor(t, 15*time.Second, "no runc exec processes", func() bool { return len(runcExecs(s.server, s.echo)) == 0 })
+	waitFor(t, 15*time.Second, "the active stream count back at 0", func() bool {
+		m := activeRE.FindAllStringSubmatch(s.d.Log(), -1)
+		return len(m) > 0 && m[len(m)-1][1] == "0"
+	})
+}
+
+// runcExecs lists the command lines of running `runc exec` processes, and
+// of pinrt's exec helpers that wait for them, in the containers ids.
+func runcExecs(ids ...string) []string {
+	var out []string
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(b), "\x00")
+		isExec := containsArg(args, oci.ExecHelperCommand) || (filepath.Base(args[0]) == "runc" && containsArg(args, "exec"))
+		if isExec && (containsArg(args, ids[0]) || containsArg(args, ids[1])) {
+			out = append(out, strings.Join(args, " "))
+		}
+	}
+	return out
+}
+
+func containsArg(args []string, a string) bool {
+	for _, x := range args {
+		if x == a {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *streamEnv) testStopPodClosesForward(t *testing.T) {
+	local, stop := s.forward(t, 8080)
+	defer stop()
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/hang", local))
+	if err != nil {
+		t.Fatalf("GET /hang: %v", err)
+	}
+	defer resp.Body.Close()
+	read := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(io.Discard, resp.Body)
+		read <- err
+	}()
+	if _, err := s.d.Runtime.StopPodSandbox(Ctx(t), &runtimeapi.StopPodSandboxRequest{PodSandboxId: s.pod}); err != nil {
+		t.Fatalf("StopPodSandbox: %v", err)
+	}
+	select {
+	case <-read:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the forwarded connection stayed open after the pod stopped")
+	}
+	if _, err := s.d.Runtime.PortForward(Ctx(t), &runtimeapi.PortForwardRequest{PodSandboxId: s.pod, Port: []int32{8080}}); err == nil {
+		t.Fatal("PortForward into a stopped pod succeeded")
+	}
+}
