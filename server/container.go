@@ -54,9 +54,12 @@ func (s *Server) StartContainer(ctx context.Context, req *runtimeapi.StartContai
 // StopContainer stops a container with its stop signal, then SIGKILL after
 // the timeout. Stopping a stopped container is not an error.
 func (s *Server) StopContainer(ctx context.Context, req *runtimeapi.StopContainerRequest) (*runtimeapi.StopContainerResponse, error) {
-	c, err := s.containers.Get(req.ContainerId)
+	c, gone, err := lookupForRemoval(s.containers, req.ContainerId)
 	if err != nil {
 		return nil, err
+	}
+	if gone {
+		return &runtimeapi.StopContainerResponse{}, nil
 	}
 	if err := s.stopContainer(ctx, c, time.Duration(req.Timeout)*time.Second); err != nil {
 		return nil, err
@@ -65,10 +68,14 @@ func (s *Server) StopContainer(ctx context.Context, req *runtimeapi.StopContaine
 }
 
 // RemoveContainer kills a live container and deletes everything it had.
+// Removing a container that is already gone succeeds (api.proto).
 func (s *Server) RemoveContainer(ctx context.Context, req *runtimeapi.RemoveContainerRequest) (*runtimeapi.RemoveContainerResponse, error) {
-	c, err := s.containers.Get(req.ContainerId)
+	c, gone, err := lookupForRemoval(s.containers, req.ContainerId)
 	if err != nil {
 		return nil, err
+	}
+	if gone {
+		return &runtimeapi.RemoveContainerResponse{}, nil
 	}
 	if err := s.removeContainer(ctx, c); err != nil {
 		return nil, err

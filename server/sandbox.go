@@ -32,12 +32,12 @@ func (s *Server) RunPodSandbox(ctx context.Context, req *runtimeapi.RunPodSandbo
 // namespaces. It is idempotent, and an unknown ID is not an error, as
 // kubelet expects.
 func (s *Server) StopPodSandbox(ctx context.Context, req *runtimeapi.StopPodSandboxRequest) (*runtimeapi.StopPodSandboxResponse, error) {
-	sb, err := s.sandboxes.Get(req.PodSandboxId)
-	if errdefs.IsNotFound(err) {
-		return &runtimeapi.StopPodSandboxResponse{}, nil
-	}
+	sb, gone, err := lookupForRemoval(s.sandboxes, req.PodSandboxId)
 	if err != nil {
 		return nil, err
+	}
+	if gone {
+		return &runtimeapi.StopPodSandboxResponse{}, nil
 	}
 	if err := s.stopPod(ctx, sb); err != nil {
 		return nil, err
@@ -45,11 +45,15 @@ func (s *Server) StopPodSandbox(ctx context.Context, req *runtimeapi.StopPodSand
 	return &runtimeapi.StopPodSandboxResponse{}, nil
 }
 
-// RemovePodSandbox stops the pod if needed and deletes it.
+// RemovePodSandbox stops the pod if needed and deletes it. Removing a pod
+// that is already gone succeeds, as api.proto requires.
 func (s *Server) RemovePodSandbox(ctx context.Context, req *runtimeapi.RemovePodSandboxRequest) (*runtimeapi.RemovePodSandboxResponse, error) {
-	sb, err := s.sandboxes.Get(req.PodSandboxId)
+	sb, gone, err := lookupForRemoval(s.sandboxes, req.PodSandboxId)
 	if err != nil {
 		return nil, err
+	}
+	if gone {
+		return &runtimeapi.RemovePodSandboxResponse{}, nil
 	}
 	if err := s.removePod(ctx, sb); err != nil {
 		return nil, err

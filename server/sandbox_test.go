@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
@@ -179,8 +180,8 @@ func TestStopAndRemoveAreIdempotent(t *testing.T) {
 	if _, err := f.srv.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: id}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.srv.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: id}); !errdefs.IsNotFound(err) {
-		t.Errorf("second remove = %v, want NotFound", err)
+	if _, err := f.srv.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: id}); err != nil {
+		t.Errorf("second remove = %v, want success (api.proto)", err)
 	}
 	if _, err := f.srv.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
 		t.Errorf("stop of a removed pod = %v, want success", err)
@@ -252,5 +253,51 @@ func TestPodRequestValidation(t *testing.T) {
 				t.Errorf("namespaces touched for an invalid request: %v", calls)
 			}
 		})
+	}
+}
+
+// api.proto: StopPodSandbox, RemovePodSandbox, StopContainer and
+// RemoveContainer of an ID that does not exist must not return an error.
+// An ID that is not in ID syntax is still refused as a caller bug.
+func TestStopAndRemoveOfUnknownIDs(t *testing.T) {
+	f := newPodFixture(t)
+	ctx := context.Background()
+	calls := map[string]func(id string) error{
+		"StopPodSandbox": func(id string) error {
+			_, err := f.srv.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: id})
+			return err
+		},
+		"RemovePodSandbox": func(id string) error {
+			_, err := f.srv.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: id})
+			return err
+		},
+		"StopContainer": func(id string) error {
+			_, err := f.srv.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: id})
+			return err
+		},
+		"RemoveContainer": func(id string) error {
+			_, err := f.srv.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: id})
+			return err
+		},
+	}
+	for _, tc := range []struct {
+		name string
+		id   string
+		want error
+	}{
+		{"unknown full ID", strings.Repeat("ab", 32), nil},
+		{"unknown prefix", "0123abcd", nil},
+		{"empty", "", errdefs.ErrInvalidArgument},
+		{"path", "../etc", errdefs.ErrInvalidArgument},
+		{"newline", "abc\ndef", errdefs.ErrInvalidArgument},
+	} {
+		for rpc, call := range calls {
+			t.Run(tc.name+"/"+rpc, func(t *testing.T) {
+				err := call(tc.id)
+				if tc.want == nil && err != nil || tc.want != nil && !errors.Is(err, tc.want) {
+					t.Errorf("%s(%q) = %v, want %v", rpc, tc.id, err, tc.want)
+				}
+			})
+		}
 	}
 }
