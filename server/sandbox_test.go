@@ -301,3 +301,26 @@ func TestStopAndRemoveOfUnknownIDs(t *testing.T) {
 		}
 	}
 }
+
+// Pods whose metadata differ only in where an underscore falls are
+// different pods, not an AlreadyExists collision.
+func TestPodNamesWithUnderscoresDoNotCollide(t *testing.T) {
+	f := newPodFixture(t)
+	ctx := context.Background()
+	for _, md := range []*runtimeapi.PodSandboxMetadata{
+		{Name: "x_y", Namespace: "z", Uid: "u"},
+		{Name: "x", Namespace: "y_z", Uid: "u"},
+		{Name: "x", Namespace: "y", Uid: "z_u"},
+	} {
+		req := unitPod("p", false)
+		req.Config.Metadata = md
+		if _, err := f.srv.RunPodSandbox(ctx, req); err != nil {
+			t.Errorf("RunPodSandbox(%v) = %v, want success", md, err)
+		}
+	}
+	req := unitPod("p", false)
+	req.Config.Metadata = &runtimeapi.PodSandboxMetadata{Name: "x_y", Namespace: "z", Uid: "u"}
+	if _, err := f.srv.RunPodSandbox(ctx, req); !errdefs.IsAlreadyExists(err) {
+		t.Errorf("true duplicate = %v, want AlreadyExists", err)
+	}
+}
