@@ -1,8 +1,12 @@
 package test
 
 import (
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -55,5 +59,43 @@ func TestStopRemoveUnknownSucceed(t *testing.T) {
 	}
 	if left := d.Leftovers(); len(left) > 0 {
 		t.Errorf("left behind:\n%s", strings.Join(left, "\n"))
+	}
+}
+
+// A second pinrt on the same --root (with its own run dir and socket) is
+// refused before it loads or writes anything: it would find none of the
+// first daemon's pins and rewrite every pod on disk as NotReady.
+func TestSecondDaemonOnSameRootRefused(t *testing.T) {
+	d := StartDaemon(t, Options{Network: true})
+	id := d.RunPod(t, PodConfig("keep"))
+	statusFile := filepath.Join(d.Root, "sandboxes", id, "status.json")
+	before, err := os.ReadFile(statusFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := d.Args()
+	for i, a := range args {
+		switch a {
+		case "--runroot":
+			args[i+1] = filepath.Join(d.Dir, "run2")
+		case "--listen":
+			args[i+1] = filepath.Join(d.Dir, "second.sock")
+		}
+	}
+	t.Cleanup(func() { ForceCleanup(filepath.Join(d.Dir, "run2")) })
+	out, err := runWithTimeout(exec.Command(Binary(t), args...), 20*time.Second)
+	if err == nil {
+		t.Fatalf("second pinrt started on the same root:\n%s", out)
+	}
+	if !strings.Contains(out, "already running on root "+d.Root) {
+		t.Errorf("second pinrt's message = %q, want it to say another pinrt is running on root %s", out, d.Root)
+	}
+	after, err := os.ReadFile(statusFile)
+	if err != nil || string(after) != string(before) {
+		t.Errorf("the pod's status file changed: %v\nbefore %s\nafter  %s", err, before, after)
+	}
+	st, _ := d.PodStatus(t, id)
+	if st.State != runtimeapi.PodSandboxState_SANDBOX_READY {
+		t.Errorf("pod state after the refused daemon = %v, want READY", st.State)
 	}
 }
