@@ -3,6 +3,7 @@ package server
 import (
 	"github.com/containerd/errdefs"
 
+	"github.com/pinrt/pinrt/internal/validate"
 	"github.com/pinrt/pinrt/sandbox"
 )
 
@@ -22,3 +23,7 @@ func lookupForRemoval[T any](store *sandbox.Store[T], id string) (v T, gone bool
 	}
 	return v, false, err
 }
+
+// validName checks a pod or container name, namespace or uid against the
+// one shared rule.
+func validName(what, v string) error { return validate.Name(what, v) }

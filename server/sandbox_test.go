@@ -243,6 +243,35 @@ func TestPodRequestValidation(t *testing.T) {
 		{"pid target", mk(func(r *runtimeapi.RunPodSandboxRequest) {
 			r.Config.Linux.SecurityContext.NamespaceOptions.Pid = runtimeapi.NamespaceMode_TARGET
 		}), errdefs.ErrInvalidArgument},
+		// Hostile values that would add lines to resolv.conf, hosts or
+		// hostname, or reach procfs and the portmap plugin.
+		{"DNS option with a nameserver line", mk(func(r *runtimeapi.RunPodSandboxRequest) {
+			r.Config.DnsConfig = &runtimeapi.DNSConfig{Options: []string{"ndots:5\nnameserver 6.6.6.6"}}
+		}), errdefs.ErrInvalidArgument},
+		{"DNS search with a space", mk(func(r *runtimeapi.RunPodSandboxRequest) {
+			r.Config.DnsConfig = &runtimeapi.DNSConfig{Searches: []string{"a options rotate"}}
+		}), errdefs.ErrInvalidArgument},
+		{"DNS server not an IP", mk(func(r *runtimeapi.RunPodSandboxRequest) {
+			r.Config.DnsConfig = &runtimeapi.DNSConfig{Servers: []string{"dns.example"}}
+		}), errdefs.ErrInvalidArgument},
+		{"hostname with newline", mk(func(r *runtimeapi.RunPodSandboxRequest) { r.Config.Hostname = "a\n6.6.6.6 evil" }), errdefs.ErrInvalidArgument},
+		{"hostname with underscore", mk(func(r *runtimeapi.RunPodSandboxRequest) { r.Config.Hostname = "a_b" }), errdefs.ErrInvalidArgument},
+		{"hostname too long", mk(func(r *runtimeapi.RunPodSandboxRequest) { r.Config.Hostname = strings.Repeat("h", 65) }), errdefs.ErrInvalidArgument},
+		{"sysctl value with newline", mk(func(r *runtimeapi.RunPodSandboxRequest) {
+			r.Config.Linux.Sysctls = map[string]string{"net.ipv4.ip_forward": "1\n"}
+		}), errdefs.ErrInvalidArgument},
+		{"unknown port protocol", mk(func(r *runtimeapi.RunPodSandboxRequest) {
+			r.Config.PortMappings = []*runtimeapi.PortMapping{{Protocol: runtimeapi.Protocol(7), ContainerPort: 80}}
+		}), errdefs.ErrInvalidArgument},
+		{"container port 0", mk(func(r *runtimeapi.RunPodSandboxRequest) {
+			r.Config.PortMappings = []*runtimeapi.PortMapping{{ContainerPort: 0, HostPort: 8080}}
+		}), errdefs.ErrInvalidArgument},
+		{"host port too big", mk(func(r *runtimeapi.RunPodSandboxRequest) {
+			r.Config.PortMappings = []*runtimeapi.PortMapping{{ContainerPort: 80, HostPort: 65536}}
+		}), errdefs.ErrInvalidArgument},
+		{"host_ip not an IP", mk(func(r *runtimeapi.RunPodSandboxRequest) {
+			r.Config.PortMappings = []*runtimeapi.PortMapping{{ContainerPort: 80, HostPort: 8080, HostIp: "0.0.0.0 --evil"}}
+		}), errdefs.ErrInvalidArgument},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

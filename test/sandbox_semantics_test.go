@@ -99,3 +99,68 @@ func TestSecondDaemonOnSameRootRefused(t *testing.T) {
 		t.Errorf("pod state after the refused daemon = %v, want READY", st.State)
 	}
 }
+
+// Values that end up in resolv.conf, hosts, hostname, procfs or the
+// portmap plugin are refused unless they are exactly one value: a newline
+// in a DNS option used to add a nameserver line.
+func TestHostilePodValuesRefused(t *testing.T) {
+	d := StartDaemon(t, Options{Network: true})
+	ctx := Ctx(t)
+	for _, tc := range []struct {
+		name string
+		mut  func(c *runtimeapi.PodSandboxConfig)
+		msg  string
+	}{
+		{"DNS option with nameserver line", func(c *runtimeapi.PodSandboxConfig) {
+			c.DnsConfig = &runtimeapi.DNSConfig{Servers: []string{"10.0.0.10"}, Options: []string{"ndots:5\nnameserver 6.6.6.6"}}
+		}, "DNS option"},
+		{"DNS search with space", func(c *runtimeapi.PodSandboxConfig) {
+			c.DnsConfig = &runtimeapi.DNSConfig{Searches: []string{"svc options rotate"}}
+		}, "DNS search domain"},
+		{"DNS server name", func(c *runtimeapi.PodSandboxConfig) {
+			c.DnsConfig = &runtimeapi.DNSConfig{Servers: []string{"6.6.6.6\nsearch evil"}}
+		}, "is not an IP address"},
+		{"hostname with newline", func(c *runtimeapi.PodSandboxConfig) { c.Hostname = "h\n6.6.6.6 kubernetes" }, "hostname"},
+		{"sysctl value with newline", func(c *runtimeapi.PodSandboxConfig) {
+			c.Linux.Sysctls = map[string]string{"net.ipv4.ping_group_range": "0 1\n0 2147483647"}
+		}, "contains a newline"},
+		{"unknown protocol", func(c *runtimeapi.PodSandboxConfig) {
+			c.PortMappings = []*runtimeapi.PortMapping{{Protocol: runtimeapi.Protocol(9), ContainerPort: 80, HostPort: 8080}}
+		}, `protocol "9"`},
+		{"container port 0", func(c *runtimeapi.PodSandboxConfig) {
+			c.PortMappings = []*runtimeapi.PortMapping{{ContainerPort: 0, HostPort: 8080}}
+		}, "container port 0"},
+		{"host port 70000", func(c *runtimeapi.PodSandboxConfig) {
+			c.PortMappings = []*runtimeapi.PortMapping{{ContainerPort: 80, HostPort: 70000}}
+		}, "host port 70000"},
+		{"host_ip not an IP", func(c *runtimeapi.PodSandboxConfig) {
+			c.PortMappings = []*runtimeapi.PortMapping{{ContainerPort: 80, HostPort: 8080, HostIp: "evil"}}
+		}, `host_ip "evil"`},
+	} {
+		cfg := PodConfig("hostile")
+		tc.mut(cfg)
+		_, err := d.Runtime.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: cfg})
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), tc.msg) {
+			t.Errorf("%s: %v, want InvalidArgument with %q", tc.name, err, tc.msg)
+		}
+	}
+	if left := d.Leftovers(); len(left) > 0 {
+		t.Errorf("refused pods left:\n%s", strings.Join(left, "\n"))
+	}
+	if l := d.LeasedIPs(t); len(l) > 0 {
+		t.Errorf("refused pods leased IPs: %v", l)
+	}
+
+	// A valid config gives exactly the lines asked for.
+	cfg := PodConfig("dns")
+	cfg.DnsConfig = &runtimeapi.DNSConfig{Servers: []string{"10.0.0.10", "fd00::10"}, Searches: []string{"ns.svc.cluster.local", "svc.cluster.local"}, Options: []string{"ndots:5", "edns0"}}
+	id := d.RunPod(t, cfg)
+	resolv, err := os.ReadFile(filepath.Join(d.RunRoot, "sandboxes", id, "resolv.conf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "nameserver 10.0.0.10\nnameserver fd00::10\nsearch ns.svc.cluster.local svc.cluster.local\noptions ndots:5 edns0\n"
+	if string(resolv) != want {
+		t.Errorf("resolv.conf = %q, want %q", resolv, want)
+	}
+}
