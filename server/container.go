@@ -9,6 +9,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pinrt/pinrt/internal/validate"
 	"github.com/pinrt/pinrt/oci"
 	"github.com/pinrt/pinrt/sandbox"
 )
@@ -32,6 +33,10 @@ var _ ContainerRuntime = (*oci.Runtime)(nil)
 
 // CreateContainer creates a container in a Ready pod; it does not start it.
 func (s *Server) CreateContainer(ctx context.Context, req *runtimeapi.CreateContainerRequest) (*runtimeapi.CreateContainerResponse, error) {
+	// Labels and annotations come back in every ListContainers response.
+	if err := validate.LabelsAndAnnotations("container", req.GetConfig().GetLabels(), req.GetConfig().GetAnnotations()); err != nil {
+		return nil, err
+	}
 	c, err := s.createContainer(ctx, req.PodSandboxId, req.GetConfig())
 	if err != nil {
 		return nil, err

@@ -178,6 +178,9 @@ func (s *Server) podRequest(req *runtimeapi.RunPodSandboxRequest) (*podRequest, 
 			return nil, err
 		}
 	}
+	if err := validate.LabelsAndAnnotations("pod", cfg.Labels, cfg.Annotations); err != nil {
+		return nil, err
+	}
 	if d := cfg.LogDirectory; d != "" && (!filepath.IsAbs(d) || filepath.Clean(d) != d) {
 		return nil, invalid("log directory %q must be a clean absolute path", d)
 	}

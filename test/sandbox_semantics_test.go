@@ -1,6 +1,7 @@
 package test
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -162,5 +163,30 @@ func TestHostilePodValuesRefused(t *testing.T) {
 	want := "nameserver 10.0.0.10\nnameserver fd00::10\nsearch ns.svc.cluster.local svc.cluster.local\noptions ndots:5 edns0\n"
 	if string(resolv) != want {
 		t.Errorf("resolv.conf = %q, want %q", resolv, want)
+	}
+}
+
+// Twenty pods with 1 MB of annotations each once made every
+// ListPodSandbox fail with ResourceExhausted: such a pod is now refused,
+// and twenty pods at the bound still list.
+func TestListStaysUnderMessageLimit(t *testing.T) {
+	d := StartDaemon(t, Options{Network: true})
+	ctx := Ctx(t)
+	huge := PodConfig("huge")
+	huge.Annotations = map[string]string{"blob": strings.Repeat("x", 1<<20)}
+	_, err := d.Runtime.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: huge})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), "labels and annotations are") {
+		t.Errorf("pod with 1 MB of annotations: %v, want InvalidArgument", err)
+	}
+	const pods = 20
+	for i := range pods {
+		cfg := PodConfig(fmt.Sprintf("big-%d", i))
+		// 200 KiB each: 4 MB in all, under the bound of one pod.
+		cfg.Annotations = map[string]string{"blob": strings.Repeat("x", 200<<10)}
+		d.RunPod(t, cfg)
+	}
+	list, err := d.Runtime.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
+	if err != nil || len(list.Items) != pods {
+		t.Fatalf("ListPodSandbox: %d items, %v; want %d", len(list.GetItems()), err, pods)
 	}
 }

@@ -177,3 +177,25 @@ func SysctlValue(name, v string) error {
 func hasControl(s string) bool {
 	return strings.IndexFunc(s, unicode.IsControl) >= 0
 }
+
+// MaxMetadataBytes bounds the labels plus annotations of one pod or
+// container, keys and values together: the API server's bound for a
+// pod's annotations (256 KiB). They are returned in every List response,
+// and twenty pods with 1 MB of annotations each once made every
+// ListPodSandbox exceed the gRPC message limit.
+const MaxMetadataBytes = 256 << 10
+
+// LabelsAndAnnotations bounds the size of an object's labels and
+// annotations together. what names the object ("pod", "container").
+func LabelsAndAnnotations(what string, labels, annotations map[string]string) error {
+	n := 0
+	for _, m := range []map[string]string{labels, annotations} {
+		for k, v := range m {
+			n += len(k) + len(v)
+		}
+	}
+	if n > MaxMetadataBytes {
+		return invalid("%s labels and annotations are %d bytes, at most %d allowed", what, n, MaxMetadataBytes)
+	}
+	return nil
+}

@@ -110,3 +110,22 @@ func TestPortMapping(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) { check(t, PortMapping(tc.proto, tc.ctr, tc.host, tc.hostIP), tc.ok, tc.sub) })
 	}
 }
+
+func TestLabelsAndAnnotations(t *testing.T) {
+	big := strings.Repeat("v", MaxMetadataBytes/2)
+	for _, tc := range []struct {
+		name        string
+		labels, ann map[string]string
+		ok          bool
+	}{
+		{"none", nil, nil, true},
+		{"kubelet's", map[string]string{"io.kubernetes.pod.name": "web"}, map[string]string{"kubernetes.io/config.seen": "2024"}, true},
+		{"exactly the limit", map[string]string{"": big}, map[string]string{"": big}, true},
+		{"one byte over, split", map[string]string{"k": big}, map[string]string{"": big}, false},
+		{"1 MB of annotations", nil, map[string]string{"a": strings.Repeat("x", 1<<20)}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			check(t, LabelsAndAnnotations("pod", tc.labels, tc.ann), tc.ok, "pod labels and annotations are")
+		})
+	}
+}
