@@ -10,6 +10,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pinrt/pinrt/internal/validate"
+	"github.com/pinrt/pinrt/nsmgr"
 )
 
 // Labels and annotations come back in every List response; a pod or
@@ -46,5 +47,66 @@ func TestLabelsAndAnnotationsAreBounded(t *testing.T) {
 				t.Errorf("CreateContainer = %v, want %v", err, tc.want)
 			}
 		})
+	}
+}
+
+func usernsPod(name string, hostID, length uint32) *runtimeapi.RunPodSandboxRequest {
+	req := unitPod(name, true)
+	m := []*runtimeapi.IDMapping{{HostId: hostID, ContainerId: 0, Length: length}}
+	req.Config.Linux.SecurityContext.NamespaceOptions.UsernsOptions.Uids = m
+	req.Config.Linux.SecurityContext.NamespaceOptions.UsernsOptions.Gids = m
+	return req
+}
+
+// Caller mappings valid for the kernel are accepted (critest sends host
+// ID 1000, length 100000); one overlapping a live pod's range is refused
+// naming that pod and range, also after a restart, which rebuilds the
+// allocator from the records.
+func TestCallerUsernsMappings(t *testing.T) {
+	f := newPodFixture(t)
+	ctx := context.Background()
+	resp, err := f.srv.RunPodSandbox(ctx, usernsPod("critest", 1000, 100000))
+	if err != nil {
+		t.Fatalf("RunPodSandbox with host ID 1000, length 100000: %v", err)
+	}
+	first := resp.PodSandboxId
+	st, err := f.srv.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: first})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u := st.Status.Linux.Namespaces.Options.UsernsOptions.Uids; len(u) != 1 || u[0].HostId != 1000 || u[0].Length != 100000 {
+		t.Errorf("status mappings = %v, want host 1000 length 100000", u)
+	}
+	if _, err := f.srv.RunPodSandbox(ctx, usernsPod("odd", 300000, 12345)); err != nil {
+		t.Errorf("unaligned caller range of 12345 IDs: %v", err)
+	}
+	// An allocated pod steps around both.
+	if _, err := f.srv.RunPodSandbox(ctx, unitPod("alloc", true)); err != nil {
+		t.Fatalf("allocated pod: %v", err)
+	}
+
+	check := func(srv *Server) {
+		t.Helper()
+		_, err := srv.RunPodSandbox(ctx, usernsPod("clash", 100000, 30000))
+		want := "overlap the range of pod " + first + " (host uids 1000-100999)"
+		if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "host uids 100000-129999") {
+			t.Errorf("overlapping caller range = %v, want InvalidArgument containing %q", err, want)
+		}
+	}
+	check(f.srv)
+
+	// A restarted daemon rebuilds the allocator from the records.
+	ids, err := nsmgr.NewAllocator(f.cfg.Userns.MinHostID, f.cfg.Userns.MaxHostID, f.cfg.Userns.MaxPods)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := New(f.cfg, Deps{Network: f.net, Namespaces: f.ns, IDs: ids, Shm: f.shm, Images: f.srv.deps.Images})
+	srv.Restore(ctx)
+	check(srv)
+	if _, err := srv.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: first}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.RunPodSandbox(ctx, usernsPod("clash", 100000, 30000)); err != nil {
+		t.Errorf("range free again after the pod's removal: %v", err)
 	}
 }

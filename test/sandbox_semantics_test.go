@@ -190,3 +190,46 @@ func TestListStaysUnderMessageLimit(t *testing.T) {
 		t.Fatalf("ListPodSandbox: %d items, %v; want %d", len(list.GetItems()), err, pods)
 	}
 }
+
+func usernsMapped(cfg *runtimeapi.PodSandboxConfig, hostID, length uint32) *runtimeapi.PodSandboxConfig {
+	m := []*runtimeapi.IDMapping{{HostId: hostID, ContainerId: 0, Length: length}}
+	cfg.Linux.SecurityContext.NamespaceOptions.UsernsOptions = &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_POD, Uids: m, Gids: m}
+	return cfg
+}
+
+// Caller mappings are accepted whenever the kernel takes them (critest
+// sends host ID 1000, length 100000); one overlapping a live pod's range
+// is refused naming that pod and range, before and after a restart.
+func TestUsernsCallerMappings(t *testing.T) {
+	d := StartDaemon(t, Options{Network: true})
+	ctx := Ctx(t)
+	id := d.RunPod(t, usernsMapped(PodConfig("userns-critest"), 1000, 100000))
+	_, info := d.PodStatus(t, id)
+	got := strings.Fields(nsenter(t, "--user="+info.Pins["user"], "cat", "/proc/self/uid_map"))
+	if strings.Join(got, " ") != "0 1000 100000" {
+		t.Errorf("uid_map inside the pod = %v, want 0 1000 100000", got)
+	}
+	clash := func() {
+		t.Helper()
+		_, err := d.Runtime.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: usernsMapped(PodConfig("userns-clash"), 50000, 1000)})
+		msg := status.Convert(err).Message()
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(msg, id) || !strings.Contains(msg, "1000-100999") || !strings.Contains(msg, "50000-50999") {
+			t.Errorf("overlapping caller range: %v, want InvalidArgument naming pod %s and both ranges", err, id)
+		}
+	}
+	clash()
+	if err := d.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	clash()
+	if _, err := d.Runtime.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: id}); err != nil {
+		t.Fatal(err)
+	}
+	other := d.RunPod(t, usernsMapped(PodConfig("userns-clash"), 50000, 1000))
+	if _, err := d.Runtime.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: other}); err != nil {
+		t.Fatal(err)
+	}
+	if left := d.Leftovers(); len(left) > 0 {
+		t.Errorf("left behind:\n%s", strings.Join(left, "\n"))
+	}
+}
