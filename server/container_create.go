@@ -270,13 +270,11 @@ func securityContext(c *oci.ContainerSpec, sc *runtimeapi.LinuxContainerSecurity
 // state on disk and the runtime container under conmon, undoing all of it
 // on failure.
 func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *runtimeapi.ContainerConfig) (_ *sandbox.Container, retErr error) {
-	sb, err := s.sandboxes.Get(sandboxID)
+	sb, unlock, err := s.lockReadyPod(sandboxID)
 	if err != nil {
 		return nil, err
 	}
-	if sb.Status().State != sandbox.StateReady {
-		return nil, fmt.Errorf("sandbox %s is not ready: %w", sb.ID, errdefs.ErrFailedPrecondition)
-	}
+	defer unlock()
 	req, err := s.containerRequest(sb, cfg)
 	if err != nil {
 		return nil, err

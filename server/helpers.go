@@ -1,6 +1,8 @@
 package server
 
 import (
+	"fmt"
+
 	"github.com/containerd/errdefs"
 
 	"github.com/pinrt/pinrt/internal/validate"
@@ -27,3 +29,27 @@ func lookupForRemoval[T any](store *sandbox.Store[T], id string) (v T, gone bool
 // validName checks a pod or container name, namespace or uid against the
 // one shared rule.
 func validName(what, v string) error { return validate.Name(what, v) }
+
+// lockReadyPod finds a pod and takes its lifecycle lock for a
+// CreateContainer. Under the lock, the pod must still be in the store and
+// Ready: a StopPodSandbox or RemovePodSandbox that got the lock first has
+// stopped or removed it, and a container created after that would outlive
+// its pod, holding its rootfs mount and its cgroup directories. The caller
+// holds the lock until the container is recorded, so a Stop or Remove that
+// comes later sees it and cleans it up.
+func (s *Server) lockReadyPod(id string) (*sandbox.Sandbox, func(), error) {
+	sb, err := s.sandboxes.Get(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	unlock := sb.Lock()
+	if cur, err := s.sandboxes.Get(sb.ID); err != nil || cur != sb {
+		unlock()
+		return nil, nil, fmt.Errorf("sandbox %s was removed: %w", sb.ID, errdefs.ErrNotFound)
+	}
+	if st := sb.Status().State; st != sandbox.StateReady {
+		unlock()
+		return nil, nil, fmt.Errorf("sandbox %s is not ready: %w", sb.ID, errdefs.ErrFailedPrecondition)
+	}
+	return sb, unlock, nil
+}

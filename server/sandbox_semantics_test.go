@@ -5,12 +5,17 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containerd/errdefs"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pinrt/pinrt/cni"
 	"github.com/pinrt/pinrt/internal/validate"
 	"github.com/pinrt/pinrt/nsmgr"
+	"github.com/pinrt/pinrt/oci"
+	"github.com/pinrt/pinrt/oci/ocitest"
+	"github.com/pinrt/pinrt/sandbox"
 )
 
 // Labels and annotations come back in every List response; a pod or
@@ -108,5 +113,149 @@ func TestCallerUsernsMappings(t *testing.T) {
 	}
 	if _, err := srv.RunPodSandbox(ctx, usernsPod("clash", 100000, 30000)); err != nil {
 		t.Errorf("range free again after the pod's removal: %v", err)
+	}
+}
+
+// gatedRuntime holds Create until release is closed, after telling
+// entered; it makes a CreateContainer that is mid-way deterministic.
+type gatedRuntime struct {
+	*ocitest.Runtime
+	entered, release chan struct{}
+}
+
+func (g *gatedRuntime) Create(ctx context.Context, o oci.CreateOptions) (int, error) {
+	close(g.entered)
+	<-g.release
+	return g.Runtime.Create(ctx, o)
+}
+
+// gatedNetwork holds Teardown the same way: a StopPodSandbox mid-way.
+type gatedNetwork struct {
+	Network
+	entered, release chan struct{}
+}
+
+func (g *gatedNetwork) Teardown(ctx context.Context, pod cni.Pod) error {
+	close(g.entered)
+	<-g.release
+	return g.Network.Teardown(ctx, pod)
+}
+
+// recv waits a bounded time for ch: a regression must fail, not hang.
+func recv[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s did not happen within 10s", what)
+	}
+	var zero T
+	return zero
+}
+
+// returned reports whether ch delivered within a short wait.
+func returned(ch <-chan error) bool {
+	select {
+	case <-ch:
+		return true
+	case <-time.After(100 * time.Millisecond):
+		return false
+	}
+}
+
+// A RemovePodSandbox that arrives while CreateContainer is mid-way waits
+// for it and then removes the new container too: nothing outlives the pod.
+func TestRemovePodWaitsForCreateContainer(t *testing.T) {
+	for _, rpc := range []string{"stop", "remove"} {
+		t.Run(rpc, func(t *testing.T) {
+			f := newCtrFixture(t)
+			ctx := context.Background()
+			pod, podCfg := f.pod(t, false)
+			g := &gatedRuntime{Runtime: f.rt, entered: make(chan struct{}), release: make(chan struct{})}
+			f.srv.deps.Runtimes["runc"] = g
+			created := make(chan error, 1)
+			go func() {
+				_, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr("c"), SandboxConfig: podCfg})
+				created <- err
+			}()
+			recv(t, g.entered, "runtime create")
+			done := make(chan error, 1)
+			go func() {
+				var err error
+				if rpc == "stop" {
+					_, err = f.srv.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: pod})
+				} else {
+					_, err = f.srv.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: pod})
+				}
+				done <- err
+			}()
+			if returned(done) {
+				t.Fatalf("%s returned while CreateContainer was still running", rpc)
+			}
+			close(g.release)
+			if err := recv(t, created, "CreateContainer"); err != nil {
+				t.Fatalf("CreateContainer: %v", err)
+			}
+			if err := recv(t, done, rpc); err != nil {
+				t.Fatalf("%s: %v", rpc, err)
+			}
+			if rpc == "stop" {
+				for _, c := range f.srv.containers.List() {
+					if c.Status().State != sandbox.ContainerExited {
+						t.Errorf("container %s is %s after its pod stopped", c.ID, c.Status().State)
+					}
+				}
+				if _, err := f.srv.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: pod}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			f.nothingLeft(t)
+		})
+	}
+}
+
+// A CreateContainer that found the pod before a StopPodSandbox or
+// RemovePodSandbox finished re-checks it under the pod's lock and is
+// refused: FailedPrecondition for a stopped pod, NotFound for a removed one.
+func TestCreateContainerRechecksPodUnderLock(t *testing.T) {
+	for _, tc := range []struct {
+		rpc  string
+		want error
+	}{{"stop", errdefs.ErrFailedPrecondition}, {"remove", errdefs.ErrNotFound}} {
+		t.Run(tc.rpc, func(t *testing.T) {
+			f := newCtrFixture(t)
+			ctx := context.Background()
+			pod, podCfg := f.pod(t, false)
+			g := &gatedNetwork{Network: f.srv.deps.Network, entered: make(chan struct{}), release: make(chan struct{})}
+			f.srv.deps.Network = g
+			done := make(chan error, 1)
+			go func() {
+				var err error
+				if tc.rpc == "stop" {
+					_, err = f.srv.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: pod})
+				} else {
+					_, err = f.srv.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: pod})
+				}
+				done <- err
+			}()
+			recv(t, g.entered, "network teardown") // the pod is still Ready and in the store
+			created := make(chan error, 1)
+			go func() {
+				_, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr("c"), SandboxConfig: podCfg})
+				created <- err
+			}()
+			if returned(created) {
+				t.Fatalf("CreateContainer returned while the pod's %s held its lock", tc.rpc)
+			}
+			close(g.release)
+			if err := recv(t, done, tc.rpc); err != nil {
+				t.Fatalf("%s: %v", tc.rpc, err)
+			}
+			if err := recv(t, created, "CreateContainer"); !errors.Is(err, tc.want) {
+				t.Errorf("CreateContainer = %v, want %v", err, tc.want)
+			}
+			f.nothingLeft(t)
+		})
 	}
 }
