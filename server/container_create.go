@@ -309,8 +309,7 @@ func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *run
 
 	dir := s.containerDir(md.ID)
 	undo.add("remove directory", func(context.Context) error { return os.RemoveAll(dir) })
-	// The rootfs below must be reachable by a userns container's mapped root.
-	if err := os.MkdirAll(dir, 0o711); err != nil {
+	if err := makeContainerDir(dir, sb); err != nil {
 		return nil, err
 	}
 	rootfs, err := s.deps.Images.MountRootfs(ctx, s.mountRequest(sb, md.ID, img.ID, dir))

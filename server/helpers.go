@@ -2,6 +2,8 @@ package server
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 
 	"github.com/containerd/errdefs"
 
@@ -52,4 +54,29 @@ func (s *Server) lockReadyPod(id string) (*sandbox.Sandbox, func(), error) {
 		return nil, nil, fmt.Errorf("sandbox %s is not ready: %w", sb.ID, errdefs.ErrFailedPrecondition)
 	}
 	return sb, unlock, nil
+}
+
+// makeContainerDir creates <root>/containers/<id>, which holds the
+// container's rootfs mount. Any host user who could reach the rootfs could
+// run its setuid binaries or read its files, so the directory is 0700. A
+// userns container's runc init resolves the rootfs path after joining the
+// pod's user namespace, as the pod's root, which has no rights over files
+// of the host's root: for it the directory is 0710 with the group of the
+// pod's root (the host GID of container GID 0), as Docker does for its
+// remapped root (CVE-2021-41091). Other users still cannot enter.
+func makeContainerDir(dir string, sb *sandbox.Sandbox) error {
+	if err := os.MkdirAll(filepath.Dir(dir), 0o711); err != nil {
+		return err
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return err
+	}
+	if sb.Modes.User != sandbox.ModePod {
+		return os.Chmod(dir, 0o700)
+	}
+	// The daemon runs as root; unit tests may not, and cannot chown.
+	if err := os.Chown(dir, -1, int(rootOf(sb.GIDMappings))); err != nil && os.Geteuid() == 0 {
+		return fmt.Errorf("giving the pod's root access to %s: %w", dir, err)
+	}
+	return os.Chmod(dir, 0o710)
 }

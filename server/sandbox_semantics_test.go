@@ -3,7 +3,9 @@ package server
 import (
 	"context"
 	"errors"
+	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -256,6 +258,39 @@ func TestCreateContainerRechecksPodUnderLock(t *testing.T) {
 				t.Errorf("CreateContainer = %v, want %v", err, tc.want)
 			}
 			f.nothingLeft(t)
+		})
+	}
+}
+
+// A container's directory, which holds its rootfs mount, is closed to
+// other host users; a userns pod's root reaches it through the group.
+func TestContainerDirIsPrivate(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		userns bool
+		mode   os.FileMode
+	}{{"host userns", false, 0o700}, {"pod userns", true, 0o710}} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newCtrFixture(t)
+			pod, podCfg := f.pod(t, tc.userns)
+			resp, err := f.srv.CreateContainer(context.Background(), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr("c"), SandboxConfig: podCfg})
+			if err != nil {
+				t.Fatal(err)
+			}
+			fi, err := os.Stat(f.srv.containerDir(resp.ContainerId))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fi.Mode().Perm() != tc.mode {
+				t.Errorf("container dir mode = %v, want %v", fi.Mode().Perm(), tc.mode)
+			}
+			if os.Geteuid() != 0 || !tc.userns {
+				return
+			}
+			sb, _ := f.srv.sandboxes.Get(pod)
+			if gid := fi.Sys().(*syscall.Stat_t).Gid; gid != rootOf(sb.GIDMappings) {
+				t.Errorf("container dir group = %d, want the pod's root %d", gid, rootOf(sb.GIDMappings))
+			}
 		})
 	}
 }
