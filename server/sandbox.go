@@ -261,18 +261,20 @@ const maxPortMappings = 1024
 
 // hostnameFromName derives a hostname from the pod name when kubelet sends
 // none: characters a DNS name can't hold become '-', and the result is cut
-// to the kernel's limit, as kubelet itself truncates pod hostnames.
+// to 63 characters.
 func hostnameFromName(name string) string {
-	b := []byte(name)
-	for i, c := range b {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '.') {
-			b[i] = '-'
+	h := strings.Map(func(r rune) rune {
+		if validate.HostnameChar(r) {
+			return r
 		}
+		return '-'
+	}, name)
+	// 63, not the kernel's 64: kubelet cuts pod hostnames there, and a
+	// single label may not be longer.
+	if len(h) > 63 {
+		h = h[:63]
 	}
-	if len(b) > validate.MaxHostnameLen {
-		b = b[:validate.MaxHostnameLen]
-	}
-	return strings.Trim(strings.ReplaceAll(string(b), "..", "-"), "-.")
+	return strings.Trim(strings.ReplaceAll(h, "..", "-"), "-.")
 }
 
 func namespaceModes(o *runtimeapi.NamespaceOption) (sandbox.NamespaceModes, error) {

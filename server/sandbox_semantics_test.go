@@ -294,3 +294,23 @@ func TestContainerDirIsPrivate(t *testing.T) {
 		})
 	}
 }
+
+// Without a hostname from kubelet the pod name is made into one; the
+// result always passes the hostname rule.
+func TestHostnameFromName(t *testing.T) {
+	for _, tc := range []struct{ name, want string }{
+		{"web-0", "web-0"},
+		{"x_y", "x-y"},
+		{"a..b", "a-b"},
+		{"-édge-", "dge"},
+		{strings.Repeat("n", 70), strings.Repeat("n", 63)},
+	} {
+		got := hostnameFromName(tc.name)
+		if got != tc.want {
+			t.Errorf("hostnameFromName(%q) = %q, want %q", tc.name, got, tc.want)
+		}
+		if err := validate.Hostname(got); err != nil {
+			t.Errorf("hostnameFromName(%q) = %q is not a valid hostname: %v", tc.name, got, err)
+		}
+	}
+}

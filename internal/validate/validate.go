@@ -81,12 +81,16 @@ func dnsLabel(l string) error {
 	if l[0] == '-' || l[len(l)-1] == '-' {
 		return fmt.Errorf("label %q starts or ends with '-'", l)
 	}
-	for _, r := range l {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-') {
-			return fmt.Errorf("label %q has the character %q", l, r)
-		}
+	if i := strings.IndexFunc(l, func(r rune) bool { return !HostnameChar(r) }); i >= 0 {
+		return fmt.Errorf("label %q has the character %q", l, l[i])
 	}
 	return nil
+}
+
+// HostnameChar says whether r may appear in a hostname: a letter, a digit,
+// '-' or the '.' between labels.
+func HostnameChar(r rune) bool {
+	return r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '.'
 }
 
 // Limits of a DNS config: glibc reads at most 3 nameservers; the others
