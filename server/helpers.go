@@ -18,7 +18,7 @@ import (
 // by then. An ID that could never name anything (empty, or not in ID
 // syntax) is still InvalidArgument: that is a caller bug, not a retry.
 func lookupForRemoval[T any](store *sandbox.Store[T], id string) (v T, gone bool, err error) {
-	if err := sandbox.ValidateID(id); err != nil {
+	if err := validate.ID("", id); err != nil {
 		return v, false, err
 	}
 	v, err = store.Get(id)

@@ -29,10 +29,14 @@ func invalid(format string, args ...any) error {
 var idPattern = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}$`)
 
 // ID refuses an ID that is unsafe as a path component, a runtime or CNI
-// container ID, or a cache file name.
-func ID(id string) error {
+// container ID, or a cache file name. what names the kind of ID in the
+// message ("sandbox", "container"); it may be empty.
+func ID(what, id string) error {
 	if !idPattern.MatchString(id) || strings.Contains(id, "..") {
-		return invalid("invalid ID %q: must match %s and not contain \"..\"", id, idPattern)
+		if what != "" {
+			what += " "
+		}
+		return invalid("invalid %sID %q: must match %s and not contain \"..\"", what, id, idPattern)
 	}
 	return nil
 }

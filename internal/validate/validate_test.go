@@ -31,7 +31,15 @@ func TestID(t *testing.T) {
 		{"", false}, {".", false}, {"..", false}, {"a..b", false}, {"-x", false}, {".x", false},
 		{"a/b", false}, {"a\nb", false}, {strings.Repeat("a", 129), false},
 	} {
-		t.Run(tc.id, func(t *testing.T) { check(t, ID(tc.id), tc.ok, "invalid ID") })
+		t.Run(tc.id, func(t *testing.T) { check(t, ID("", tc.id), tc.ok, "invalid ID") })
+	}
+}
+
+func TestIDNamesItsKind(t *testing.T) {
+	err := ID("sandbox", "../x")
+	want := `invalid sandbox ID "../x": must match ^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}$ and not contain "..": invalid argument`
+	if err == nil || err.Error() != want {
+		t.Errorf("ID = %v, want %q", err, want)
 	}
 }
 
