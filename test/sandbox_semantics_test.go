@@ -14,6 +14,31 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
+// removeAllAndCheck removes every pod and fails the test if any pin,
+// sandbox directory, mount, leased IP or pod cgroup directory remains.
+func removeAllAndCheck(t *testing.T, d *Daemon) {
+	t.Helper()
+	ctx := Ctx(t)
+	list, err := d.Runtime.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	for _, p := range list.Items {
+		if _, err := d.Runtime.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: p.Id}); err != nil {
+			t.Errorf("RemovePodSandbox(%s): %v", p.Id, err)
+		}
+		left = append(left, podCgroupDirs(p.Id)...)
+	}
+	left = append(left, d.Leftovers()...)
+	for ip := range d.LeasedIPs(t) {
+		left = append(left, "IP "+ip)
+	}
+	if len(left) > 0 {
+		t.Errorf("left behind:\n%s", strings.Join(left, "\n"))
+	}
+}
+
 // api.proto: stopping or removing a pod or container that does not exist
 // (or no longer exists) must not return an error; kubelet retries removals
 // whose answers it lost. A malformed ID is still InvalidArgument.
@@ -58,9 +83,7 @@ func TestStopRemoveUnknownSucceed(t *testing.T) {
 			}
 		}
 	}
-	if left := d.Leftovers(); len(left) > 0 {
-		t.Errorf("left behind:\n%s", strings.Join(left, "\n"))
-	}
+	removeAllAndCheck(t, d)
 }
 
 // A second pinrt on the same --root (with its own run dir and socket) is
@@ -99,6 +122,7 @@ func TestSecondDaemonOnSameRootRefused(t *testing.T) {
 	if st.State != runtimeapi.PodSandboxState_SANDBOX_READY {
 		t.Errorf("pod state after the refused daemon = %v, want READY", st.State)
 	}
+	removeAllAndCheck(t, d)
 }
 
 // Values that end up in resolv.conf, hosts, hostname, procfs or the
@@ -164,6 +188,7 @@ func TestHostilePodValuesRefused(t *testing.T) {
 	if string(resolv) != want {
 		t.Errorf("resolv.conf = %q, want %q", resolv, want)
 	}
+	removeAllAndCheck(t, d)
 }
 
 // Twenty pods with 1 MB of annotations each once made every
@@ -189,6 +214,7 @@ func TestListStaysUnderMessageLimit(t *testing.T) {
 	if err != nil || len(list.Items) != pods {
 		t.Fatalf("ListPodSandbox: %d items, %v; want %d", len(list.GetItems()), err, pods)
 	}
+	removeAllAndCheck(t, d)
 }
 
 func usernsMapped(cfg *runtimeapi.PodSandboxConfig, hostID, length uint32) *runtimeapi.PodSandboxConfig {
@@ -229,7 +255,5 @@ func TestUsernsCallerMappings(t *testing.T) {
 	if _, err := d.Runtime.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: other}); err != nil {
 		t.Fatal(err)
 	}
-	if left := d.Leftovers(); len(left) > 0 {
-		t.Errorf("left behind:\n%s", strings.Join(left, "\n"))
-	}
+	removeAllAndCheck(t, d)
 }
