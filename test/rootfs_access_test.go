@@ -56,3 +56,17 @@ func TestContainerRootfsNotReachableByOtherUsers(t *testing.T) {
 		})
 	}
 }
+
+// A container runs in a pod with the mappings the CRI conformance suite
+// sends (host ID 1000, length 100000), not a 65536-aligned block.
+func TestUsernsContainerWithCallerMappings(t *testing.T) {
+	e := newCtrEnv(t)
+	pod, podCfg := e.pod(t, usernsMapped(PodConfig("userns-critest-ctr"), 1000, 100000))
+	id := e.run(t, pod, podCfg, e.ctr("c", "sleep", "60"))
+	if got := strings.Fields(e.mustExec(t, id, "cat", "/proc/self/uid_map")); strings.Join(got, " ") != "0 1000 100000" {
+		t.Errorf("uid_map in the container = %v, want 0 1000 100000", got)
+	}
+	if got := strings.TrimSpace(e.mustExec(t, id, "id", "-u")); got != "0" {
+		t.Errorf("id -u = %q, want 0", got)
+	}
+}
