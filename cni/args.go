@@ -1,12 +1,11 @@
 package cni
 
 import (
-	"fmt"
-	"regexp"
 	"strings"
 
-	"github.com/containerd/errdefs"
 	"github.com/containernetworking/cni/libcni"
+
+	"github.com/pinrt/pinrt/internal/validate"
 )
 
 // IfName is the interface name every pod gets for its network.
@@ -29,17 +28,10 @@ type bandwidthEntry struct {
 	EgressBurst  uint64 `json:"egressBurst"`
 }
 
-// validID is libcni's own rule for container IDs. Checking it up front
-// gives an InvalidArgument instead of a plugin error, and keeps the ID safe
-// in the cache file names, which are built from it.
-var validID = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`)
-
-func validatePodID(id string) error {
-	if !validID.MatchString(id) {
-		return fmt.Errorf("invalid sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
-	}
-	return nil
-}
+// validatePodID checks the ID up front against the shared rule, which is
+// stricter than libcni's own: an InvalidArgument instead of a plugin
+// error, and an ID safe in the cache file names built from it.
+func validatePodID(id string) error { return validate.ID("sandbox", id) }
 
 // runtimeConf builds the libcni arguments for pod on interface ifName. It is
 // a pure function so CNI_ARGS and the capability args can be tested without

@@ -3,6 +3,7 @@ package conf
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -249,5 +250,38 @@ func TestDefaultShowsRegistryExample(t *testing.T) {
 	if len(r.Mirrors) != 2 || !r.SkipOrigin || !c.Image.Registries["backup.example.internal"].Insecure ||
 		c.Image.Registries["mirror.example.internal:5000"].CAFile == "" {
 		t.Errorf("example decoded to %+v", c.Image.Registries)
+	}
+}
+
+// A duration written as a bare number is an error naming the file, the
+// key and the line, not that many nanoseconds.
+func TestDurationNeedsAUnit(t *testing.T) {
+	for _, tc := range []struct {
+		name, body, key string
+		line            int
+	}{
+		{"bare integer", "[image]\npull_timeout = 5\n", "image.pull_timeout", 2},
+		{"float", "\n\nshutdown_timeout = 1.5\n", "shutdown_timeout", 3},
+		{"dotted key", "image.pull_timeout = 300\n", "image.pull_timeout", 1},
+		{"inline table", "image = { pull_timeout = 7 }\n", "image.pull_timeout", 1},
+		{"boolean", "[image]\n# comment\npull_timeout = true\n", "image.pull_timeout", 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			main := write(t, t.TempDir(), "pinrt.toml", tc.body)
+			_, err := Load(main, "", true)
+			if err == nil {
+				t.Fatal("want an error for a duration without a unit")
+			}
+			for _, want := range []string{main, tc.key, "not a duration", "line " + strconv.Itoa(tc.line)} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error %q does not contain %q", err, want)
+				}
+			}
+		})
+	}
+	main := write(t, t.TempDir(), "pinrt.toml", "[image]\npull_timeout = \"5s\"\n")
+	cfg, err := Load(main, "", true)
+	if err != nil || cfg.Image.PullTimeout.Std() != 5*time.Second {
+		t.Fatalf("pull_timeout = \"5s\": %v, %v", cfg.Image.PullTimeout.Std(), err)
 	}
 }

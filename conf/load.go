@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"sort"
 	"strings"
 
 	"github.com/pelletier/go-toml/v2"
+	"github.com/pelletier/go-toml/v2/unstable"
 )
 
 // Load reads the main file and then every *.toml in dropinDir in lexical
@@ -58,6 +61,9 @@ func decodeFile(path string, cfg *Config, origin map[string]string) error {
 	if err != nil {
 		return fmt.Errorf("config %s: %w", path, err)
 	}
+	if err := checkDurations(path, data); err != nil {
+		return err
+	}
 	dec := toml.NewDecoder(bytes.NewReader(data)).DisallowUnknownFields()
 	if err := dec.Decode(cfg); err != nil {
 		return fmt.Errorf("config %s: %s", path, describe(err))
@@ -69,6 +75,79 @@ func decodeFile(path string, cfg *Config, origin map[string]string) error {
 		walkKeys("", raw, func(k string) { origin[k] = path })
 	}
 	return nil
+}
+
+// durationKeys are the dotted keys of every Duration field of Config.
+var durationKeys = func() map[string]bool {
+	keys := map[string]bool{}
+	var walk func(prefix string, t reflect.Type)
+	walk = func(prefix string, t reflect.Type) {
+		for i := range t.NumField() {
+			f := t.Field(i)
+			name, _, _ := strings.Cut(f.Tag.Get("toml"), ",")
+			if name == "" || name == "-" {
+				continue
+			}
+			switch {
+			case f.Type == reflect.TypeFor[Duration]():
+				keys[prefix+name] = true
+			case f.Type.Kind() == reflect.Struct:
+				walk(prefix+name+".", f.Type)
+			}
+		}
+	}
+	walk("", reflect.TypeFor[Config]())
+	return keys
+}()
+
+// checkDurations refuses a duration written as anything but a string.
+// Duration is an int64, so the decoder would store a bare 5 as 5ns
+// without ever calling UnmarshalText: pull_timeout = 5 made every pull
+// time out at once. Syntax errors are left to the decoder, which reports
+// them with more detail.
+func checkDurations(path string, data []byte) error {
+	var p unstable.Parser
+	p.Reset(data)
+	var table []string
+	// check looks at one key = value, descending into inline tables.
+	var check func(prefix []string, kv *unstable.Node) error
+	check = func(prefix []string, kv *unstable.Node) error {
+		parts := append(slices.Clone(prefix), keyParts(kv)...)
+		v := kv.Value()
+		if v.Kind == unstable.InlineTable {
+			for it := v.Children(); it.Next(); {
+				if err := check(parts, it.Node()); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		if key := strings.Join(parts, "."); durationKeys[key] && v.Kind != unstable.String {
+			return fmt.Errorf("config %s: %s: %s is not a duration; write it as a string with a unit, like \"30s\" or \"5m\" (line %d)",
+				path, key, p.Raw(v.Raw), p.Shape(v.Raw).Start.Line)
+		}
+		return nil
+	}
+	for p.NextExpression() {
+		e := p.Expression()
+		switch e.Kind {
+		case unstable.Table, unstable.ArrayTable:
+			table = keyParts(e)
+		case unstable.KeyValue:
+			if err := check(table, e); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func keyParts(n *unstable.Node) []string {
+	var parts []string
+	for it := n.Key(); it.Next(); {
+		parts = append(parts, string(it.Node().Data))
+	}
+	return parts
 }
 
 // describe turns a go-toml error into "key: problem (line N)".

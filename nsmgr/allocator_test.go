@@ -67,27 +67,25 @@ func TestReserveRejects(t *testing.T) {
 			"pod user namespace needs exactly one gid mapping, got 0: invalid argument"},
 		{"two gid mappings", one(ok), []specs.LinuxIDMapping{ok, ok}, errdefs.ErrInvalidArgument,
 			"pod user namespace needs exactly one gid mapping, got 2: invalid argument"},
-		{"uid differs from gid", one(ok), one(mapping(6 * BlockSize)), errdefs.ErrInvalidArgument,
-			"uid mapping {ContainerID:0 HostID:327680 Size:65536} differs from gid mapping {ContainerID:0 HostID:393216 Size:65536}: invalid argument"},
 		{"container ID not 0", one(specs.LinuxIDMapping{ContainerID: 1, HostID: 5 * BlockSize, Size: BlockSize}),
 			one(specs.LinuxIDMapping{ContainerID: 1, HostID: 5 * BlockSize, Size: BlockSize}), errdefs.ErrInvalidArgument,
-			"mapping must start at container ID 0, got 1: invalid argument"},
-		{"length too small", one(specs.LinuxIDMapping{HostID: 5 * BlockSize, Size: 1000}),
-			one(specs.LinuxIDMapping{HostID: 5 * BlockSize, Size: 1000}), errdefs.ErrInvalidArgument,
-			"mapping length is 1000, must be 65536: invalid argument"},
-		{"length two blocks", one(specs.LinuxIDMapping{HostID: 5 * BlockSize, Size: 2 * BlockSize}),
-			one(specs.LinuxIDMapping{HostID: 5 * BlockSize, Size: 2 * BlockSize}), errdefs.ErrInvalidArgument,
-			"mapping length is 131072, must be 65536: invalid argument"},
+			"uid mapping must start at container ID 0, got 1: invalid argument"},
+		{"gid container ID not 0", one(ok), one(specs.LinuxIDMapping{ContainerID: 1, HostID: 5 * BlockSize, Size: BlockSize}), errdefs.ErrInvalidArgument,
+			"gid mapping must start at container ID 0, got 1: invalid argument"},
+		{"length 0", one(specs.LinuxIDMapping{HostID: 5 * BlockSize}), one(ok), errdefs.ErrInvalidArgument,
+			"uid mapping length is 0: invalid argument"},
 		{"runs past 2^32-1", one(mapping(0xFFFFF000)), one(mapping(0xFFFFF000)), errdefs.ErrInvalidArgument,
-			"host IDs 4294963200-4295028735 run past 4294967295: invalid argument"},
+			"host uids 4294963200-4295028735 run past 4294967295: invalid argument"},
 		{"ends at UINT32_MAX", one(mapping(0xFFFF0000)), one(mapping(0xFFFF0000)), errdefs.ErrInvalidArgument,
-			"host IDs 4294901760-4294967295 end at 4294967295 (UINT32_MAX), which must stay unmapped: invalid argument"},
-		{"not block aligned", one(mapping(5*BlockSize + 1)), one(mapping(5*BlockSize + 1)), errdefs.ErrInvalidArgument,
-			"host ID 327681 is not a multiple of 65536: invalid argument"},
-		{"block 0", one(mapping(0)), one(mapping(0)), errdefs.ErrInvalidArgument,
-			"host IDs 0-65535 overlap block 0, which is reserved for the host: invalid argument"},
-		{"overlaps another pod", one(mapping(3 * BlockSize)), one(mapping(3 * BlockSize)), errdefs.ErrAlreadyExists,
-			`host IDs 196608-262143 overlap the range of pod "other": already exists`},
+			"host uids 4294901760-4294967295 end at 4294967295 (UINT32_MAX), which must stay unmapped: invalid argument"},
+		{"host root", one(specs.LinuxIDMapping{HostID: 0, Size: 1000}), one(ok), errdefs.ErrInvalidArgument,
+			"uid mapping includes host ID 0 (root): invalid argument"},
+		{"overlaps another pod", one(mapping(3 * BlockSize)), one(mapping(3 * BlockSize)), errdefs.ErrInvalidArgument,
+			"host uids 196608-262143 overlap the range of pod other (host uids 196608-262143): invalid argument"},
+		{"straddles another pod's start", one(specs.LinuxIDMapping{HostID: 3*BlockSize - 10, Size: 11}), one(ok), errdefs.ErrInvalidArgument,
+			"host uids 196598-196608 overlap the range of pod other (host uids 196608-262143): invalid argument"},
+		{"gids overlap another pod", one(ok), one(specs.LinuxIDMapping{HostID: 4*BlockSize - 1, Size: 1}), errdefs.ErrInvalidArgument,
+			"host gids 262143-262143 overlap the range of pod other (host gids 196608-262143): invalid argument"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a := newTestAllocator(t, BlockSize, 16*BlockSize, 0)
@@ -106,6 +104,52 @@ func TestReserveRejects(t *testing.T) {
 	}
 }
 
+// A caller's mappings need only be valid for the kernel: any length from
+// container ID 0, any alignment, uids and gids apart. The conformance
+// suite sends host ID 1000 with length 100000.
+func TestReserveAcceptsKernelValidRanges(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		uid, gid specs.LinuxIDMapping
+	}{
+		{"critest", specs.LinuxIDMapping{HostID: 1000, Size: 100000}, specs.LinuxIDMapping{HostID: 1000, Size: 100000}},
+		{"one ID", specs.LinuxIDMapping{HostID: 5000, Size: 1}, specs.LinuxIDMapping{HostID: 5000, Size: 1}},
+		{"unaligned block", mapping(5*BlockSize + 1), mapping(5*BlockSize + 1)},
+		{"two blocks", specs.LinuxIDMapping{HostID: 5 * BlockSize, Size: 2 * BlockSize}, specs.LinuxIDMapping{HostID: 5 * BlockSize, Size: 2 * BlockSize}},
+		{"uids and gids apart", mapping(5 * BlockSize), mapping(7 * BlockSize)},
+		{"up to UINT32_MAX-1", specs.LinuxIDMapping{HostID: 1, Size: 0xFFFFFFFE}, specs.LinuxIDMapping{HostID: 1, Size: 0xFFFFFFFE}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := newTestAllocator(t, BlockSize, 16*BlockSize, 0)
+			if err := a.Reserve("pod", one(tc.uid), one(tc.gid)); err != nil {
+				t.Fatalf("Reserve = %v, want success", err)
+			}
+			// Restore after a restart takes the same mappings.
+			b := newTestAllocator(t, BlockSize, 16*BlockSize, 0)
+			if err := b.Restore("pod", one(tc.uid), one(tc.gid)); err != nil {
+				t.Fatalf("Restore = %v, want success", err)
+			}
+			// What the allocator hands out next overlaps neither.
+			m, err := a.Allocate("next")
+			if err == nil && (overlaps(m, tc.uid) || overlaps(m, tc.gid)) {
+				t.Fatalf("Allocate = %+v overlaps the reserved ranges", m)
+			}
+		})
+	}
+}
+
+// Allocate steps around a caller's unaligned range.
+func TestAllocateSkipsCallerRange(t *testing.T) {
+	a := newTestAllocator(t, BlockSize, 8*BlockSize, 0)
+	r := specs.LinuxIDMapping{HostID: 1000, Size: 100000} // ends in block 1
+	if err := a.Reserve("critest", one(r), one(r)); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := a.Allocate("pod"); err != nil || m != mapping(2*BlockSize) {
+		t.Fatalf("Allocate = %+v, %v; want host %d", m, err, 2*BlockSize)
+	}
+}
+
 func TestReserveOutsideAllocatorRange(t *testing.T) {
 	// Kubelet picks its own ranges; they need not lie in [min, max).
 	a := newTestAllocator(t, BlockSize, 4*BlockSize, 0)
@@ -113,7 +157,7 @@ func TestReserveOutsideAllocatorRange(t *testing.T) {
 		t.Fatalf("Reserve: %v", err)
 	}
 	err := a.Reserve("pod", one(mapping(101*BlockSize)), one(mapping(101*BlockSize)))
-	if want := `pod "pod" already holds host IDs 6553600-6619135: already exists`; !errors.Is(err, errdefs.ErrAlreadyExists) || err.Error() != want {
+	if want := `pod "pod" already holds host uids 6553600-6619135: already exists`; !errors.Is(err, errdefs.ErrAlreadyExists) || err.Error() != want {
 		t.Fatalf("second Reserve for the same pod = %v, want %q", err, want)
 	}
 }
@@ -136,7 +180,7 @@ func TestAllocateLowestFreeAndExhaustion(t *testing.T) {
 		t.Fatalf("Allocate after Release = %+v, %v; want host %d", m, err, 3*BlockSize)
 	}
 	_, err = a.Allocate("pod4")
-	if want := `pod "pod4" already holds host IDs 196608-262143: already exists`; !errors.Is(err, errdefs.ErrAlreadyExists) || err.Error() != want {
+	if want := `pod "pod4" already holds host uids 196608-262143: already exists`; !errors.Is(err, errdefs.ErrAlreadyExists) || err.Error() != want {
 		t.Fatalf("Allocate twice = %v, want %q", err, want)
 	}
 }
@@ -167,7 +211,7 @@ func TestLimit(t *testing.T) {
 		t.Fatalf("Reserve over limit = %v, want %q", err, want)
 	}
 	// Restore ignores the limit: pods that exist must come back.
-	if err := a.Restore("c", mapping(60*BlockSize)); err != nil {
+	if err := a.Restore("c", one(mapping(60*BlockSize)), one(mapping(60*BlockSize))); err != nil {
 		t.Fatalf("Restore over limit: %v", err)
 	}
 	a.Release("a")
@@ -179,10 +223,10 @@ func TestLimit(t *testing.T) {
 
 func TestRestore(t *testing.T) {
 	a := newTestAllocator(t, BlockSize, 4*BlockSize, 0)
-	if err := a.Restore("pod", mapping(2*BlockSize)); err != nil {
+	if err := a.Restore("pod", one(mapping(2*BlockSize)), one(mapping(2*BlockSize))); err != nil {
 		t.Fatalf("Restore: %v", err)
 	}
-	if err := a.Restore("pod", mapping(2*BlockSize)); err != nil {
+	if err := a.Restore("pod", one(mapping(2*BlockSize)), one(mapping(2*BlockSize))); err != nil {
 		t.Fatalf("Restore again (idempotent): %v", err)
 	}
 	for _, tc := range []struct {
@@ -192,14 +236,14 @@ func TestRestore(t *testing.T) {
 		want        string
 	}{
 		{"same owner, other range", "pod", mapping(3 * BlockSize), errdefs.ErrAlreadyExists,
-			`pod "pod" already holds host IDs 131072-196607, can't restore 196608-262143: already exists`},
-		{"other owner, same range", "other", mapping(2 * BlockSize), errdefs.ErrAlreadyExists,
-			`host IDs 131072-196607 overlap the range of pod "pod": already exists`},
-		{"invalid mapping", "other", specs.LinuxIDMapping{HostID: 3 * BlockSize, Size: 10}, errdefs.ErrInvalidArgument,
-			"mapping length is 10, must be 65536: invalid argument"},
+			`pod "pod" already holds host uids 131072-196607, can't restore 196608-262143: already exists`},
+		{"other owner, same range", "other", mapping(2 * BlockSize), errdefs.ErrInvalidArgument,
+			`host uids 131072-196607 overlap the range of pod pod (host uids 131072-196607): invalid argument`},
+		{"invalid mapping", "other", specs.LinuxIDMapping{HostID: 3 * BlockSize, Size: 0}, errdefs.ErrInvalidArgument,
+			"uid mapping length is 0: invalid argument"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := a.Restore(tc.owner, tc.m)
+			err := a.Restore(tc.owner, one(tc.m), one(tc.m))
 			if !errors.Is(err, tc.class) || err.Error() != tc.want {
 				t.Fatalf("Restore = %v, want %q", err, tc.want)
 			}

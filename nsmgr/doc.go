@@ -1,6 +1,7 @@
 // Package nsmgr creates a pod's namespaces, pins them to files, reopens the
 // pins after a daemon restart and removes them. It also hands out the
-// 65536-ID host ranges that back pod user namespaces.
+// 65536-ID host ranges that back pod user namespaces, and keeps the ranges
+// callers choose (any kernel-valid length) from overlapping them.
 //
 // When a pod has a user namespace, its net, IPC and UTS namespaces are
 // created inside it, so the kernel records the pod's userns as their owner.

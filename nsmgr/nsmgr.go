@@ -3,11 +3,11 @@ package nsmgr
 import (
 	"fmt"
 	"path/filepath"
-	"regexp"
-	"strings"
 
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/pinrt/pinrt/internal/validate"
 )
 
 // Kind names a namespace type that nsmgr can create and pin. The value is
@@ -58,19 +58,9 @@ type CreateRequest struct {
 // Pins maps each created namespace kind to its pin path.
 type Pins map[Kind]string
 
-// idPattern matches the IDs that may become a file name. The first
-// character can't be '.' or '-' so that ".", ".." and option-like names
-// are impossible.
-var idPattern = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}$`)
-
-// ValidateID reports whether id can be used as a sandbox ID in a pin path.
-func ValidateID(id string) error {
-	if !idPattern.MatchString(id) || strings.Contains(id, "..") {
-		return fmt.Errorf("invalid sandbox ID %q: must match %s and not contain \"..\": %w",
-			id, idPattern, errdefs.ErrInvalidArgument)
-	}
-	return nil
-}
+// ValidateID reports whether id can be used as a sandbox ID in a pin path;
+// the rule is the one shared by every package (internal/validate).
+func ValidateID(id string) error { return validate.ID("sandbox", id) }
 
 func validKind(k Kind) bool {
 	switch k {

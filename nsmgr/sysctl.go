@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"github.com/containerd/errdefs"
+
+	"github.com/pinrt/pinrt/internal/validate"
 )
 
 // NormalizeSysctl returns the canonical dotted form of a sysctl name.
@@ -87,8 +89,8 @@ func ValidateSysctls(sysctls map[string]string, podNet, podIPC bool) error {
 		if err := checkSysctlName(orig, name); err != nil {
 			return err
 		}
-		if strings.ContainsRune(sysctls[orig], 0) {
-			return fmt.Errorf("sysctl %q: value contains a NUL byte: %w", orig, errdefs.ErrInvalidArgument)
+		if err := validate.SysctlValue(orig, sysctls[orig]); err != nil {
+			return err
 		}
 		switch sysctlNamespace(name) {
 		case Net:

@@ -66,7 +66,10 @@ func TestValidateSysctls(t *testing.T) {
 		{"space", map[string]string{"net.a b": "1"}, true, true,
 			`sysctl "net.a b": invalid character ' ': invalid argument`},
 		{"NUL in value", map[string]string{"net.ipv4.ip_forward": "1\x00"}, true, true,
-			`sysctl "net.ipv4.ip_forward": value contains a NUL byte: invalid argument`},
+			`sysctl "net.ipv4.ip_forward": value "1\x00" contains a newline or NUL: invalid argument`},
+		{"newline in value", map[string]string{"net.ipv4.ip_forward": "1\n0"}, true, true,
+			`sysctl "net.ipv4.ip_forward": value "1\n0" contains a newline or NUL: invalid argument`},
+		{"tab in value is a separator", map[string]string{"net.ipv4.ip_local_port_range": "32768\t60999"}, true, true, ""},
 		{"first invalid in sorted order", map[string]string{"vm.b": "1", "kernel.a": "1", "net.ok": "1"}, true, true,
 			`sysctl "kernel.a" is not namespaced and would change the host: invalid argument`},
 	} {

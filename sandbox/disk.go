@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sort"
 
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/pinrt/pinrt/internal/atomicfile"
+	"github.com/pinrt/pinrt/internal/validate"
 )
 
 const (
@@ -38,15 +38,9 @@ const (
 	AnnotationIPs         = "io.pinrt.sandbox.ips"
 )
 
-var idPattern = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}$`)
-
-// ValidateID refuses an ID that is unsafe as a path component.
-func ValidateID(id string) error {
-	if !idPattern.MatchString(id) || id == "." || id == ".." {
-		return fmt.Errorf("invalid ID %q: %w", id, errdefs.ErrInvalidArgument)
-	}
-	return nil
-}
+// ValidateID refuses an ID that is unsafe as a path component; the rule
+// is the one shared by every package (internal/validate).
+func ValidateID(id string) error { return validate.ID("", id) }
 
 // writeJSON writes dir/name atomically: temp file, fsync, rename, fsync
 // of the directory, so a crash leaves either the old or the new file.

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/pinrt/pinrt/internal/atomicfile"
+	"github.com/pinrt/pinrt/internal/validate"
 )
 
 // DNS is the pod's resolver configuration.
@@ -69,11 +70,13 @@ func resolvConf(dns *DNS) ([]byte, error) {
 		}
 		return b, err
 	}
+	// The server validated the config already; checking again here keeps
+	// any other caller from writing a line the request smuggled in.
+	if err := validate.DNS(dns.Servers, dns.Searches, dns.Options); err != nil {
+		return nil, err
+	}
 	var b strings.Builder
 	for _, s := range dns.Servers {
-		if strings.ContainsAny(s, " \t\n") {
-			return nil, fmt.Errorf("bad DNS server %q", s)
-		}
 		fmt.Fprintf(&b, "nameserver %s\n", s)
 	}
 	if len(dns.Searches) > 0 {

@@ -138,7 +138,9 @@ func New(md Metadata, dir string) *Sandbox {
 }
 
 // NameKey is the reservation key of a pod: the same name, namespace, uid
-// and attempt may exist only once.
+// and attempt may exist only once. Each part is quoted, so the key is
+// unambiguous: kubelet's "x_y"+"z" and "x"+"y_z" once collided when the
+// parts were joined with "_".
 func NameKey(name, namespace, uid string, attempt uint32) string {
-	return name + "_" + namespace + "_" + uid + "_" + strconv.FormatUint(uint64(attempt), 10)
+	return strconv.Quote(name) + " " + strconv.Quote(namespace) + " " + strconv.Quote(uid) + " " + strconv.FormatUint(uint64(attempt), 10)
 }

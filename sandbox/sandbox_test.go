@@ -151,7 +151,7 @@ func TestUpdateStatusPersistsOrKeepsOld(t *testing.T) {
 func TestNames(t *testing.T) {
 	n := NewNames()
 	key := NameKey("web", "default", "u1", 0)
-	if key != "web_default_u1_0" {
+	if key != `"web" "default" "u1" 0` {
 		t.Errorf("NameKey = %q", key)
 	}
 	if err := n.Reserve(key, "a"); err != nil {
@@ -170,6 +170,34 @@ func TestNames(t *testing.T) {
 	n.Release(key, "a")
 	if err := n.Reserve(key, "b"); err != nil {
 		t.Errorf("name not free after release: %v", err)
+	}
+}
+
+// Names that differ only in where an underscore falls are different pods
+// and containers.
+func TestNameKeysAreUnambiguous(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		a, b string
+	}{
+		{"pod name vs namespace", NameKey("x_y", "z", "u", 0), NameKey("x", "y_z", "u", 0)},
+		{"namespace vs uid", NameKey("x", "y_z", "u", 0), NameKey("x", "y", "z_u", 0)},
+		{"uid vs attempt", NameKey("x", "y", "u_1", 0), NameKey("x", "y", "u", 1)},
+		{"quote in name", NameKey(`x" "y`, "z", "u", 0), NameKey("x", `y" "z`, "u", 0)},
+		{"container name vs pod", ContainerNameKey("p_c", "n", 0), ContainerNameKey("p", "c_n", 0)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.a == tc.b {
+				t.Errorf("keys collide: %q", tc.a)
+			}
+			n := NewNames()
+			if err := n.Reserve(tc.a, "one"); err != nil {
+				t.Fatal(err)
+			}
+			if err := n.Reserve(tc.b, "two"); err != nil {
+				t.Errorf("second pod refused: %v", err)
+			}
+		})
 	}
 }
 

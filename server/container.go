@@ -9,6 +9,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pinrt/pinrt/internal/validate"
 	"github.com/pinrt/pinrt/oci"
 	"github.com/pinrt/pinrt/sandbox"
 )
@@ -34,6 +35,10 @@ var _ ContainerRuntime = (*oci.Runtime)(nil)
 
 // CreateContainer creates a container in a Ready pod; it does not start it.
 func (s *Server) CreateContainer(ctx context.Context, req *runtimeapi.CreateContainerRequest) (*runtimeapi.CreateContainerResponse, error) {
+	// Labels and annotations come back in every ListContainers response.
+	if err := validate.LabelsAndAnnotations("container", req.GetConfig().GetLabels(), req.GetConfig().GetAnnotations()); err != nil {
+		return nil, err
+	}
 	c, err := s.createContainer(ctx, req.PodSandboxId, req.GetConfig())
 	if err != nil {
 		return nil, err
@@ -56,9 +61,12 @@ func (s *Server) StartContainer(ctx context.Context, req *runtimeapi.StartContai
 // StopContainer stops a container with its stop signal, then SIGKILL after
 // the timeout. Stopping a stopped container is not an error.
 func (s *Server) StopContainer(ctx context.Context, req *runtimeapi.StopContainerRequest) (*runtimeapi.StopContainerResponse, error) {
-	c, err := s.containers.Get(req.ContainerId)
+	c, gone, err := lookupForRemoval(s.containers, req.ContainerId)
 	if err != nil {
 		return nil, err
+	}
+	if gone {
+		return &runtimeapi.StopContainerResponse{}, nil
 	}
 	if err := s.stopContainer(ctx, c, time.Duration(req.Timeout)*time.Second); err != nil {
 		return nil, err
@@ -67,10 +75,14 @@ func (s *Server) StopContainer(ctx context.Context, req *runtimeapi.StopContaine
 }
 
 // RemoveContainer kills a live container and deletes everything it had.
+// Removing a container that is already gone succeeds (api.proto).
 func (s *Server) RemoveContainer(ctx context.Context, req *runtimeapi.RemoveContainerRequest) (*runtimeapi.RemoveContainerResponse, error) {
-	c, err := s.containers.Get(req.ContainerId)
+	c, gone, err := lookupForRemoval(s.containers, req.ContainerId)
 	if err != nil {
 		return nil, err
+	}
+	if gone {
+		return &runtimeapi.RemoveContainerResponse{}, nil
 	}
 	if err := s.removeContainer(ctx, c); err != nil {
 		return nil, err

@@ -298,13 +298,11 @@ func securityContext(c *oci.ContainerSpec, sc *runtimeapi.LinuxContainerSecurity
 // state on disk and the runtime container under conmon, undoing all of it
 // on failure.
 func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *runtimeapi.ContainerConfig) (_ *sandbox.Container, retErr error) {
-	sb, err := s.sandboxes.Get(sandboxID)
+	sb, unlock, err := s.lockReadyPod(sandboxID)
 	if err != nil {
 		return nil, err
 	}
-	if sb.Status().State != sandbox.StateReady {
-		return nil, fmt.Errorf("sandbox %s is not ready: %w", sb.ID, errdefs.ErrFailedPrecondition)
-	}
+	defer unlock()
 	req, err := s.containerRequest(sb, cfg)
 	if err != nil {
 		return nil, err
@@ -342,8 +340,7 @@ func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *run
 
 	dir := s.containerDir(md.ID)
 	undo.add("remove directory", func(context.Context) error { return os.RemoveAll(dir) })
-	// The rootfs below must be reachable by a userns container's mapped root.
-	if err := os.MkdirAll(dir, 0o711); err != nil {
+	if err := makeContainerDir(dir, sb); err != nil {
 		return nil, err
 	}
 	rootfs, err := s.deps.Images.MountRootfs(ctx, s.mountRequest(sb, md.ID, img.ID, dir))

@@ -10,6 +10,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pinrt/pinrt/internal/validate"
 	"github.com/pinrt/pinrt/nsmgr"
 	"github.com/pinrt/pinrt/sandbox"
 )
@@ -32,12 +33,12 @@ func (s *Server) RunPodSandbox(ctx context.Context, req *runtimeapi.RunPodSandbo
 // namespaces. It is idempotent, and an unknown ID is not an error, as
 // kubelet expects.
 func (s *Server) StopPodSandbox(ctx context.Context, req *runtimeapi.StopPodSandboxRequest) (*runtimeapi.StopPodSandboxResponse, error) {
-	sb, err := s.sandboxes.Get(req.PodSandboxId)
-	if errdefs.IsNotFound(err) {
-		return &runtimeapi.StopPodSandboxResponse{}, nil
-	}
+	sb, gone, err := lookupForRemoval(s.sandboxes, req.PodSandboxId)
 	if err != nil {
 		return nil, err
+	}
+	if gone {
+		return &runtimeapi.StopPodSandboxResponse{}, nil
 	}
 	if err := s.stopPod(ctx, sb); err != nil {
 		return nil, err
@@ -45,11 +46,15 @@ func (s *Server) StopPodSandbox(ctx context.Context, req *runtimeapi.StopPodSand
 	return &runtimeapi.StopPodSandboxResponse{}, nil
 }
 
-// RemovePodSandbox stops the pod if needed and deletes it.
+// RemovePodSandbox stops the pod if needed and deletes it. Removing a pod
+// that is already gone succeeds, as api.proto requires.
 func (s *Server) RemovePodSandbox(ctx context.Context, req *runtimeapi.RemovePodSandboxRequest) (*runtimeapi.RemovePodSandboxResponse, error) {
-	sb, err := s.sandboxes.Get(req.PodSandboxId)
+	sb, gone, err := lookupForRemoval(s.sandboxes, req.PodSandboxId)
 	if err != nil {
 		return nil, err
+	}
+	if gone {
+		return &runtimeapi.RemovePodSandboxResponse{}, nil
 	}
 	if err := s.removePod(ctx, sb); err != nil {
 		return nil, err
@@ -160,19 +165,6 @@ func invalid(format string, args ...any) error {
 	return fmt.Errorf(format+": %w", append(args, errdefs.ErrInvalidArgument)...)
 }
 
-// validName refuses names that would be unsafe in a path or a log line.
-func validName(what, v string) error {
-	switch {
-	case v == "":
-		return invalid("%s must not be empty", what)
-	case len(v) > 253:
-		return invalid("%s is longer than 253 characters", what)
-	case strings.ContainsAny(v, "/\\\x00\n") || strings.Contains(v, ".."):
-		return invalid("%s %q must not contain '/', '\\', '..', NUL or newlines", what, v)
-	}
-	return nil
-}
-
 // podRequest validates a RunPodSandbox request and converts it into
 // pinrt's own terms. Nothing has been created when it fails.
 func (s *Server) podRequest(req *runtimeapi.RunPodSandboxRequest) (*podRequest, error) {
@@ -186,6 +178,9 @@ func (s *Server) podRequest(req *runtimeapi.RunPodSandboxRequest) (*podRequest, 
 			return nil, err
 		}
 	}
+	if err := validate.LabelsAndAnnotations("pod", cfg.Labels, cfg.Annotations); err != nil {
+		return nil, err
+	}
 	if d := cfg.LogDirectory; d != "" && (!filepath.IsAbs(d) || filepath.Clean(d) != d) {
 		return nil, invalid("log directory %q must be a clean absolute path", d)
 	}
@@ -198,13 +193,10 @@ func (s *Server) podRequest(req *runtimeapi.RunPodSandboxRequest) (*podRequest, 
 	}
 	hostname := cfg.Hostname
 	if hostname == "" {
-		hostname = m.Name
+		hostname = hostnameFromName(m.Name)
 	}
-	if len(hostname) > 64 {
-		hostname = hostname[:64]
-	}
-	if strings.ContainsAny(hostname, "/ \t\n\x00") {
-		return nil, invalid("hostname %q is not valid", hostname)
+	if err := validate.Hostname(hostname); err != nil {
+		return nil, err
 	}
 	linux := cfg.GetLinux()
 	if sc := linux.GetSecurityContext(); sc != nil {
@@ -228,12 +220,23 @@ func (s *Server) podRequest(req *runtimeapi.RunPodSandboxRequest) (*podRequest, 
 		sysctls: linux.GetSysctls(),
 	}
 	if dns := cfg.DnsConfig; dns != nil {
+		if err := validate.DNS(dns.Servers, dns.Searches, dns.Options); err != nil {
+			return nil, err
+		}
 		pr.dns = &sandbox.DNS{Servers: dns.Servers, Searches: dns.Searches, Options: dns.Options}
 	}
+	if len(cfg.PortMappings) > maxPortMappings {
+		return nil, invalid("%d port mappings, at most %d allowed", len(cfg.PortMappings), maxPortMappings)
+	}
 	for _, pm := range cfg.PortMappings {
+		// An unknown enum value's String() is its number, which the
+		// validator refuses along with the names it does not know.
+		proto := strings.ToLower(pm.Protocol.String())
+		if err := validate.PortMapping(proto, pm.ContainerPort, pm.HostPort, pm.HostIp); err != nil {
+			return nil, err
+		}
 		pr.md.PortMappings = append(pr.md.PortMappings, sandbox.PortMapping{
-			HostPort: pm.HostPort, ContainerPort: pm.ContainerPort,
-			Protocol: strings.ToLower(pm.Protocol.String()), HostIP: pm.HostIp,
+			HostPort: pm.HostPort, ContainerPort: pm.ContainerPort, Protocol: proto, HostIP: pm.HostIp,
 		})
 	}
 	bw, err := podBandwidth(cfg.Annotations)
@@ -255,6 +258,28 @@ func (s *Server) podRequest(req *runtimeapi.RunPodSandboxRequest) (*podRequest, 
 		return nil, invalid("user namespace mappings given without user namespace mode POD")
 	}
 	return pr, nil
+}
+
+// maxPortMappings bounds a pod's port mappings; kubelet sends one per
+// container port, and a pod has far fewer.
+const maxPortMappings = 1024
+
+// hostnameFromName derives a hostname from the pod name when kubelet sends
+// none: characters a DNS name can't hold become '-', and the result is cut
+// to 63 characters.
+func hostnameFromName(name string) string {
+	h := strings.Map(func(r rune) rune {
+		if validate.HostnameChar(r) {
+			return r
+		}
+		return '-'
+	}, name)
+	// 63, not the kernel's 64: kubelet cuts pod hostnames there, and a
+	// single label may not be longer.
+	if len(h) > 63 {
+		h = h[:63]
+	}
+	return strings.Trim(strings.ReplaceAll(h, "..", "-"), "-.")
 }
 
 func namespaceModes(o *runtimeapi.NamespaceOption) (sandbox.NamespaceModes, error) {

@@ -320,8 +320,10 @@ func (s *Server) restorePod(ctx context.Context, id string) error {
 	if err := s.podNames.Reserve(sandbox.NameKey(sb.Name, sb.Namespace, sb.UID, sb.Attempt), sb.ID); err != nil {
 		return err
 	}
-	if len(sb.UIDMappings) == 1 {
-		if err := s.deps.IDs.Restore(sb.ID, sb.UIDMappings[0]); err != nil {
+	// Allocated and caller-chosen ranges alike: a caller's range left out
+	// could be handed to the next pod.
+	if len(sb.UIDMappings) > 0 || len(sb.GIDMappings) > 0 {
+		if err := s.deps.IDs.Restore(sb.ID, sb.UIDMappings, sb.GIDMappings); err != nil {
 			log.G(ctx).WithError(err).WithField("sandbox", id).Warn("restore: ID range not recorded")
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
@@ -179,8 +180,8 @@ func TestStopAndRemoveAreIdempotent(t *testing.T) {
 	if _, err := f.srv.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: id}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.srv.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: id}); !errdefs.IsNotFound(err) {
-		t.Errorf("second remove = %v, want NotFound", err)
+	if _, err := f.srv.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: id}); err != nil {
+		t.Errorf("second remove = %v, want success (api.proto)", err)
 	}
 	if _, err := f.srv.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
 		t.Errorf("stop of a removed pod = %v, want success", err)
@@ -242,6 +243,35 @@ func TestPodRequestValidation(t *testing.T) {
 		{"pid target", mk(func(r *runtimeapi.RunPodSandboxRequest) {
 			r.Config.Linux.SecurityContext.NamespaceOptions.Pid = runtimeapi.NamespaceMode_TARGET
 		}), errdefs.ErrInvalidArgument},
+		// Hostile values that would add lines to resolv.conf, hosts or
+		// hostname, or reach procfs and the portmap plugin.
+		{"DNS option with a nameserver line", mk(func(r *runtimeapi.RunPodSandboxRequest) {
+			r.Config.DnsConfig = &runtimeapi.DNSConfig{Options: []string{"ndots:5\nnameserver 6.6.6.6"}}
+		}), errdefs.ErrInvalidArgument},
+		{"DNS search with a space", mk(func(r *runtimeapi.RunPodSandboxRequest) {
+			r.Config.DnsConfig = &runtimeapi.DNSConfig{Searches: []string{"a options rotate"}}
+		}), errdefs.ErrInvalidArgument},
+		{"DNS server not an IP", mk(func(r *runtimeapi.RunPodSandboxRequest) {
+			r.Config.DnsConfig = &runtimeapi.DNSConfig{Servers: []string{"dns.example"}}
+		}), errdefs.ErrInvalidArgument},
+		{"hostname with newline", mk(func(r *runtimeapi.RunPodSandboxRequest) { r.Config.Hostname = "a\n6.6.6.6 evil" }), errdefs.ErrInvalidArgument},
+		{"hostname with underscore", mk(func(r *runtimeapi.RunPodSandboxRequest) { r.Config.Hostname = "a_b" }), errdefs.ErrInvalidArgument},
+		{"hostname too long", mk(func(r *runtimeapi.RunPodSandboxRequest) { r.Config.Hostname = strings.Repeat("h", 65) }), errdefs.ErrInvalidArgument},
+		{"sysctl value with newline", mk(func(r *runtimeapi.RunPodSandboxRequest) {
+			r.Config.Linux.Sysctls = map[string]string{"net.ipv4.ip_forward": "1\n"}
+		}), errdefs.ErrInvalidArgument},
+		{"unknown port protocol", mk(func(r *runtimeapi.RunPodSandboxRequest) {
+			r.Config.PortMappings = []*runtimeapi.PortMapping{{Protocol: runtimeapi.Protocol(7), ContainerPort: 80}}
+		}), errdefs.ErrInvalidArgument},
+		{"container port 0", mk(func(r *runtimeapi.RunPodSandboxRequest) {
+			r.Config.PortMappings = []*runtimeapi.PortMapping{{ContainerPort: 0, HostPort: 8080}}
+		}), errdefs.ErrInvalidArgument},
+		{"host port too big", mk(func(r *runtimeapi.RunPodSandboxRequest) {
+			r.Config.PortMappings = []*runtimeapi.PortMapping{{ContainerPort: 80, HostPort: 65536}}
+		}), errdefs.ErrInvalidArgument},
+		{"host_ip not an IP", mk(func(r *runtimeapi.RunPodSandboxRequest) {
+			r.Config.PortMappings = []*runtimeapi.PortMapping{{ContainerPort: 80, HostPort: 8080, HostIp: "0.0.0.0 --evil"}}
+		}), errdefs.ErrInvalidArgument},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -252,5 +282,74 @@ func TestPodRequestValidation(t *testing.T) {
 				t.Errorf("namespaces touched for an invalid request: %v", calls)
 			}
 		})
+	}
+}
+
+// api.proto: StopPodSandbox, RemovePodSandbox, StopContainer and
+// RemoveContainer of an ID that does not exist must not return an error.
+// An ID that is not in ID syntax is still refused as a caller bug.
+func TestStopAndRemoveOfUnknownIDs(t *testing.T) {
+	f := newPodFixture(t)
+	ctx := context.Background()
+	calls := map[string]func(id string) error{
+		"StopPodSandbox": func(id string) error {
+			_, err := f.srv.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: id})
+			return err
+		},
+		"RemovePodSandbox": func(id string) error {
+			_, err := f.srv.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: id})
+			return err
+		},
+		"StopContainer": func(id string) error {
+			_, err := f.srv.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: id})
+			return err
+		},
+		"RemoveContainer": func(id string) error {
+			_, err := f.srv.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: id})
+			return err
+		},
+	}
+	for _, tc := range []struct {
+		name string
+		id   string
+		want error
+	}{
+		{"unknown full ID", strings.Repeat("ab", 32), nil},
+		{"unknown prefix", "0123abcd", nil},
+		{"empty", "", errdefs.ErrInvalidArgument},
+		{"path", "../etc", errdefs.ErrInvalidArgument},
+		{"newline", "abc\ndef", errdefs.ErrInvalidArgument},
+	} {
+		for rpc, call := range calls {
+			t.Run(tc.name+"/"+rpc, func(t *testing.T) {
+				err := call(tc.id)
+				if tc.want == nil && err != nil || tc.want != nil && !errors.Is(err, tc.want) {
+					t.Errorf("%s(%q) = %v, want %v", rpc, tc.id, err, tc.want)
+				}
+			})
+		}
+	}
+}
+
+// Pods whose metadata differ only in where an underscore falls are
+// different pods, not an AlreadyExists collision.
+func TestPodNamesWithUnderscoresDoNotCollide(t *testing.T) {
+	f := newPodFixture(t)
+	ctx := context.Background()
+	for _, md := range []*runtimeapi.PodSandboxMetadata{
+		{Name: "x_y", Namespace: "z", Uid: "u"},
+		{Name: "x", Namespace: "y_z", Uid: "u"},
+		{Name: "x", Namespace: "y", Uid: "z_u"},
+	} {
+		req := unitPod("p", false)
+		req.Config.Metadata = md
+		if _, err := f.srv.RunPodSandbox(ctx, req); err != nil {
+			t.Errorf("RunPodSandbox(%v) = %v, want success", md, err)
+		}
+	}
+	req := unitPod("p", false)
+	req.Config.Metadata = &runtimeapi.PodSandboxMetadata{Name: "x_y", Namespace: "z", Uid: "u"}
+	if _, err := f.srv.RunPodSandbox(ctx, req); !errdefs.IsAlreadyExists(err) {
+		t.Errorf("true duplicate = %v, want AlreadyExists", err)
 	}
 }

@@ -37,11 +37,15 @@ func setupLogging(cfg *conf.Config) error {
 	return log.SetLevel(cfg.LogLevel)
 }
 
-// lockRunRoot takes an exclusive flock on <runroot>/pinrt.lock so a second
-// daemon on the same run dir fails fast instead of stealing the socket
-// and the pins. The lock lives as long as the process.
-func lockRunRoot(runroot string) (*os.File, error) {
-	path := filepath.Join(runroot, "pinrt.lock")
+// lockDir takes an exclusive flock on <dir>/pinrt.lock so a second daemon
+// on the same directory fails fast. Both directories need one: a second
+// daemon on the same run dir would steal the socket and the pins, and one
+// on the same root (with another run dir) would find none of the first
+// one's pins and rewrite every pod on disk as NotReady and every container
+// as gone. what names the directory in the message ("run dir", "root").
+// The lock lives as long as the process.
+func lockDir(dir, what string) (*os.File, error) {
+	path := filepath.Join(dir, "pinrt.lock")
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return nil, err
@@ -50,7 +54,7 @@ func lockRunRoot(runroot string) (*os.File, error) {
 		f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
 			pid, _ := os.ReadFile(path)
-			return nil, fmt.Errorf("another pinrt (pid %s) is already running on run dir %s (lock %s is held)", string(pid), runroot, path)
+			return nil, fmt.Errorf("another pinrt (pid %s) is already running on %s %s (lock %s is held)", string(pid), what, dir, path)
 		}
 		return nil, fmt.Errorf("locking %s: %w", path, err)
 	}
@@ -109,11 +113,23 @@ func runDaemon(o *options, cfg *conf.Config) error {
 			return err
 		}
 	}
-	lock, err := lockRunRoot(cfg.RunRoot)
+	// Both locks come before anything under either directory is loaded
+	// or written; the run dir first, so the long-standing message for a
+	// second daemon on the same run dir stays the same.
+	lock, err := lockDir(cfg.RunRoot, "run dir")
 	if err != nil {
 		return err
 	}
 	defer lock.Close()
+	// flock conflicts between two opens in one process too: one
+	// directory for both needs one lock.
+	if filepath.Clean(cfg.Root) != filepath.Clean(cfg.RunRoot) {
+		rootLock, err := lockDir(cfg.Root, "root")
+		if err != nil {
+			return err
+		}
+		defer rootLock.Close()
+	}
 
 	srv, err := newServer(ctx, cfg)
 	if err != nil {
