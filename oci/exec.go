@@ -99,6 +99,9 @@ func (r *Runtime) ExecSync(ctx context.Context, id string, cmd []string, timeout
 		return nil, nil, -1, fmt.Errorf("exec in %s: %w", id, err)
 	}
 	ex.runc = c.Process.Pid
+	if st, err := readProcStat(ex.runc); err == nil {
+		ex.runcStart = st.start
+	}
 	ex.pipes = pipeInodes(outR, errR)
 
 	var outBuf, errBuf limitedBuffer
@@ -183,7 +186,11 @@ type execProcs struct {
 	// self and runc are never killed: runc exec exits by itself once the
 	// exec'd process is dead.
 	self, runc int
-	pipes      []uint64
+	// runcStart tells runc from a process that reused its PID after
+	// runc was reaped: on a busy host with pid_max 32768 that happens
+	// within seconds, and that process's pipes and children are not ours.
+	runcStart uint64
+	pipes     []uint64
 
 	mu   sync.Mutex
 	main procID
@@ -304,10 +311,14 @@ func (e *execProcs) killAll(ctx context.Context) {
 // the exec's pipes and runc's, all started after the exec began.
 func (e *execProcs) victims(main procID) []procID {
 	// runc's pipes are remembered: once runc is gone, processes that
-	// escaped a kill still hold them.
-	for _, ino := range pipesOf(e.runc) {
-		if !slices.Contains(e.pipes, ino) {
-			e.pipes = append(e.pipes, ino)
+	// escaped a kill still hold them. Only while the PID is still runc.
+	runcAlive := false
+	if st, err := readProcStat(e.runc); err == nil && e.runcStart != 0 && st.start == e.runcStart {
+		runcAlive = true
+		for _, ino := range pipesOf(e.runc) {
+			if !slices.Contains(e.pipes, ino) {
+				e.pipes = append(e.pipes, ino)
+			}
 		}
 	}
 	pipes := e.pipes
@@ -337,7 +348,10 @@ func (e *execProcs) victims(main procID) []procID {
 			out = append(out, procID{pid: pid, start: stats[pid].start})
 		}
 	}
-	queue := slices.Clone(children[e.runc])
+	var queue []int
+	if runcAlive {
+		queue = slices.Clone(children[e.runc])
+	}
 	if st, ok := stats[main.pid]; ok && main.pid > 0 && st.start == main.start {
 		queue = append(queue, main.pid)
 	}
