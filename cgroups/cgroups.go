@@ -282,3 +282,14 @@ func (c *CPURates) Forget(key string) {
 	defer c.mu.Unlock()
 	delete(c.prev, key)
 }
+
+// Retain drops the history of every key not in live.
+func (c *CPURates) Retain(live map[string]bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k := range c.prev {
+		if !live[k] {
+			delete(c.prev, k)
+		}
+	}
+}

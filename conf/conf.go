@@ -5,6 +5,7 @@ package conf
 
 import (
 	"fmt"
+	"net"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -46,6 +47,20 @@ type Config struct {
 	Runtime RuntimeConfig `toml:"runtime" comment:"OCI runtimes and the container monitor."`
 	Userns  UsernsConfig  `toml:"userns" comment:"Host ID ranges for pods with a user namespace."`
 	Image   ImageConfig   `toml:"image" comment:"Image pulls and registries."`
+	Metrics MetricsConfig `toml:"metrics" comment:"The daemon's own Prometheus metrics and pprof, and stats sampling."`
+}
+
+// MetricsConfig configures the opt-in debug listener and how often the
+// statistics that are too costly to read per call are sampled.
+type MetricsConfig struct {
+	// Address is the host:port of the HTTP listener serving /metrics.
+	// Empty, the default, serves nothing: the listener is unauthenticated.
+	Address string `toml:"address" comment:"host:port serving /metrics, e.g. 127.0.0.1:9090. Empty (default): off. Unauthenticated: keep it on loopback."`
+	// EnablePprof adds net/http/pprof under /debug/pprof on that listener.
+	EnablePprof bool `toml:"enable_pprof" comment:"Serve /debug/pprof on the metrics listener too."`
+	// DiskUsageInterval is how often the writable layers of containers are
+	// measured for ContainerStats and ImageFsInfo.
+	DiskUsageInterval Duration `toml:"disk_usage_interval" comment:"How often container writable layers are measured (a directory walk each)."`
 }
 
 // CNIConfig configures pod networking.
@@ -181,6 +196,7 @@ func Default() *Config {
 			// and its commented example.
 			Registries: map[string]Registry{},
 		},
+		Metrics: MetricsConfig{DiskUsageInterval: Duration(time.Minute)},
 	}
 }
 
@@ -256,6 +272,20 @@ func (c *Config) Validate() error {
 	}
 	if err := c.Image.validate(); err != nil {
 		return err
+	}
+	return c.Metrics.validate()
+}
+
+func (m *MetricsConfig) validate() error {
+	if m.Address != "" {
+		if _, port, err := net.SplitHostPort(m.Address); err != nil || port == "" {
+			return &FieldError{"metrics.address", fmt.Sprintf("must be host:port, got %q", m.Address)}
+		}
+	} else if m.EnablePprof {
+		return &FieldError{"metrics.enable_pprof", "needs metrics.address"}
+	}
+	if m.DiskUsageInterval < Duration(100*time.Millisecond) {
+		return &FieldError{"metrics.disk_usage_interval", fmt.Sprintf("must be at least 100ms, got %v", m.DiskUsageInterval.Std())}
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -36,6 +37,7 @@ func (s *Server) CreateContainer(ctx context.Context, req *runtimeapi.CreateCont
 	if err != nil {
 		return nil, err
 	}
+	s.containerEvent(ctx, c, runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT)
 	return &runtimeapi.CreateContainerResponse{ContainerId: c.ID}, nil
 }
 
@@ -48,6 +50,7 @@ func (s *Server) StartContainer(ctx context.Context, req *runtimeapi.StartContai
 	if err := s.startContainer(ctx, c); err != nil {
 		return nil, err
 	}
+	s.containerEvent(ctx, c, runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT)
 	return &runtimeapi.StartContainerResponse{}, nil
 }
 
@@ -61,6 +64,7 @@ func (s *Server) StopContainer(ctx context.Context, req *runtimeapi.StopContaine
 	if err := s.stopContainer(ctx, c, time.Duration(req.Timeout)*time.Second); err != nil {
 		return nil, err
 	}
+	log.G(ctx).WithFields(s.containerFields(c)).Info("container stopped")
 	return &runtimeapi.StopContainerResponse{}, nil
 }
 

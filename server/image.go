@@ -90,10 +90,10 @@ func (s *Server) RemoveImage(ctx context.Context, req *runtimeapi.RemoveImageReq
 	return &runtimeapi.RemoveImageResponse{}, nil
 }
 
-// ImageFsInfo reports the bytes and inodes used by the image store.
-// Container writable layers live elsewhere and are reported per container
-// by ContainerStats, so ContainerFilesystems stays empty and kubelet
-// treats the image filesystem as the only one.
+// ImageFsInfo reports the bytes and inodes used by the image store and,
+// as the container filesystem, those of the writable layers under
+// <root>/containers (the sum of their last background measurement, see
+// stats.go).
 func (s *Server) ImageFsInfo(ctx context.Context, req *runtimeapi.ImageFsInfoRequest) (*runtimeapi.ImageFsInfoResponse, error) {
 	bytes, inodes, err := s.deps.Images.FsUsage()
 	if err != nil {
@@ -104,7 +104,7 @@ func (s *Server) ImageFsInfo(ctx context.Context, req *runtimeapi.ImageFsInfoReq
 		FsId:       &runtimeapi.FilesystemIdentifier{Mountpoint: s.deps.Images.Root()},
 		UsedBytes:  &runtimeapi.UInt64Value{Value: bytes},
 		InodesUsed: &runtimeapi.UInt64Value{Value: inodes},
-	}}}, nil
+	}}, ContainerFilesystems: []*runtimeapi.FilesystemUsage{s.containerFilesystem()}}, nil
 }
 
 // imageRef validates the reference of an ImageSpec.

@@ -25,6 +25,7 @@ func (s *Server) RunPodSandbox(ctx context.Context, req *runtimeapi.RunPodSandbo
 	if err != nil {
 		return nil, err
 	}
+	podEvent(ctx, sb, "created")
 	return &runtimeapi.RunPodSandboxResponse{PodSandboxId: sb.ID}, nil
 }
 
@@ -42,6 +43,7 @@ func (s *Server) StopPodSandbox(ctx context.Context, req *runtimeapi.StopPodSand
 	if err := s.stopPod(ctx, sb); err != nil {
 		return nil, err
 	}
+	podEvent(ctx, sb, "stopped")
 	return &runtimeapi.StopPodSandboxResponse{}, nil
 }
 
@@ -54,6 +56,7 @@ func (s *Server) RemovePodSandbox(ctx context.Context, req *runtimeapi.RemovePod
 	if err := s.removePod(ctx, sb); err != nil {
 		return nil, err
 	}
+	podEvent(ctx, sb, "removed")
 	return &runtimeapi.RemovePodSandboxResponse{}, nil
 }
 

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pinrt/pinrt/cgroups"
 	"github.com/pinrt/pinrt/cni"
 	"github.com/pinrt/pinrt/conf"
 	"github.com/pinrt/pinrt/image"
@@ -74,6 +75,10 @@ type Deps struct {
 	Runtimes map[string]ContainerRuntime
 	// Shm defaults to sandbox.Tmpfs.
 	Shm Shm
+	// Cgroups defaults to a reader of the host's /sys/fs/cgroup.
+	Cgroups Cgroups
+	// NetCounters defaults to nsmgr.Counters.
+	NetCounters NetCounters
 }
 
 // Server serves CRI. RPCs not built yet answer Unimplemented through the
@@ -91,6 +96,12 @@ type Server struct {
 	containers *sandbox.Store[*sandbox.Container]
 	ctrNames   *sandbox.Names
 	pause      pauseRootfs
+
+	stats  *statsState
+	events *eventBus
+	exits  exitWatcher
+	// stopBackground ends the loops New started.
+	stopBackground context.CancelFunc
 }
 
 // New returns a server for cfg driving deps.
@@ -98,14 +109,31 @@ func New(cfg *conf.Config, deps Deps) *Server {
 	if deps.Shm == nil {
 		deps.Shm = sandbox.Tmpfs{}
 	}
-	return &Server{
+	if deps.Cgroups == nil {
+		deps.Cgroups = cgroups.NewReader(cgroups.DefaultRoot)
+	}
+	if deps.NetCounters == nil {
+		deps.NetCounters = nsmgr.Counters{}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Server{
 		cfg: cfg, deps: deps,
 		sandboxes: sandbox.NewStore[*sandbox.Sandbox]("sandbox"),
 		podNames:  sandbox.NewNames(),
 
 		containers: sandbox.NewStore[*sandbox.Container]("container"),
 		ctrNames:   sandbox.NewNames(),
+
+		stats:          newStatsState(),
+		events:         newEventBus(),
+		stopBackground: cancel,
 	}
+	interval := cfg.Metrics.DiskUsageInterval.Std()
+	if interval <= 0 {
+		interval = DefaultDiskUsageInterval
+	}
+	go s.diskUsageLoop(ctx, interval)
+	return s
 }
 
 // Restore loads the pods and containers recorded on disk. It runs before
@@ -123,4 +151,11 @@ func (s *Server) Register(g *grpc.Server) {
 
 // Close releases what the server holds. It leaves pods and containers
 // running: they outlive the daemon by design.
-func (s *Server) Close(ctx context.Context) error { return nil }
+func (s *Server) Close(ctx context.Context) error {
+	s.stopBackground()
+	s.events.close()
+	if s.exits.w != nil {
+		_ = s.exits.w.Close()
+	}
+	return nil
+}
