@@ -40,6 +40,12 @@ exec /usr/local/bin/runc "$@"
 
 func newCtrEnv(t testing.TB) *ctrEnv {
 	t.Helper()
+	return newCtrEnvWith(t, "")
+}
+
+// newCtrEnvWith is newCtrEnv with extra TOML appended to the config.
+func newCtrEnvWith(t testing.TB, extra string) *ctrEnv {
+	t.Helper()
 	RequireRoot(t)
 	for _, b := range []string{"/usr/local/bin/runc", "/usr/bin/conmon"} {
 		if _, err := os.Stat(b); err != nil {
@@ -61,7 +67,7 @@ binary = %q
 binary = "/usr/bin/crun"
 [runtime.runtimes.missing]
 binary = "/nonexistent/runtime"
-`, fake)
+`, fake) + extra
 	d := StartDaemon(t, Options{Network: true, Config: cfg})
 	e := &ctrEnv{d: d, reg: testimage.StartRegistry(t), fakeRT: fake}
 	e.busybox = e.reg.Push(t, "busybox:1", testimage.Busybox(t))
