@@ -1,0 +1,151 @@
+package test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+func TestEvents(t *testing.T) {
+	e := newCtrEnv(t)
+	t.Run("Lifecycle", e.testEventsLifecycle)
+	t.Run("StuckSubscriber", e.testEventsStuckSubscriber)
+}
+
+// subscribe opens a GetContainerEvents stream that ends with the test.
+func (e *ctrEnv) subscribe(t *testing.T) runtimeapi.RuntimeService_GetContainerEventsClient {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	stream, err := e.d.Runtime.GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return stream
+}
+
+type recvd struct {
+	ev *runtimeapi.ContainerEventResponse
+	at time.Time
+}
+
+func (e *ctrEnv) testEventsLifecycle(t *testing.T) {
+	stream := e.subscribe(t)
+	evs := make(chan recvd, 64)
+	go func() {
+		for {
+			ev, err := stream.Recv()
+			if err != nil {
+				close(evs)
+				return
+			}
+			evs <- recvd{ev, time.Now()}
+		}
+	}()
+	pod, podCfg := e.pod(t, PodConfig("events"))
+	id := e.run(t, pod, podCfg, e.ctr("short", "sh", "-c", "sleep 1; exit 3"))
+	next := func(want runtimeapi.ContainerEventType) recvd {
+		t.Helper()
+		timeout := time.After(10 * time.Second)
+		for {
+			select {
+			case r, ok := <-evs:
+				if !ok {
+					t.Fatalf("stream ended before %v", want)
+				}
+				if r.ev.ContainerId != id {
+					continue
+				}
+				if r.ev.ContainerEventType != want {
+					t.Fatalf("got %v, want %v", r.ev.ContainerEventType, want)
+				}
+				return r
+			case <-timeout:
+				t.Fatalf("no %v event within 10s", want)
+			}
+		}
+	}
+	created := next(runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT)
+	if created.ev.PodSandboxStatus.GetId() != pod || created.ev.PodSandboxStatus.GetMetadata().GetName() != "events" {
+		t.Errorf("CREATED carries pod status %v", created.ev.PodSandboxStatus)
+	}
+	started := next(runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT)
+	if len(started.ev.ContainersStatuses) != 1 || started.ev.ContainersStatuses[0].State != runtimeapi.ContainerState_CONTAINER_RUNNING {
+		t.Errorf("STARTED carries %v", started.ev.ContainersStatuses)
+	}
+	stopped := next(runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT)
+	var st *runtimeapi.ContainerStatus
+	for _, cs := range stopped.ev.ContainersStatuses {
+		if cs.Id == id {
+			st = cs
+		}
+	}
+	if st == nil || st.State != runtimeapi.ContainerState_CONTAINER_EXITED || st.ExitCode != 3 {
+		t.Fatalf("STOPPED carries %v", stopped.ev.ContainersStatuses)
+	}
+	// conmon dates the exit; the event must follow it promptly, not at
+	// the next poll.
+	lag := stopped.at.Sub(time.Unix(0, st.FinishedAt))
+	t.Logf("exit noticed %v after it happened", lag)
+	if lag > time.Second {
+		t.Errorf("exit event came %v after the exit", lag)
+	}
+	if _, err := e.d.Runtime.RemoveContainer(Ctx(t), &runtimeapi.RemoveContainerRequest{ContainerId: id}); err != nil {
+		t.Fatal(err)
+	}
+	deleted := next(runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT)
+	if !(created.ev.CreatedAt < started.ev.CreatedAt && started.ev.CreatedAt < stopped.ev.CreatedAt && stopped.ev.CreatedAt < deleted.ev.CreatedAt) {
+		t.Errorf("event times out of order: %d %d %d %d", created.ev.CreatedAt, started.ev.CreatedAt, stopped.ev.CreatedAt, deleted.ev.CreatedAt)
+	}
+	for _, want := range [][]string{
+		{"level=info", "container created", "pod=e2e/events", "id=" + id[:12]},
+		{"level=info", "container started", "pod=e2e/events"},
+		{"level=info", "container exited", "exitCode=3", "reason=Error"},
+		{"level=info", "container removed", "id=" + id[:12]},
+		{"level=info", "pod created", "pod=e2e/events", "id=" + pod[:12]},
+	} {
+		if !e.logHas(want...) {
+			t.Errorf("the daemon log has no line with %q", want)
+		}
+	}
+}
+
+// logHas says whether the daemon log holds a line with every part.
+func (e *ctrEnv) logHas(parts ...string) bool {
+	for _, line := range strings.Split(e.d.Log(), "\n") {
+		ok := true
+		for _, p := range parts {
+			ok = ok && strings.Contains(line, p)
+		}
+		if ok {
+			return true
+		}
+	}
+	return false
+}
+
+func (e *ctrEnv) testEventsStuckSubscriber(t *testing.T) {
+	// Subscribed and never read: its queue and the gRPC window fill up.
+	_ = e.subscribe(t)
+	start := time.Now()
+	for i := range 10 {
+		pod, podCfg := e.pod(t, PodConfig("stuck-"+string(rune('a'+i))))
+		id := e.run(t, pod, podCfg, e.ctr("c", "true"))
+		e.waitExit(t, id, 10*time.Second)
+		if _, err := e.d.Runtime.RemovePodSandbox(Ctx(t), &runtimeapi.RemovePodSandboxRequest{PodSandboxId: pod}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("10 pod lifecycles with a stuck subscriber took %v", time.Since(start))
+	// A live subscriber still gets events.
+	stream := e.subscribe(t)
+	pod, podCfg := e.pod(t, PodConfig("after-stuck"))
+	id := e.create(t, pod, podCfg, e.ctr("c", "true"))
+	ev, err := stream.Recv()
+	if err != nil || ev.ContainerId != id || ev.ContainerEventType != runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT {
+		t.Fatalf("fresh subscriber got %v, %v", ev, err)
+	}
+}
