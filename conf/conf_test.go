@@ -149,6 +149,9 @@ func TestInvalidValues(t *testing.T) {
 		{"relative auth file", "[image]\nauth_file = \"auth.json\"", "image.auth_file"},
 		{"relative ca", "[image.registries.\"r.io\"]\nca_file = \"ca.pem\"", "image.registries.r.io.ca_file"},
 		{"skip origin without mirror", "[image.registries.\"r.io\"]\nskip_origin = true", "image.registries.r.io.skip_origin"},
+		{"metrics address without port", "[metrics]\naddress = \"127.0.0.1\"", "metrics.address"},
+		{"pprof without address", "[metrics]\nenable_pprof = true", "metrics.enable_pprof"},
+		{"disk usage interval too short", "[metrics]\ndisk_usage_interval = \"1ms\"", "metrics.disk_usage_interval"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -226,5 +229,22 @@ func TestDefaultShowsRegistryExample(t *testing.T) {
 	if len(r.Mirrors) != 2 || !r.SkipOrigin || !c.Image.Registries["backup.example.internal"].Insecure ||
 		c.Image.Registries["mirror.example.internal:5000"].CAFile == "" {
 		t.Errorf("example decoded to %+v", c.Image.Registries)
+	}
+}
+
+func TestMetricsDefaultsAndValues(t *testing.T) {
+	d := Default().Metrics
+	if d.Address != "" || d.EnablePprof || d.DiskUsageInterval.Std() != time.Minute {
+		t.Errorf("default metrics = %+v, want off and a one-minute disk usage interval", d)
+	}
+	dir := t.TempDir()
+	f := write(t, dir, "pinrt.toml", "[metrics]\naddress = \"127.0.0.1:9090\"\nenable_pprof = true\ndisk_usage_interval = \"5s\"\n")
+	cfg, err := Load(f, "", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := MetricsConfig{Address: "127.0.0.1:9090", EnablePprof: true, DiskUsageInterval: Duration(5 * time.Second)}
+	if cfg.Metrics != want {
+		t.Errorf("metrics = %+v, want %+v", cfg.Metrics, want)
 	}
 }

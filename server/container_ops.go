@@ -293,7 +293,9 @@ func (s *Server) restoreContainers(ctx context.Context) {
 		return
 	}
 	for _, d := range dirs {
-		if err := s.restoreContainer(ctx, d.Name()); err != nil {
+		err := s.restoreContainer(ctx, d.Name())
+		s.deps.Metrics.ObserveRestore("container", err)
+		if err != nil {
 			log.G(ctx).WithError(err).WithField("container", d.Name()).Error("restore: skipping container")
 		}
 	}

@@ -22,7 +22,9 @@ func (s *Server) PullImage(ctx context.Context, req *runtimeapi.PullImageRequest
 	if err != nil {
 		return nil, err
 	}
+	start := time.Now()
 	img, err := s.deps.Images.Pull(ctx, ref, toAuth(req.GetAuth()))
+	s.observePull(start, img, err)
 	if err != nil {
 		return nil, err
 	}

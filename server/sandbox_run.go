@@ -302,7 +302,9 @@ func (s *Server) restorePods(ctx context.Context) {
 		return
 	}
 	for _, d := range dirs {
-		if err := s.restorePod(ctx, d.Name()); err != nil {
+		err := s.restorePod(ctx, d.Name())
+		s.deps.Metrics.ObserveRestore("pod", err)
+		if err != nil {
 			log.G(ctx).WithError(err).WithField("sandbox", d.Name()).Error("restore: skipping sandbox")
 		}
 	}

@@ -79,6 +79,8 @@ type Deps struct {
 	Cgroups Cgroups
 	// NetCounters defaults to nsmgr.Counters.
 	NetCounters NetCounters
+	// Metrics records pinrt's operations; nil records nothing.
+	Metrics Recorder
 }
 
 // Server serves CRI. RPCs not built yet answer Unimplemented through the
@@ -115,6 +117,7 @@ func New(cfg *conf.Config, deps Deps) *Server {
 	if deps.NetCounters == nil {
 		deps.NetCounters = nsmgr.Counters{}
 	}
+	instrumentDeps(&deps)
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{
 		cfg: cfg, deps: deps,

@@ -19,6 +19,7 @@ import (
 	"github.com/pinrt/pinrt/cni"
 	"github.com/pinrt/pinrt/conf"
 	"github.com/pinrt/pinrt/image"
+	"github.com/pinrt/pinrt/metrics"
 	"github.com/pinrt/pinrt/nsmgr"
 	"github.com/pinrt/pinrt/oci"
 	"github.com/pinrt/pinrt/server"
@@ -114,17 +115,36 @@ func runDaemon(o *options, cfg *conf.Config) error {
 	}
 	defer lock.Close()
 
-	srv, err := newServer(ctx, cfg)
+	// Metrics exist only when their listener is configured: nothing is
+	// counted that nobody can read.
+	var m *metrics.Metrics
+	if cfg.Metrics.Address != "" {
+		m = metrics.New()
+	}
+	srv, err := newServer(ctx, cfg, m)
 	if err != nil {
 		return err
+	}
+	if m != nil {
+		if err := m.CollectStates(srv.StateCounts); err != nil {
+			return err
+		}
+		ml, err := metrics.Serve(cfg.Metrics.Address, m.Handler(cfg.Metrics.EnablePprof))
+		if err != nil {
+			return err
+		}
+		defer closeMetrics(ctx, ml)
+		log.G(ctx).WithFields(log.Fields{"address": cfg.Metrics.Address, "pprof": cfg.Metrics.EnablePprof}).Info("serving metrics")
 	}
 	l, err := listen(cfg)
 	if err != nil {
 		return err
 	}
+	// The metrics interceptor goes first, outside the one that maps
+	// errors, so it counts the codes clients see.
 	g := grpc.NewServer(
-		grpc.ChainUnaryInterceptor(server.UnaryInterceptor),
-		grpc.ChainStreamInterceptor(server.StreamInterceptor),
+		grpc.ChainUnaryInterceptor(m.UnaryInterceptor, server.UnaryInterceptor),
+		grpc.ChainStreamInterceptor(m.StreamInterceptor, server.StreamInterceptor),
 		grpc.MaxRecvMsgSize(16<<20), grpc.MaxSendMsgSize(16<<20),
 	)
 	srv.Register(g)
@@ -153,6 +173,14 @@ func runDaemon(o *options, cfg *conf.Config) error {
 			cancel()
 			return err
 		}
+	}
+}
+
+func closeMetrics(ctx context.Context, l *metrics.Listener) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := l.Close(cctx); err != nil {
+		log.G(ctx).WithError(err).Warn("stopping the metrics listener")
 	}
 }
 
@@ -185,7 +213,7 @@ func reloadLogLevel(ctx context.Context, o *options) {
 
 // newServer builds the domain packages, the CRI server on top, and
 // restores the pods and containers recorded on disk.
-func newServer(ctx context.Context, cfg *conf.Config) (*server.Server, error) {
+func newServer(ctx context.Context, cfg *conf.Config, m *metrics.Metrics) (*server.Server, error) {
 	network, err := cni.New(ctx, cni.Config{
 		ConfDir:        cfg.CNI.ConfDir,
 		PluginDirs:     cfg.CNI.PluginDirs,
@@ -231,7 +259,7 @@ func newServer(ctx context.Context, cfg *conf.Config) (*server.Server, error) {
 		}
 		runtimes[name] = rt
 	}
-	srv := server.New(cfg, server.Deps{Network: network, Namespaces: nsm, IDs: ids, Images: images, Runtimes: runtimes})
+	srv := server.New(cfg, server.Deps{Network: network, Namespaces: nsm, IDs: ids, Images: images, Runtimes: runtimes, Metrics: m})
 	srv.Restore(ctx)
 	return srv, nil
 }
