@@ -24,6 +24,7 @@ import (
 	v1 "github.com/containerd/cgroups/v3/cgroup1/stats"
 	"github.com/containerd/cgroups/v3/cgroup2"
 	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 // DefaultRoot is where the cgroup hierarchies are mounted.
@@ -292,4 +293,44 @@ func (c *CPURates) Retain(live map[string]bool) {
 			delete(c.prev, k)
 		}
 	}
+}
+
+// Update applies the CPU and memory limits of res to the existing cgroup
+// group; other controllers are left alone. A missing cgroup is
+// ErrNotFound: Update never creates one.
+func (r *Reader) Update(group string, res *specs.LinuxResources) error {
+	if !strings.HasPrefix(group, "/") || strings.Contains(group, "..") {
+		return fmt.Errorf("cgroup %q: must be absolute without '..': %w", group, errdefs.ErrInvalidArgument)
+	}
+	only := &specs.LinuxResources{CPU: res.CPU, Memory: res.Memory}
+	if r.mode == Unified {
+		if _, err := os.Stat(filepath.Join(r.root, group)); err != nil {
+			return notFound(group, err)
+		}
+		m, err := cgroup2.Load(group, cgroup2.WithMountpoint(r.root))
+		if err != nil {
+			return fmt.Errorf("cgroup %s: %w", group, err)
+		}
+		if err := m.Update(cgroup2.ToResources(only)); err != nil {
+			return fmt.Errorf("updating cgroup %s: %w", group, err)
+		}
+		return nil
+	}
+	if only.Memory != nil {
+		if _, err := os.Stat(filepath.Join(r.root, "memory", group)); err != nil {
+			return notFound(group, err)
+		}
+		if err := cgroup1.NewMemory(r.root).Update(group, only); err != nil {
+			return v1Error(group, "memory", err)
+		}
+	}
+	if only.CPU != nil {
+		if _, err := os.Stat(filepath.Join(r.root, "cpu", group)); err != nil {
+			return notFound(group, err)
+		}
+		if err := cgroup1.NewCpu(r.root).Update(group, only); err != nil {
+			return v1Error(group, "cpu", err)
+		}
+	}
+	return nil
 }

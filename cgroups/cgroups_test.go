@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 // writeTree writes files (relative path -> content) under root.
@@ -198,5 +199,77 @@ func TestCPURates(t *testing.T) {
 	c.Forget("ctr")
 	if _, ok := c.Rate("ctr", t0.Add(10*time.Second), 5e9); ok {
 		t.Error("a forgotten key still had a previous sample")
+	}
+}
+
+func TestUpdate(t *testing.T) {
+	const group = "/pinrt/pod1"
+	shares, period := uint64(512), uint64(100000)
+	quota, limit := int64(50000), int64(64<<20)
+	res := &specs.LinuxResources{
+		CPU:    &specs.LinuxCPU{Shares: &shares, Quota: &quota, Period: &period},
+		Memory: &specs.LinuxMemory{Limit: &limit},
+		Pids:   &specs.LinuxPids{Limit: &quota},
+	}
+	tests := []struct {
+		name  string
+		files map[string]string
+		want  map[string]string
+	}{
+		{
+			name: "v1",
+			files: map[string]string{
+				"memory" + group + "/memory.limit_in_bytes": "9223372036854771712\n",
+				"cpu" + group + "/cpu.shares":               "1024\n",
+				"pids" + group + "/pids.max":                "max\n",
+			},
+			want: map[string]string{
+				"memory" + group + "/memory.limit_in_bytes": "67108864",
+				"cpu" + group + "/cpu.shares":               "512",
+				"cpu" + group + "/cpu.cfs_quota_us":         "50000",
+				"cpu" + group + "/cpu.cfs_period_us":        "100000",
+				// Only CPU and memory are applied.
+				"pids" + group + "/pids.max": "max\n",
+			},
+		},
+		{
+			name: "v2",
+			files: map[string]string{
+				"cgroup.controllers":  "cpu memory pids\n",
+				group + "/memory.max": "max\n",
+				group + "/cpu.weight": "100\n",
+				group + "/pids.max":   "max\n",
+			},
+			want: map[string]string{
+				group + "/memory.max": "67108864",
+				// shares 512 is weight 59 in the conversion runc uses too.
+				group + "/cpu.weight": "59",
+				group + "/cpu.max":    "50000 100000",
+				group + "/pids.max":   "max\n",
+			},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			writeTree(t, root, tc.files)
+			r := NewReader(root)
+			if err := r.Update(group, res); err != nil {
+				t.Fatal(err)
+			}
+			for name, want := range tc.want {
+				b, err := os.ReadFile(filepath.Join(root, name))
+				if err != nil {
+					t.Errorf("%s: %v", name, err)
+					continue
+				}
+				if string(b) != want {
+					t.Errorf("%s = %q, want %q", name, b, want)
+				}
+			}
+			if err := r.Update("/pinrt/missing", res); !errors.Is(err, errdefs.ErrNotFound) {
+				t.Errorf("Update of a missing cgroup = %v, want NotFound", err)
+			}
+		})
 	}
 }

@@ -2,9 +2,12 @@ package server
 
 import (
 	"context"
+	"net/netip"
 	"os/exec"
 	"sort"
+	"strings"
 
+	"github.com/containerd/log"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pinrt/pinrt/version"
@@ -40,10 +43,34 @@ func (s *Server) Status(ctx context.Context, req *runtimeapi.StatusRequest) (*ru
 		netCond.Reason = "NetworkPluginNotReady"
 		netCond.Message = "network plugin is not ready: " + err.Error()
 	}
-	return &runtimeapi.StatusResponse{
+	resp := &runtimeapi.StatusResponse{
 		Status:          &runtimeapi.RuntimeStatus{Conditions: []*runtimeapi.RuntimeCondition{runtimeCond, netCond}},
 		RuntimeHandlers: s.runtimeHandlers(ctx),
-	}, nil
+	}
+	if req.Verbose {
+		cidr, _ := s.podCIDR.Load().(string)
+		resp.Info = map[string]string{"podCIDR": cidr}
+	}
+	return resp, nil
+}
+
+// UpdateRuntimeConfig records the node's pod CIDR that kubelet sends. The
+// CNI configs name their own IPAM ranges, so pinrt does not rewrite them;
+// the CIDR is reported in the verbose Status for operators to compare.
+func (s *Server) UpdateRuntimeConfig(ctx context.Context, req *runtimeapi.UpdateRuntimeConfigRequest) (*runtimeapi.UpdateRuntimeConfigResponse, error) {
+	cidr := req.GetRuntimeConfig().GetNetworkConfig().GetPodCidr()
+	if cidr == "" {
+		return &runtimeapi.UpdateRuntimeConfigResponse{}, nil
+	}
+	for _, c := range strings.Split(cidr, ",") {
+		if _, err := netip.ParsePrefix(strings.TrimSpace(c)); err != nil {
+			return nil, invalid("pod CIDR %q: %v", cidr, err)
+		}
+	}
+	if old, _ := s.podCIDR.Swap(cidr).(string); old != cidr {
+		log.G(ctx).WithField("podCIDR", cidr).Info("pod CIDR set")
+	}
+	return &runtimeapi.UpdateRuntimeConfigResponse{}, nil
 }
 
 // runtimeHandlers lists every configured handler with the features its

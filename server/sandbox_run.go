@@ -363,6 +363,9 @@ func (s *Server) podInfo(sb *sandbox.Sandbox) (map[string]string, error) {
 	if len(sb.CNIResult) > 0 {
 		info["cniResult"] = sb.CNIResult
 	}
+	if r, ok := s.podResources.Load(sb.ID); ok {
+		info["resources"] = r
+	}
 	b, err := json.Marshal(info)
 	if err != nil {
 		return nil, fmt.Errorf("encoding sandbox info: %w", errdefs.ErrInternal)

@@ -9,6 +9,8 @@ package server
 
 import (
 	"context"
+	"sync"
+	"sync/atomic"
 
 	"google.golang.org/grpc"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -102,6 +104,12 @@ type Server struct {
 	stats  *statsState
 	events *eventBus
 	exits  exitWatcher
+	// podResources are the last UpdatePodSandboxResources of each pod
+	// (*runtimeapi.UpdatePodSandboxResourcesRequest), and podCIDR the
+	// last UpdateRuntimeConfig's (string); both only in memory: kubelet
+	// sends them again after a restart.
+	podResources sync.Map
+	podCIDR      atomic.Value
 	// stopBackground ends the loops New started.
 	stopBackground context.CancelFunc
 }

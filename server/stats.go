@@ -23,6 +23,7 @@ import (
 // Cgroups reads cgroup statistics (package cgroups, *cgroups.Reader).
 type Cgroups interface {
 	Stat(group string) (*cgroups.Stats, error)
+	Update(group string, res *specs.LinuxResources) error
 }
 
 // NetCounters reads the interface counters of a pinned netns (package

@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pinrt/pinrt/cgroups"
@@ -19,8 +21,9 @@ import (
 // fakeCgroups serves stats by cgroup path; a missing one is NotFound, as
 // the real reader reports a cgroup that is not there.
 type fakeCgroups struct {
-	mu     sync.Mutex
-	groups map[string]cgroups.Stats
+	mu      sync.Mutex
+	groups  map[string]cgroups.Stats
+	updates []cgroupUpdate
 }
 
 func (f *fakeCgroups) Stat(group string) (*cgroups.Stats, error) {
@@ -238,5 +241,55 @@ func TestPodSandboxMetrics(t *testing.T) {
 		if tc.labels != nil && fmt.Sprint(m.LabelValues) != fmt.Sprint(tc.labels) {
 			t.Errorf("%s labels = %q, want %q", tc.key, m.LabelValues, tc.labels)
 		}
+	}
+}
+
+func (f *fakeCgroups) Update(group string, res *specs.LinuxResources) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.groups[group]; !ok {
+		return fmt.Errorf("cgroup %s: %w", group, errdefs.ErrNotFound)
+	}
+	f.updates = append(f.updates, cgroupUpdate{group, res})
+	return nil
+}
+
+type cgroupUpdate struct {
+	group string
+	res   *specs.LinuxResources
+}
+
+func TestUpdatePodSandboxResources(t *testing.T) {
+	f := newStatsFixture(t)
+	ctx := context.Background()
+	req := &runtimeapi.UpdatePodSandboxResourcesRequest{PodSandboxId: f.pod, Resources: &runtimeapi.LinuxContainerResources{
+		CpuShares: 512, CpuQuota: 50000, CpuPeriod: 100000, MemoryLimitInBytes: 64 << 20,
+	}}
+	if _, err := f.srv.UpdatePodSandboxResources(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if len(f.cg.updates) != 1 || f.cg.updates[0].group != f.podGroup {
+		t.Fatalf("updates = %v, want one of %s", f.cg.updates, f.podGroup)
+	}
+	res := f.cg.updates[0].res
+	if res.Memory == nil || *res.Memory.Limit != 64<<20 || res.CPU == nil || *res.CPU.Shares != 512 || *res.CPU.Quota != 50000 {
+		t.Errorf("applied %+v", res)
+	}
+	st, err := f.srv.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: f.pod, Verbose: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(st.Info["info"], `"resources"`) || !strings.Contains(st.Info["info"], "67108864") {
+		t.Errorf("verbose status does not show the recorded resources: %s", st.Info["info"])
+	}
+	// No pod cgroup yet: recorded, nothing to apply, no error.
+	f.cg.mu.Lock()
+	delete(f.cg.groups, f.podGroup)
+	f.cg.mu.Unlock()
+	if _, err := f.srv.UpdatePodSandboxResources(ctx, req); err != nil {
+		t.Errorf("update before the pod cgroup exists: %v", err)
+	}
+	if _, err := f.srv.UpdatePodSandboxResources(ctx, &runtimeapi.UpdatePodSandboxResourcesRequest{PodSandboxId: "ffffffffffff"}); !errdefs.IsNotFound(err) {
+		t.Errorf("unknown pod: %v, want NotFound", err)
 	}
 }
