@@ -25,7 +25,7 @@ func NetDevStats(pin string) ([]NetDev, error) {
 		}
 		return nil, fmt.Errorf("netns %s: %w", pin, err)
 	}
-	defer ns.Close()
+	defer func() { _ = ns.Close() }()
 	h, err := netlink.NewHandleAt(ns)
 	if err != nil {
 		return nil, fmt.Errorf("netlink in netns %s: %w", pin, err)

@@ -97,7 +97,7 @@ func (e *ctrEnv) testEventsLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	deleted := next(runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT)
-	if !(created.ev.CreatedAt < started.ev.CreatedAt && started.ev.CreatedAt < stopped.ev.CreatedAt && stopped.ev.CreatedAt < deleted.ev.CreatedAt) {
+	if created.ev.CreatedAt >= started.ev.CreatedAt || started.ev.CreatedAt >= stopped.ev.CreatedAt || stopped.ev.CreatedAt >= deleted.ev.CreatedAt {
 		t.Errorf("event times out of order: %d %d %d %d", created.ev.CreatedAt, started.ev.CreatedAt, stopped.ev.CreatedAt, deleted.ev.CreatedAt)
 	}
 	for _, want := range [][]string{

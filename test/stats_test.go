@@ -2,6 +2,7 @@ package test
 
 import (
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -24,6 +25,76 @@ func TestStats(t *testing.T) {
 	t.Run("Network", e.testStatsNetwork)
 	t.Run("ManyPods", e.testStatsManyPods)
 	t.Run("ImageFsInfo", e.testImageFsInfo)
+	t.Run("PodMetrics", e.testPodMetrics)
+	t.Run("Streams", e.testStreams)
+}
+
+func (e *ctrEnv) testPodMetrics(t *testing.T) {
+	pod, podCfg := e.pod(t, PodConfig("stats-metrics"))
+	id := e.run(t, pod, podCfg, e.ctr("app", "sleep", "3600"))
+	resp, err := e.d.Runtime.ListPodSandboxMetrics(Ctx(t), &runtimeapi.ListPodSandboxMetricsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pm *runtimeapi.PodSandboxMetrics
+	for _, m := range resp.PodMetrics {
+		if m.PodSandboxId == pod {
+			pm = m
+		}
+	}
+	if pm == nil || len(pm.ContainerMetrics) != 1 || pm.ContainerMetrics[0].ContainerId != id {
+		t.Fatalf("metrics of pod %s: %v", pod, pm)
+	}
+	has := func(ms []*runtimeapi.Metric, name string, labels ...string) bool {
+		for _, m := range ms {
+			if m.Name == name && strings.Join(m.LabelValues, ",") == strings.Join(labels, ",") {
+				return true
+			}
+		}
+		return false
+	}
+	if !has(pm.Metrics, "container_network_receive_bytes_total", "", "/pinrt/"+pod, "", pod, "e2e", "stats-metrics", "eth0") {
+		t.Errorf("no pod network metric for eth0 in %v", pm.Metrics)
+	}
+	cm := pm.ContainerMetrics[0].Metrics
+	if !has(cm, "container_memory_working_set_bytes", "app", "/pinrt/"+pod+"/pinrt-"+id, e.busybox, id, "e2e", "stats-metrics") {
+		t.Errorf("no container working set metric in %v", cm)
+	}
+}
+
+func (e *ctrEnv) testStreams(t *testing.T) {
+	pod, podCfg := e.pod(t, PodConfig("stats-stream"))
+	e.run(t, pod, podCfg, e.ctr("app", "sleep", "3600"))
+	list, err := e.d.Runtime.ListPodSandbox(Ctx(t), &runtimeapi.ListPodSandboxRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := e.d.Runtime.StreamPodSandboxes(Ctx(t), &runtimeapi.StreamPodSandboxesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for {
+		page, err := stream.Recv()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		n += len(page.PodSandboxes)
+	}
+	if n != len(list.Items) || n == 0 {
+		t.Errorf("StreamPodSandboxes sent %d pods, ListPodSandbox %d", n, len(list.Items))
+	}
+	stats, err := e.d.Runtime.StreamContainerStats(Ctx(t), &runtimeapi.StreamContainerStatsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, err := stats.Recv()
+	if err != nil || len(page.ContainerStats) == 0 {
+		t.Errorf("StreamContainerStats first page: %v, %v", page, err)
+	}
 }
 
 func (e *ctrEnv) ctrStats(t testing.TB, id string) *runtimeapi.ContainerStats {
