@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sync"
 	"time"
@@ -195,8 +196,9 @@ func (s *Server) exitWatch(ctx context.Context) *fsnotify.Watcher {
 	return s.exits.w
 }
 
-// watchExit starts watching c's exit file. A container that already
-// exited before the watch was in place is refreshed at once.
+// watchExit starts watching c's exit file. A container whose exit file
+// appeared before the watch was in place is refreshed at once; the others
+// cost no runtime call.
 func (s *Server) watchExit(ctx context.Context, c *sandbox.Container) {
 	w := s.exitWatch(ctx)
 	if w == nil {
@@ -206,7 +208,9 @@ func (s *Server) watchExit(ctx context.Context, c *sandbox.Container) {
 		log.G(ctx).WithError(err).WithField("container", c.ID).Warn("watching for the container's exit")
 		return
 	}
-	s.refreshContainer(ctx, c, true)
+	if _, err := os.Stat(filepath.Join(c.Dir, c.ID)); err == nil {
+		s.refreshContainer(ctx, c, false)
+	}
 }
 
 func (s *Server) unwatchExit(c *sandbox.Container) {
