@@ -12,6 +12,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/fsnotify/fsnotify"
+	"github.com/sirupsen/logrus"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pinrt/pinrt/sandbox"
@@ -22,6 +23,9 @@ import (
 // stream breaks, so dropping a stuck reader loses nothing for good, while
 // waiting for it would stall every container operation.
 const subscriberBuffer = 256
+
+// refreshTimeout bounds the runtime call that follows a noticed exit.
+const refreshTimeout = 30 * time.Second
 
 // eventBus fans container events out to every GetContainerEvents stream.
 // publish never blocks.
@@ -191,7 +195,11 @@ func (s *Server) exitWatch(ctx context.Context) *fsnotify.Watcher {
 			log.G(ctx).WithError(s.exits.err).Warn("no inotify: container exits are noticed on the next status call only")
 			return
 		}
-		go s.exitLoop(context.WithoutCancel(ctx), s.exits.w)
+		// The loop outlives the request that started it: it gets the
+		// logger without that request's fields, so its lines are not
+		// attributed to an unrelated call.
+		bg := log.WithLogger(context.Background(), logrus.NewEntry(log.G(ctx).Logger).WithField("component", "exit-watcher"))
+		go s.exitLoop(bg, s.exits.w)
 	})
 	return s.exits.w
 }
@@ -234,7 +242,10 @@ func (s *Server) exitLoop(ctx context.Context, w *fsnotify.Watcher) {
 				continue // not <dir>/<id>: a log, the pidfile, a temp file
 			}
 			if c, err := s.containers.Get(id); err == nil && c.ID == id {
-				s.refreshContainer(ctx, c, false)
+				// A hung runtime must not stop the loop for good.
+				rctx, cancel := context.WithTimeout(ctx, refreshTimeout)
+				s.refreshContainer(rctx, c, false)
+				cancel()
 			}
 		case err, ok := <-w.Errors:
 			if !ok {
@@ -242,9 +253,11 @@ func (s *Server) exitLoop(ctx context.Context, w *fsnotify.Watcher) {
 			}
 			if errors.Is(err, fsnotify.ErrEventOverflow) {
 				// Events were lost: look at every container once.
+				rctx, cancel := context.WithTimeout(ctx, refreshTimeout)
 				for _, c := range s.containers.List() {
-					s.refreshContainer(ctx, c, true)
+					s.refreshContainer(rctx, c, true)
 				}
+				cancel()
 				continue
 			}
 			log.G(ctx).WithError(err).Warn("exit watcher")

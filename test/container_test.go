@@ -43,8 +43,9 @@ func newCtrEnv(t testing.TB) *ctrEnv {
 	return newCtrEnvWith(t, "")
 }
 
-// newCtrEnvWith is newCtrEnv with extra TOML appended to the config.
-func newCtrEnvWith(t testing.TB, extra string) *ctrEnv {
+// newCtrEnvWith is newCtrEnv with extra TOML appended to the config and
+// the daemon options changed by opts.
+func newCtrEnvWith(t testing.TB, extra string, opts ...func(*Options)) *ctrEnv {
 	t.Helper()
 	RequireRoot(t)
 	for _, b := range []string{"/usr/local/bin/runc", "/usr/bin/conmon"} {
@@ -68,7 +69,11 @@ binary = "/usr/bin/crun"
 [runtime.runtimes.missing]
 binary = "/nonexistent/runtime"
 `, fake) + extra
-	d := StartDaemon(t, Options{Network: true, Config: cfg})
+	o := Options{Network: true, Config: cfg}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	d := StartDaemon(t, o)
 	e := &ctrEnv{d: d, reg: testimage.StartRegistry(t), fakeRT: fake}
 	e.busybox = e.reg.Push(t, "busybox:1", testimage.Busybox(t))
 	e.bbID = e.pull(t, e.busybox)

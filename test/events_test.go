@@ -149,3 +149,63 @@ func (e *ctrEnv) testEventsStuckSubscriber(t *testing.T) {
 		t.Fatalf("fresh subscriber got %v, %v", ev, err)
 	}
 }
+
+// TestLifecycleLogsAtInfo checks what an operator sees at the default
+// level: one line per pod and container step, naming them, and nothing
+// for kubelet's routine refused calls.
+func TestLifecycleLogsAtInfo(t *testing.T) {
+	e := newCtrEnvWith(t, "", func(o *Options) {
+		// Top-level keys go before the tables of the config.
+		o.Config = "log_level = \"info\"\n" + o.Config
+		o.ConfigLogLevel = true
+	})
+	ctx := Ctx(t)
+	pod, podCfg := e.pod(t, PodConfig("loginfo"))
+	id := e.run(t, pod, podCfg, e.ctr("app", "sleep", "3600"))
+	rt := e.d.Runtime
+	if _, err := rt.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: "0123456789abcdef"}); err == nil {
+		t.Fatal("status of an unknown container succeeded")
+	}
+	steps := []func() error{
+		func() error {
+			_, err := rt.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: id, Timeout: 0})
+			return err
+		},
+		func() error {
+			_, err := rt.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: id})
+			return err
+		},
+		func() error {
+			_, err := rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: pod})
+			return err
+		},
+		func() error {
+			_, err := rt.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: pod})
+			return err
+		},
+	}
+	for _, step := range steps {
+		if err := step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	short, podShort := "id="+id[:12], "id="+pod[:12]
+	for _, want := range [][]string{
+		{"pod created", "pod=e2e/loginfo", podShort},
+		{"container created", "container=app", short},
+		{"container started", short},
+		{"container exited", short, "exitCode=137", "reason=Error"},
+		{"container stopped", short},
+		{"container removed", short},
+		{"pod stopped", podShort},
+		{"pod removed", podShort},
+	} {
+		if !e.logHas(append(want, "level=info")...) {
+			t.Errorf("no info line with %q", want)
+		}
+	}
+	log := e.d.Log()
+	if strings.Contains(log, "level=debug") || strings.Contains(log, "0123456789abcdef") {
+		t.Errorf("debug lines or the refused call logged at info:\n%s", log)
+	}
+}
