@@ -258,10 +258,17 @@ type cpuSample struct {
 // NewCPURates returns an empty tracker.
 func NewCPURates() *CPURates { return &CPURates{prev: map[string]cpuSample{}} }
 
+// minRateWindow is the shortest interval a rate is computed over. kubelet
+// asks for the same container through ListContainerStats and
+// ListPodSandboxStats within milliseconds; a rate over such a gap is
+// mostly scheduler noise, so a sample closer than this to the stored one
+// is measured against it without replacing it.
+const minRateWindow = time.Second
+
 // Rate records usage at at for key and returns the nano-cores used since
-// the previous sample, and false for a key's first sample, a sample that
-// is not newer, or a counter that went backwards (a new cgroup under an
-// old key).
+// the stored sample, and false for a key's first sample, a sample that is
+// not newer, or a counter that went backwards (a new cgroup under an old
+// key).
 func (c *CPURates) Rate(key string, at time.Time, usage uint64) (uint64, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -269,7 +276,9 @@ func (c *CPURates) Rate(key string, at time.Time, usage uint64) (uint64, bool) {
 	if ok && !at.After(p.at) {
 		return 0, false
 	}
-	c.prev[key] = cpuSample{at: at, usage: usage}
+	if !ok || usage < p.usage || at.Sub(p.at) >= minRateWindow {
+		c.prev[key] = cpuSample{at: at, usage: usage}
+	}
 	if !ok || usage < p.usage {
 		return 0, false
 	}

@@ -187,6 +187,9 @@ func TestCPURates(t *testing.T) {
 		{"first sample has no rate", t0, 1e9, 0, false},
 		{"half a core over 2s", t0.Add(2 * time.Second), 2e9, 5e8, true},
 		{"same instant", t0.Add(2 * time.Second), 3e9, 0, false},
+		// 100ms later, against the sample 2s ago: stored sample kept.
+		{"within the window", t0.Add(2100 * time.Millisecond), 2e9 + 1e8, 1e9, true},
+		{"still against the kept sample", t0.Add(2200 * time.Millisecond), 2e9 + 2e8, 1e9, true},
 		{"counter reset", t0.Add(3 * time.Second), 1e6, 0, false},
 		{"after reset", t0.Add(4 * time.Second), 1e6 + 2e9, 2e9, true},
 	}
