@@ -38,8 +38,9 @@ type eventBus struct {
 type subscriber struct {
 	ch chan *runtimeapi.ContainerEventResponse
 	// dropped is closed when the subscriber fell too far behind, or the
-	// bus closed.
+	// bus closed; err, set before, says which (nil: the bus closed).
 	dropped chan struct{}
+	err     error
 }
 
 func newEventBus() *eventBus { return &eventBus{subs: map[*subscriber]struct{}{}} }
@@ -75,11 +76,15 @@ func (b *eventBus) publish(ev *runtimeapi.ContainerEventResponse) {
 		case sub.ch <- ev:
 		default:
 			delete(b.subs, sub)
+			sub.err = fmt.Errorf("event subscriber fell %d events behind and was dropped: %w", subscriberBuffer, errdefs.ErrResourceExhausted)
 			close(sub.dropped)
 		}
 	}
 }
 
+// close ends every stream cleanly; later subscribers end at once. The
+// daemon calls it before draining calls, since a stream kubelet keeps
+// open would otherwise hold the graceful stop for its whole timeout.
 func (b *eventBus) close() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -114,7 +119,9 @@ func (s *Server) GetContainerEvents(req *runtimeapi.GetEventsRequest, stream run
 				return err
 			}
 		case <-sub.dropped:
-			return fmt.Errorf("event subscriber fell %d events behind and was dropped: %w", subscriberBuffer, errdefs.ErrResourceExhausted)
+			// Written before dropped was closed; nil when the daemon ends
+			// the stream on shutdown.
+			return sub.err
 		case <-ctx.Done():
 			return nil
 		}

@@ -3,6 +3,7 @@ package server
 import (
 	"testing"
 
+	"github.com/containerd/errdefs"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -24,6 +25,9 @@ func TestEventBusDropsSlowSubscriber(t *testing.T) {
 	if got := len(slow.ch); got != subscriberBuffer {
 		t.Errorf("slow kept %d queued events, want %d", got, subscriberBuffer)
 	}
+	if !errdefs.IsResourceExhausted(slow.err) {
+		t.Errorf("slow subscriber's error = %v, want ResourceExhausted", slow.err)
+	}
 	select {
 	case <-fast.dropped:
 		t.Fatal("the subscriber that kept up was dropped")
@@ -35,6 +39,9 @@ func TestEventBusDropsSlowSubscriber(t *testing.T) {
 	case <-fast.dropped:
 	default:
 		t.Fatal("close left a subscriber open")
+	}
+	if fast.err != nil {
+		t.Errorf("a subscriber ended by close has error %v, want a clean end", fast.err)
 	}
 	if late := b.subscribe(); late == nil {
 		t.Fatal("subscribe after close returned nil")

@@ -160,6 +160,10 @@ func (s *Server) Register(g *grpc.Server) {
 	runtimeapi.RegisterImageServiceServer(g, s)
 }
 
+// EndStreams ends the GetContainerEvents streams, so a graceful stop of
+// the gRPC server is not held up by subscribers that never hang up.
+func (s *Server) EndStreams() { s.events.close() }
+
 // Close releases what the server holds. It leaves pods and containers
 // running: they outlive the daemon by design.
 func (s *Server) Close(ctx context.Context) error {

@@ -2,10 +2,15 @@ package test
 
 import (
 	"context"
+	"errors"
+	"io"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -13,6 +18,57 @@ func TestEvents(t *testing.T) {
 	e := newCtrEnv(t)
 	t.Run("Lifecycle", e.testEventsLifecycle)
 	t.Run("StuckSubscriber", e.testEventsStuckSubscriber)
+	// Stops the shared daemon: keep it last.
+	t.Run("ShutdownEndsStreams", e.testEventsShutdown)
+}
+
+// testEventsShutdown keeps a subscriber on its own connection, as kubelet
+// does, across SIGTERM: the daemon must end the stream cleanly instead of
+// waiting out its shutdown timeout for it.
+func (e *ctrEnv) testEventsShutdown(t *testing.T) {
+	conn, err := grpc.NewClient("unix://"+e.d.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	stream, err := runtimeapi.NewRuntimeServiceClient(conn).GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The stream is only open on the server once a call went through.
+	if _, err := e.d.Runtime.Version(Ctx(t), &runtimeapi.VersionRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	ended := make(chan error, 1)
+	go func() {
+		_, err := stream.Recv()
+		ended <- err
+	}()
+	time.Sleep(100 * time.Millisecond)
+	start := time.Now()
+	if err := e.d.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.d.Wait(30 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	t.Logf("SIGTERM to exit with a subscriber: %v", took)
+	// The default shutdown_timeout is 10s: finishing well before it means
+	// the stream did not hold the graceful stop.
+	if took > 5*time.Second {
+		t.Errorf("shutdown with an open event stream took %v", took)
+	}
+	select {
+	case err := <-ended:
+		if !errors.Is(err, io.EOF) {
+			t.Errorf("the stream ended with %v, want a clean end (EOF)", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("the stream did not end with the daemon")
+	}
 }
 
 // subscribe opens a GetContainerEvents stream that ends with the test.

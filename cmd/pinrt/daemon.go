@@ -166,6 +166,7 @@ func runDaemon(o *options, cfg *conf.Config) error {
 				continue
 			}
 			log.G(ctx).Infof("received %v, shutting down", sig)
+			srv.EndStreams()
 			stop(ctx, g, cfg.ShutdownTimeout.Std())
 			_ = os.Remove(cfg.SocketPath())
 			cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
