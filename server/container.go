@@ -61,10 +61,13 @@ func (s *Server) StopContainer(ctx context.Context, req *runtimeapi.StopContaine
 	if err != nil {
 		return nil, err
 	}
+	wasLive := c.Status().State != sandbox.ContainerExited // kubelet repeats stops
 	if err := s.stopContainer(ctx, c, time.Duration(req.Timeout)*time.Second); err != nil {
 		return nil, err
 	}
-	log.G(ctx).WithFields(s.containerFields(c)).Info("container stopped")
+	if wasLive {
+		log.G(ctx).WithFields(s.containerFields(c)).Info("container stopped")
+	}
 	return &runtimeapi.StopContainerResponse{}, nil
 }
 

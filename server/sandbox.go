@@ -40,10 +40,13 @@ func (s *Server) StopPodSandbox(ctx context.Context, req *runtimeapi.StopPodSand
 	if err != nil {
 		return nil, err
 	}
+	wasReady := sb.Status().State == sandbox.StateReady // kubelet repeats stops
 	if err := s.stopPod(ctx, sb); err != nil {
 		return nil, err
 	}
-	podEvent(ctx, sb, "stopped")
+	if wasReady {
+		podEvent(ctx, sb, "stopped")
+	}
 	return &runtimeapi.StopPodSandboxResponse{}, nil
 }
 
