@@ -10,6 +10,7 @@ import (
 	"github.com/containerd/log"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pinrt/pinrt/cni"
 	"github.com/pinrt/pinrt/version"
 )
 
@@ -54,9 +55,10 @@ func (s *Server) Status(ctx context.Context, req *runtimeapi.StatusRequest) (*ru
 	return resp, nil
 }
 
-// UpdateRuntimeConfig records the node's pod CIDR that kubelet sends. The
-// CNI configs name their own IPAM ranges, so pinrt does not rewrite them;
-// the CIDR is reported in the verbose Status for operators to compare.
+// UpdateRuntimeConfig records the node's pod CIDR that kubelet sends. It is
+// reported in the verbose Status and passed to CNI ADD as the ipRanges
+// capability, which host-local uses when its config opts in; configs that
+// name their own ranges are not changed.
 func (s *Server) UpdateRuntimeConfig(ctx context.Context, req *runtimeapi.UpdateRuntimeConfigRequest) (*runtimeapi.UpdateRuntimeConfigResponse, error) {
 	cidr := req.GetRuntimeConfig().GetNetworkConfig().GetPodCidr()
 	if cidr == "" {
@@ -121,4 +123,29 @@ func (s *Server) RuntimeConfig(ctx context.Context, req *runtimeapi.RuntimeConfi
 	return &runtimeapi.RuntimeConfigResponse{
 		Linux: &runtimeapi.LinuxRuntimeConfiguration{CgroupDriver: driver},
 	}, nil
+}
+
+// podCIDRs are the recorded pod CIDRs, nil before kubelet sent any.
+func (s *Server) podCIDRs() []string {
+	cidr, _ := s.podCIDR.Load().(string)
+	if cidr == "" {
+		return nil
+	}
+	var out []string
+	for _, c := range strings.Split(cidr, ",") {
+		out = append(out, strings.TrimSpace(c))
+	}
+	return out
+}
+
+// cidrNetwork hands the pod CIDR to every CNI ADD, so the pod paths need
+// not know about it.
+type cidrNetwork struct {
+	Network
+	cidrs func() []string
+}
+
+func (n cidrNetwork) Setup(ctx context.Context, pod cni.Pod) (*cni.Result, error) {
+	pod.IPRanges = n.cidrs()
+	return n.Network.Setup(ctx, pod)
 }

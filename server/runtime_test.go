@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/containerd/errdefs"
@@ -46,6 +47,15 @@ func TestUpdateRuntimeConfig(t *testing.T) {
 			}
 			if got := st.Info["podCIDR"]; got != tc.want {
 				t.Errorf("verbose Status podCIDR = %q, want %q", got, tc.want)
+			}
+			// The next CNI ADD gets it as ipRanges.
+			if _, err := f.srv.RunPodSandbox(ctx, unitPod("cidr", false)); err != nil {
+				t.Fatal(err)
+			}
+			calls := f.net.Calls()
+			got := strings.Join(calls[len(calls)-1].Pod.IPRanges, ",")
+			if got != tc.want {
+				t.Errorf("CNI ADD ipRanges = %q, want %q", got, tc.want)
 			}
 		})
 	}

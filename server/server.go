@@ -139,6 +139,9 @@ func New(cfg *conf.Config, deps Deps) *Server {
 		events:         newEventBus(),
 		stopBackground: cancel,
 	}
+	if s.deps.Network != nil {
+		s.deps.Network = cidrNetwork{Network: s.deps.Network, cidrs: s.podCIDRs}
+	}
 	interval := cfg.Metrics.DiskUsageInterval.Std()
 	if interval <= 0 {
 		interval = DefaultDiskUsageInterval
