@@ -21,6 +21,11 @@ type portMapEntry struct {
 	HostIP        string `json:"hostIP,omitempty"`
 }
 
+// ipRangeEntry is one range of host-local's ipRanges capability.
+type ipRangeEntry struct {
+	Subnet string `json:"subnet"`
+}
+
 type bandwidthEntry struct {
 	IngressRate  uint64 `json:"ingressRate"`
 	IngressBurst uint64 `json:"ingressBurst"`
@@ -72,6 +77,15 @@ func runtimeConf(pod Pod, ifName string) *libcni.RuntimeConf {
 	}
 	if len(ports) > 0 {
 		rt.CapabilityArgs["portMappings"] = ports
+	}
+	if len(pod.IPRanges) > 0 {
+		// One range set per subnet: a dual-stack pod gets one address of
+		// each family.
+		var sets [][]ipRangeEntry
+		for _, r := range pod.IPRanges {
+			sets = append(sets, []ipRangeEntry{{Subnet: r}})
+		}
+		rt.CapabilityArgs["ipRanges"] = sets
 	}
 	if b := pod.Bandwidth; b != nil {
 		rt.CapabilityArgs["bandwidth"] = bandwidthEntry{

@@ -63,6 +63,11 @@ type Pod struct {
 	NetNS        string
 	PortMappings []PortMapping
 	Bandwidth    *Bandwidth
+	// IPRanges are the node's pod subnets from kubelet (UpdateRuntimeConfig),
+	// passed as the ipRanges capability: host-local allocates from them
+	// when its config opts in with "capabilities": {"ipRanges": true}, and
+	// libcni drops the argument for plugins that do not.
+	IPRanges []string
 }
 
 // Result is the outcome of a pod's network setup.

@@ -30,6 +30,7 @@ func TestRuntimeConf(t *testing.T) {
 		name     string
 		ports    []PortMapping
 		bw       *Bandwidth
+		ranges   []string
 		wantCaps string // CapabilityArgs as JSON
 	}{
 		{name: "no capabilities", wantCaps: `{}`},
@@ -58,11 +59,16 @@ func TestRuntimeConf(t *testing.T) {
 			bw:       &Bandwidth{IngressRate: 1000000, IngressBurst: 2000000, EgressRate: 3000000, EgressBurst: 4000000},
 			wantCaps: `{"bandwidth":{"ingressRate":1000000,"ingressBurst":2000000,"egressRate":3000000,"egressBurst":4000000}}`,
 		},
+		{
+			name:     "pod CIDRs",
+			ranges:   []string{"10.244.1.0/24", "fd00:1::/64"},
+			wantCaps: `{"ipRanges":[[{"subnet":"10.244.1.0/24"}],[{"subnet":"fd00:1::/64"}]]}`,
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			pod := base
-			pod.PortMappings, pod.Bandwidth = tc.ports, tc.bw
+			pod.PortMappings, pod.Bandwidth, pod.IPRanges = tc.ports, tc.bw, tc.ranges
 			rt := runtimeConf(pod, "eth0")
 			if rt.ContainerID != "sb1" || rt.NetNS != "/run/pinrt/ns/net/sb1" || rt.IfName != "eth0" {
 				t.Fatalf("rt = %+v", rt)

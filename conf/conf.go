@@ -50,6 +50,7 @@ type Config struct {
 	Image   ImageConfig   `toml:"image" comment:"Image pulls and registries."`
 
 	Streaming StreamingConfig `toml:"streaming" comment:"The HTTP server kubelet connects to for exec, attach and port-forward."`
+	Metrics   MetricsConfig   `toml:"metrics" comment:"The daemon's own Prometheus metrics and pprof, and stats sampling."`
 }
 
 // StreamingConfig configures the exec/attach/port-forward server. Its URLs
@@ -67,6 +68,19 @@ type StreamingConfig struct {
 	// MaxStreams bounds the streams (exec, attach, port-forward
 	// connections) served at once; more are refused with 429.
 	MaxStreams int `toml:"max_streams" comment:"Streams served at once; more are refused with HTTP 429."`
+}
+
+// MetricsConfig configures the opt-in debug listener and how often the
+// statistics that are too costly to read per call are sampled.
+type MetricsConfig struct {
+	// Address is the host:port of the HTTP listener serving /metrics.
+	// Empty, the default, serves nothing: the listener is unauthenticated.
+	Address string `toml:"address" comment:"host:port serving /metrics, e.g. 127.0.0.1:9090. Empty (default): off. Unauthenticated: keep it on loopback."`
+	// EnablePprof adds net/http/pprof under /debug/pprof on that listener.
+	EnablePprof bool `toml:"enable_pprof" comment:"Serve /debug/pprof on the metrics listener too."`
+	// DiskUsageInterval is how often the writable layers of containers are
+	// measured for ContainerStats and ImageFsInfo.
+	DiskUsageInterval Duration `toml:"disk_usage_interval" comment:"How often container writable layers are measured (a directory walk each)."`
 }
 
 // CNIConfig configures pod networking.
@@ -218,6 +232,7 @@ func Default() *Config {
 			IdleTimeout: Duration(4 * time.Hour),
 			MaxStreams:  256,
 		},
+		Metrics: MetricsConfig{DiskUsageInterval: Duration(time.Minute)},
 	}
 }
 
@@ -294,7 +309,24 @@ func (c *Config) Validate() error {
 	if err := c.Image.validate(); err != nil {
 		return err
 	}
-	return c.Streaming.validate()
+	if err := c.Streaming.validate(); err != nil {
+		return err
+	}
+	return c.Metrics.validate()
+}
+
+func (m *MetricsConfig) validate() error {
+	if m.Address != "" {
+		if _, port, err := net.SplitHostPort(m.Address); err != nil || port == "" {
+			return &FieldError{"metrics.address", fmt.Sprintf("must be host:port, got %q", m.Address)}
+		}
+	} else if m.EnablePprof {
+		return &FieldError{"metrics.enable_pprof", "needs metrics.address"}
+	}
+	if m.DiskUsageInterval < Duration(100*time.Millisecond) {
+		return &FieldError{"metrics.disk_usage_interval", fmt.Sprintf("must be at least 100ms, got %v", m.DiskUsageInterval.Std())}
+	}
+	return nil
 }
 
 func (c *ImageConfig) validate() error {

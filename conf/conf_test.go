@@ -162,6 +162,9 @@ func TestInvalidValues(t *testing.T) {
 		{"streaming relative tls", "[streaming]\ntls_cert_file = \"c.pem\"\ntls_key_file = \"k.pem\"", "streaming.tls_cert_file"},
 		{"streaming idle timeout", "[streaming]\nidle_timeout = \"0s\"", "streaming.idle_timeout"},
 		{"streaming max streams", "[streaming]\nmax_streams = 0", "streaming.max_streams"},
+		{"metrics address without port", "[metrics]\naddress = \"127.0.0.1\"", "metrics.address"},
+		{"pprof without address", "[metrics]\nenable_pprof = true", "metrics.enable_pprof"},
+		{"disk usage interval too short", "[metrics]\ndisk_usage_interval = \"1ms\"", "metrics.disk_usage_interval"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -283,5 +286,22 @@ func TestDurationNeedsAUnit(t *testing.T) {
 	cfg, err := Load(main, "", true)
 	if err != nil || cfg.Image.PullTimeout.Std() != 5*time.Second {
 		t.Fatalf("pull_timeout = \"5s\": %v, %v", cfg.Image.PullTimeout.Std(), err)
+	}
+}
+
+func TestMetricsDefaultsAndValues(t *testing.T) {
+	d := Default().Metrics
+	if d.Address != "" || d.EnablePprof || d.DiskUsageInterval.Std() != time.Minute {
+		t.Errorf("default metrics = %+v, want off and a one-minute disk usage interval", d)
+	}
+	dir := t.TempDir()
+	f := write(t, dir, "pinrt.toml", "[metrics]\naddress = \"127.0.0.1:9090\"\nenable_pprof = true\ndisk_usage_interval = \"5s\"\n")
+	cfg, err := Load(f, "", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := MetricsConfig{Address: "127.0.0.1:9090", EnablePprof: true, DiskUsageInterval: Duration(5 * time.Second)}
+	if cfg.Metrics != want {
+		t.Errorf("metrics = %+v, want %+v", cfg.Metrics, want)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -43,6 +44,7 @@ func (s *Server) CreateContainer(ctx context.Context, req *runtimeapi.CreateCont
 	if err != nil {
 		return nil, err
 	}
+	s.containerEvent(ctx, c, runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT)
 	return &runtimeapi.CreateContainerResponse{ContainerId: c.ID}, nil
 }
 
@@ -55,6 +57,7 @@ func (s *Server) StartContainer(ctx context.Context, req *runtimeapi.StartContai
 	if err := s.startContainer(ctx, c); err != nil {
 		return nil, err
 	}
+	s.containerEvent(ctx, c, runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT)
 	return &runtimeapi.StartContainerResponse{}, nil
 }
 
@@ -68,8 +71,12 @@ func (s *Server) StopContainer(ctx context.Context, req *runtimeapi.StopContaine
 	if gone {
 		return &runtimeapi.StopContainerResponse{}, nil
 	}
+	wasLive := c.Status().State != sandbox.ContainerExited // kubelet repeats stops
 	if err := s.stopContainer(ctx, c, time.Duration(req.Timeout)*time.Second); err != nil {
 		return nil, err
+	}
+	if wasLive {
+		log.G(ctx).WithFields(s.containerFields(c)).Info("container stopped")
 	}
 	return &runtimeapi.StopContainerResponse{}, nil
 }

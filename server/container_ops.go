@@ -16,6 +16,7 @@ import (
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pinrt/pinrt/oci"
 	"github.com/pinrt/pinrt/sandbox"
@@ -117,6 +118,7 @@ func (s *Server) removeContainer(ctx context.Context, c *sandbox.Container) erro
 	}
 	s.containers.Delete(c.ID)
 	s.ctrNames.Release(sandbox.ContainerNameKey(c.SandboxID, c.Name, c.Attempt), c.ID)
+	s.containerEvent(ctx, c, runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT)
 	return nil
 }
 
@@ -144,8 +146,15 @@ func (s *Server) refreshContainer(ctx context.Context, c *sandbox.Container, che
 		log.G(ctx).WithError(err).WithField("container", c.ID).Warn("refreshing container state")
 		return
 	}
-	if err := c.UpdateStatus(func(st *sandbox.ContainerStatus) { applyState(st, rs, err) }); err != nil {
+	exited := false
+	if err := c.UpdateStatus(func(st *sandbox.ContainerStatus) {
+		was := st.State
+		applyState(st, rs, err)
+		exited = was != sandbox.ContainerExited && st.State == sandbox.ContainerExited
+	}); err != nil {
 		log.G(ctx).WithError(err).WithField("container", c.ID).Warn("saving container state")
+	} else if exited {
+		s.containerEvent(ctx, c, runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT)
 	}
 }
 
@@ -290,7 +299,9 @@ func (s *Server) restoreContainers(ctx context.Context) {
 		return
 	}
 	for _, d := range dirs {
-		if err := s.restoreContainer(ctx, d.Name()); err != nil {
+		err := s.restoreContainer(ctx, d.Name())
+		s.deps.Metrics.ObserveRestore("container", err)
+		if err != nil {
 			log.G(ctx).WithError(err).WithField("container", d.Name()).Error("restore: skipping container")
 		}
 	}
@@ -323,5 +334,6 @@ func (s *Server) restoreContainer(ctx context.Context, id string) error {
 	}
 	s.refreshContainer(ctx, c, false)
 	s.containers.Add(c.ID, c)
+	s.watchExit(ctx, c)
 	return nil
 }

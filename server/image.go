@@ -24,7 +24,9 @@ func (s *Server) PullImage(ctx context.Context, req *runtimeapi.PullImageRequest
 	if err != nil {
 		return nil, err
 	}
+	start := time.Now()
 	img, err := s.deps.Images.Pull(ctx, ref, toAuth(req.GetAuth()))
+	s.observePull(start, img, err)
 	if err != nil {
 		return nil, err
 	}
@@ -93,10 +95,10 @@ func (s *Server) RemoveImage(ctx context.Context, req *runtimeapi.RemoveImageReq
 	return &runtimeapi.RemoveImageResponse{}, nil
 }
 
-// ImageFsInfo reports the bytes and inodes used by the image store.
-// Container writable layers live elsewhere and are reported per container
-// by ContainerStats, so ContainerFilesystems stays empty and kubelet
-// treats the image filesystem as the only one.
+// ImageFsInfo reports the bytes and inodes used by the image store and,
+// as the container filesystem, those of the writable layers under
+// <root>/containers (the sum of their last background measurement, see
+// stats.go).
 func (s *Server) ImageFsInfo(ctx context.Context, req *runtimeapi.ImageFsInfoRequest) (*runtimeapi.ImageFsInfoResponse, error) {
 	bytes, inodes, err := s.deps.Images.FsUsage()
 	if err != nil {
@@ -107,7 +109,7 @@ func (s *Server) ImageFsInfo(ctx context.Context, req *runtimeapi.ImageFsInfoReq
 		FsId:       &runtimeapi.FilesystemIdentifier{Mountpoint: s.deps.Images.Root()},
 		UsedBytes:  &runtimeapi.UInt64Value{Value: bytes},
 		InodesUsed: &runtimeapi.UInt64Value{Value: inodes},
-	}}}, nil
+	}}, ContainerFilesystems: []*runtimeapi.FilesystemUsage{s.containerFilesystem()}}, nil
 }
 
 // imageRef validates the reference of an ImageSpec.

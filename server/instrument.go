@@ -75,16 +75,19 @@ func panicError(ctx context.Context, method string, r any) error {
 	return fmt.Errorf("panic in %s: %v: %w", method, r, errdefs.ErrInternal)
 }
 
-// finish logs a failure and maps it to a gRPC status. Errors that already
-// carry a status (from a nested gRPC call) keep their code. It runs after
-// the handler's recover, so it protects itself: an error value that
-// panics while being inspected (a nil pointer error, an Unwrap that
-// returns nil where a library expects an error) becomes Internal, never a
-// dead daemon.
+// finish logs the call and maps a failure to a gRPC status. Errors that
+// already carry a status (from a nested gRPC call) keep their code.
+//
+// The level follows whose fault a failure is: kubelet polls for gone
+// objects, probes optional RPCs and races its own requests all the time,
+// so client-side refusals stay at debug; a failure of pinrt or the host
+// is a warning, an internal error an error.
+//
+// It runs after the handler's recover, so it protects itself: an error
+// value that panics while being inspected (a nil pointer error, an Unwrap
+// that returns nil where a library expects an error) becomes Internal,
+// never a dead daemon.
 func finish(ctx context.Context, method string, start time.Time, err error) (mapped error) {
-	if err == nil {
-		return nil
-	}
 	defer func() {
 		if r := recover(); r != nil {
 			mapped = status.Error(codes.Internal, "panic while reporting the error of "+method)
@@ -95,15 +98,21 @@ func finish(ctx context.Context, method string, start time.Time, err error) (map
 			})
 		}
 	}()
-	mapped = mapError(err)
 	entry := log.G(ctx).WithFields(log.Fields{
 		"method":   method,
 		"duration": time.Since(start).Round(time.Microsecond).String(),
-	}).WithError(mapped)
+	})
+	if err == nil {
+		entry.Debug("request done")
+		return nil
+	}
+	mapped = mapError(err)
+	entry = entry.WithError(mapped)
 	switch status.Code(mapped) {
-	case codes.NotFound, codes.Unimplemented, codes.Canceled:
-		// kubelet polls for gone objects and optional RPCs constantly.
-		entry.Debug("request failed")
+	case codes.NotFound, codes.Unimplemented, codes.InvalidArgument, codes.AlreadyExists, codes.Canceled:
+		entry.Debug("request refused")
+	case codes.Internal, codes.Unknown, codes.DataLoss:
+		entry.Error("request failed")
 	default:
 		entry.Warn("request failed")
 	}

@@ -7,8 +7,12 @@ import (
 	"net"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"github.com/sirupsen/logrus"
+	logtest "github.com/sirupsen/logrus/hooks/test"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -113,3 +117,40 @@ func TestStreamInterceptorMapsErrors(t *testing.T) {
 type fakeStream struct{ grpc.ServerStream }
 
 func (fakeStream) Context() context.Context { return context.Background() }
+
+func TestFinishLogLevel(t *testing.T) {
+	tests := []struct {
+		name string
+		err  error
+		want logrus.Level
+		msg  string
+	}{
+		{"success", nil, logrus.DebugLevel, "request done"},
+		{"not found", errdefs.ErrNotFound, logrus.DebugLevel, "request refused"},
+		{"unimplemented", errdefs.ErrNotImplemented, logrus.DebugLevel, "request refused"},
+		{"invalid argument", errdefs.ErrInvalidArgument, logrus.DebugLevel, "request refused"},
+		{"already exists", errdefs.ErrAlreadyExists, logrus.DebugLevel, "request refused"},
+		{"unavailable", errdefs.ErrUnavailable, logrus.WarnLevel, "request failed"},
+		{"deadline", context.DeadlineExceeded, logrus.WarnLevel, "request failed"},
+		{"internal", errdefs.ErrInternal, logrus.ErrorLevel, "request failed"},
+		{"plain error", errors.New("boom"), logrus.ErrorLevel, "request failed"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			logger, hook := logtest.NewNullLogger()
+			logger.SetLevel(logrus.TraceLevel)
+			ctx := log.WithLogger(context.Background(), logrus.NewEntry(logger))
+			_ = finish(ctx, "/runtime.v1.RuntimeService/X", time.Now(), tc.err)
+			e := hook.LastEntry()
+			if e == nil {
+				t.Fatal("nothing logged")
+			}
+			if e.Level != tc.want || e.Message != tc.msg {
+				t.Errorf("logged %q at %v, want %q at %v", e.Message, e.Level, tc.msg, tc.want)
+			}
+			if e.Data["method"] != "/runtime.v1.RuntimeService/X" || e.Data["duration"] == nil {
+				t.Errorf("fields = %v, want method and duration", e.Data)
+			}
+		})
+	}
+}

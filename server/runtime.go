@@ -3,14 +3,17 @@ package server
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os/exec"
 	"sort"
+	"strings"
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pinrt/pinrt/cni"
 	"github.com/pinrt/pinrt/version"
 )
 
@@ -44,13 +47,38 @@ func (s *Server) Status(ctx context.Context, req *runtimeapi.StatusRequest) (*ru
 		netCond.Reason = "NetworkPluginNotReady"
 		netCond.Message = "network plugin is not ready: " + err.Error()
 	}
-	return &runtimeapi.StatusResponse{
+	resp := &runtimeapi.StatusResponse{
 		Status:          &runtimeapi.RuntimeStatus{Conditions: []*runtimeapi.RuntimeCondition{runtimeCond, netCond}},
 		RuntimeHandlers: s.runtimeHandlers(ctx),
 		// kubelet sends Strict only to runtimes that claim it, and reads
 		// ContainerStatus.user back (see container.go).
 		Features: &runtimeapi.RuntimeFeatures{SupplementalGroupsPolicy: true},
-	}, nil
+	}
+	if req.Verbose {
+		cidr, _ := s.podCIDR.Load().(string)
+		resp.Info = map[string]string{"podCIDR": cidr}
+	}
+	return resp, nil
+}
+
+// UpdateRuntimeConfig records the node's pod CIDR that kubelet sends. It is
+// reported in the verbose Status and passed to CNI ADD as the ipRanges
+// capability, which host-local uses when its config opts in; configs that
+// name their own ranges are not changed.
+func (s *Server) UpdateRuntimeConfig(ctx context.Context, req *runtimeapi.UpdateRuntimeConfigRequest) (*runtimeapi.UpdateRuntimeConfigResponse, error) {
+	cidr := req.GetRuntimeConfig().GetNetworkConfig().GetPodCidr()
+	if cidr == "" {
+		return &runtimeapi.UpdateRuntimeConfigResponse{}, nil
+	}
+	for _, c := range strings.Split(cidr, ",") {
+		if _, err := netip.ParsePrefix(strings.TrimSpace(c)); err != nil {
+			return nil, invalid("pod CIDR %q: %v", cidr, err)
+		}
+	}
+	if old, _ := s.podCIDR.Swap(cidr).(string); old != cidr {
+		log.G(ctx).WithField("podCIDR", cidr).Info("pod CIDR set")
+	}
+	return &runtimeapi.UpdateRuntimeConfigResponse{}, nil
 }
 
 // runtimeHandlers lists every configured handler that can run containers,
@@ -142,4 +170,29 @@ func (s *Server) usableRuntime(ctx context.Context, handler string) (ContainerRu
 		return nil, err
 	}
 	return rt, nil
+}
+
+// podCIDRs are the recorded pod CIDRs, nil before kubelet sent any.
+func (s *Server) podCIDRs() []string {
+	cidr, _ := s.podCIDR.Load().(string)
+	if cidr == "" {
+		return nil
+	}
+	var out []string
+	for _, c := range strings.Split(cidr, ",") {
+		out = append(out, strings.TrimSpace(c))
+	}
+	return out
+}
+
+// cidrNetwork hands the pod CIDR to every CNI ADD, so the pod paths need
+// not know about it.
+type cidrNetwork struct {
+	Network
+	cidrs func() []string
+}
+
+func (n cidrNetwork) Setup(ctx context.Context, pod cni.Pod) (*cni.Result, error) {
+	pod.IPRanges = n.cidrs()
+	return n.Network.Setup(ctx, pod)
 }

@@ -26,6 +26,7 @@ func (s *Server) RunPodSandbox(ctx context.Context, req *runtimeapi.RunPodSandbo
 	if err != nil {
 		return nil, err
 	}
+	podEvent(ctx, sb, "created")
 	return &runtimeapi.RunPodSandboxResponse{PodSandboxId: sb.ID}, nil
 }
 
@@ -40,8 +41,12 @@ func (s *Server) StopPodSandbox(ctx context.Context, req *runtimeapi.StopPodSand
 	if gone {
 		return &runtimeapi.StopPodSandboxResponse{}, nil
 	}
+	wasReady := sb.Status().State == sandbox.StateReady // kubelet repeats stops
 	if err := s.stopPod(ctx, sb); err != nil {
 		return nil, err
+	}
+	if wasReady {
+		podEvent(ctx, sb, "stopped")
 	}
 	return &runtimeapi.StopPodSandboxResponse{}, nil
 }
@@ -59,6 +64,7 @@ func (s *Server) RemovePodSandbox(ctx context.Context, req *runtimeapi.RemovePod
 	if err := s.removePod(ctx, sb); err != nil {
 		return nil, err
 	}
+	podEvent(ctx, sb, "removed")
 	return &runtimeapi.RemovePodSandboxResponse{}, nil
 }
 

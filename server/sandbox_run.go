@@ -303,7 +303,9 @@ func (s *Server) restorePods(ctx context.Context) {
 		return
 	}
 	for _, d := range dirs {
-		if err := s.restorePod(ctx, d.Name()); err != nil {
+		err := s.restorePod(ctx, d.Name())
+		s.deps.Metrics.ObserveRestore("pod", err)
+		if err != nil {
 			log.G(ctx).WithError(err).WithField("sandbox", d.Name()).Error("restore: skipping sandbox")
 		}
 	}
@@ -363,6 +365,9 @@ func (s *Server) podInfo(sb *sandbox.Sandbox) (map[string]string, error) {
 	}
 	if len(sb.CNIResult) > 0 {
 		info["cniResult"] = sb.CNIResult
+	}
+	if r, ok := s.podResources.Load(sb.ID); ok {
+		info["resources"] = r
 	}
 	b, err := json.Marshal(info)
 	if err != nil {

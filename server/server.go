@@ -10,11 +10,13 @@ package server
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"google.golang.org/grpc"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pinrt/pinrt/cgroups"
 	"github.com/pinrt/pinrt/cni"
 	"github.com/pinrt/pinrt/conf"
 	"github.com/pinrt/pinrt/image"
@@ -83,6 +85,12 @@ type Deps struct {
 	Runtimes map[string]ContainerRuntime
 	// Shm defaults to sandbox.Tmpfs.
 	Shm Shm
+	// Cgroups defaults to a reader of the host's /sys/fs/cgroup.
+	Cgroups Cgroups
+	// NetCounters defaults to nsmgr.Counters.
+	NetCounters NetCounters
+	// Metrics records pinrt's operations; nil records nothing.
+	Metrics Recorder
 }
 
 // Server serves CRI. RPCs not built yet answer Unimplemented through the
@@ -105,6 +113,17 @@ type Server struct {
 	probeOnce sync.Once
 	probes    map[string]error
 	streams   Streams // nil until SetStreams
+	stats     *statsState
+	events    *eventBus
+	exits     exitWatcher
+	// podResources are the last UpdatePodSandboxResources of each pod
+	// (*runtimeapi.UpdatePodSandboxResourcesRequest), and podCIDR the
+	// last UpdateRuntimeConfig's (string); both only in memory: kubelet
+	// sends them again after a restart.
+	podResources sync.Map
+	podCIDR      atomic.Value
+	// stopBackground ends the loops New started.
+	stopBackground context.CancelFunc
 }
 
 // New returns a server for cfg driving deps.
@@ -112,14 +131,35 @@ func New(cfg *conf.Config, deps Deps) *Server {
 	if deps.Shm == nil {
 		deps.Shm = sandbox.Tmpfs{}
 	}
-	return &Server{
+	if deps.Cgroups == nil {
+		deps.Cgroups = cgroups.NewReader(cgroups.DefaultRoot)
+	}
+	if deps.NetCounters == nil {
+		deps.NetCounters = nsmgr.Counters{}
+	}
+	instrumentDeps(&deps)
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Server{
 		cfg: cfg, deps: deps,
 		sandboxes: sandbox.NewStore[*sandbox.Sandbox]("sandbox"),
 		podNames:  sandbox.NewNames(),
 
 		containers: sandbox.NewStore[*sandbox.Container]("container"),
 		ctrNames:   sandbox.NewNames(),
+
+		stats:          newStatsState(),
+		events:         newEventBus(),
+		stopBackground: cancel,
 	}
+	if s.deps.Network != nil {
+		s.deps.Network = cidrNetwork{Network: s.deps.Network, cidrs: s.podCIDRs}
+	}
+	interval := cfg.Metrics.DiskUsageInterval.Std()
+	if interval <= 0 {
+		interval = DefaultDiskUsageInterval
+	}
+	go s.diskUsageLoop(ctx, interval)
+	return s
 }
 
 // Restore probes the runtime handlers and loads the pods and containers
@@ -137,6 +177,17 @@ func (s *Server) Register(g *grpc.Server) {
 	runtimeapi.RegisterImageServiceServer(g, s)
 }
 
+// EndStreams ends the GetContainerEvents streams, so a graceful stop of
+// the gRPC server is not held up by subscribers that never hang up.
+func (s *Server) EndStreams() { s.events.close() }
+
 // Close releases what the server holds. It leaves pods and containers
 // running: they outlive the daemon by design.
-func (s *Server) Close(ctx context.Context) error { return nil }
+func (s *Server) Close(ctx context.Context) error {
+	s.stopBackground()
+	s.events.close()
+	if s.exits.w != nil {
+		_ = s.exits.w.Close()
+	}
+	return nil
+}

@@ -40,6 +40,13 @@ exec /usr/local/bin/runc "$@"
 
 func newCtrEnv(t testing.TB) *ctrEnv {
 	t.Helper()
+	return newCtrEnvWith(t, "")
+}
+
+// newCtrEnvWith is newCtrEnv with extra TOML appended to the config and
+// the daemon options changed by opts.
+func newCtrEnvWith(t testing.TB, extra string, opts ...func(*Options)) *ctrEnv {
+	t.Helper()
 	RequireRoot(t)
 	for _, b := range []string{"/usr/local/bin/runc", "/usr/bin/conmon"} {
 		if _, err := os.Stat(b); err != nil {
@@ -61,8 +68,12 @@ binary = %q
 binary = "/usr/bin/crun"
 [runtime.runtimes.missing]
 binary = "/nonexistent/runtime"
-`, fake)
-	d := StartDaemon(t, Options{Network: true, Config: cfg})
+`, fake) + extra
+	o := Options{Network: true, Config: cfg}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	d := StartDaemon(t, o)
 	e := &ctrEnv{d: d, reg: testimage.StartRegistry(t), fakeRT: fake}
 	e.busybox = e.reg.Push(t, "busybox:1", testimage.Busybox(t))
 	e.bbID = e.pull(t, e.busybox)

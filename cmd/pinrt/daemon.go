@@ -19,6 +19,7 @@ import (
 	"github.com/pinrt/pinrt/cni"
 	"github.com/pinrt/pinrt/conf"
 	"github.com/pinrt/pinrt/image"
+	"github.com/pinrt/pinrt/metrics"
 	"github.com/pinrt/pinrt/nsmgr"
 	"github.com/pinrt/pinrt/oci"
 	"github.com/pinrt/pinrt/server"
@@ -131,7 +132,13 @@ func runDaemon(o *options, cfg *conf.Config) error {
 		defer rootLock.Close()
 	}
 
-	srv, err := newServer(ctx, cfg)
+	// Metrics exist only when their listener is configured: nothing is
+	// counted that nobody can read.
+	var m *metrics.Metrics
+	if cfg.Metrics.Address != "" {
+		m = metrics.New()
+	}
+	srv, err := newServer(ctx, cfg, m)
 	if err != nil {
 		return err
 	}
@@ -140,13 +147,26 @@ func runDaemon(o *options, cfg *conf.Config) error {
 		return err
 	}
 	defer func() { _ = streams.Close() }()
+	if m != nil {
+		if err := m.CollectStates(srv.StateCounts); err != nil {
+			return err
+		}
+		ml, err := metrics.Serve(cfg.Metrics.Address, m.Handler(cfg.Metrics.EnablePprof))
+		if err != nil {
+			return err
+		}
+		defer closeMetrics(ctx, ml)
+		log.G(ctx).WithFields(log.Fields{"address": cfg.Metrics.Address, "pprof": cfg.Metrics.EnablePprof}).Info("serving metrics")
+	}
 	l, err := listen(cfg)
 	if err != nil {
 		return err
 	}
+	// The metrics interceptor goes first, outside the one that maps
+	// errors, so it counts the codes clients see.
 	g := grpc.NewServer(
-		grpc.ChainUnaryInterceptor(server.UnaryInterceptor),
-		grpc.ChainStreamInterceptor(server.StreamInterceptor),
+		grpc.ChainUnaryInterceptor(m.UnaryInterceptor, server.UnaryInterceptor),
+		grpc.ChainStreamInterceptor(m.StreamInterceptor, server.StreamInterceptor),
 		grpc.MaxRecvMsgSize(16<<20), grpc.MaxSendMsgSize(16<<20),
 	)
 	srv.Register(g)
@@ -168,6 +188,7 @@ func runDaemon(o *options, cfg *conf.Config) error {
 				continue
 			}
 			log.G(ctx).Infof("received %v, shutting down", sig)
+			srv.EndStreams()
 			stop(ctx, g, cfg.ShutdownTimeout.Std())
 			_ = os.Remove(cfg.SocketPath())
 			cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -199,6 +220,14 @@ func startStreaming(ctx context.Context, cfg *conf.Config, srv *server.Server) (
 	return streams, nil
 }
 
+func closeMetrics(ctx context.Context, l *metrics.Listener) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := l.Close(cctx); err != nil {
+		log.G(ctx).WithError(err).Warn("stopping the metrics listener")
+	}
+}
+
 // stop lets in-flight calls finish for at most timeout, then cuts them.
 func stop(ctx context.Context, g *grpc.Server, timeout time.Duration) {
 	done := make(chan struct{})
@@ -228,7 +257,7 @@ func reloadLogLevel(ctx context.Context, o *options) {
 
 // newServer builds the domain packages, the CRI server on top, and
 // restores the pods and containers recorded on disk.
-func newServer(ctx context.Context, cfg *conf.Config) (*server.Server, error) {
+func newServer(ctx context.Context, cfg *conf.Config, m *metrics.Metrics) (*server.Server, error) {
 	network, err := cni.New(ctx, cni.Config{
 		ConfDir:        cfg.CNI.ConfDir,
 		PluginDirs:     cfg.CNI.PluginDirs,
@@ -274,7 +303,7 @@ func newServer(ctx context.Context, cfg *conf.Config) (*server.Server, error) {
 		}
 		runtimes[name] = rt
 	}
-	srv := server.New(cfg, server.Deps{Network: network, Namespaces: nsm, IDs: ids, Images: images, Runtimes: runtimes})
+	srv := server.New(cfg, server.Deps{Network: network, Namespaces: nsm, IDs: ids, Images: images, Runtimes: runtimes, Metrics: m})
 	srv.Restore(ctx)
 	return srv, nil
 }

@@ -227,7 +227,8 @@ for v in netns userns; do
 done
 run_bench "pod-p1" pod -n "$N" -p 1 --image "$IMAGE"
 run_bench "pod-p$PAR" pod -n "$N" -p "$PAR" --image "$IMAGE"
-run_bench "density" density -n "$DENSITY_N" -p "$PAR" --image "$IMAGE" --pid-file "$PIDFILE"
+# density also times ListContainerStats/ListPodSandboxStats with its pods up.
+run_bench "density" density -n "$DENSITY_N" -p "$PAR" --image "$IMAGE" --pid-file "$PIDFILE" --stats-rounds 20
 restore_args=()
 [ "${BENCH_RESTORE_CONTAINERS:-}" = 1 ] && restore_args=(--with-containers --image "$IMAGE")
 run_bench "restore" restore -n "$RESTORE_N" -p "$PAR" --restart-cmd "sh $TMP/restart-pinrt.sh" "${restore_args[@]}"

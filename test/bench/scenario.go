@@ -48,6 +48,8 @@ const (
 	OpRestartReady     = "restart→sandbox Ready, same IPs"
 	OpRestartRunning   = "restart→container RUNNING"
 	OpRestartAllReady  = "restart→all Ready"
+	OpListCtrStats     = "ListContainerStats"
+	OpListPodStats     = "ListPodSandboxStats"
 )
 
 // Label keys put on every pod and container so that a run's objects can be
@@ -80,6 +82,10 @@ type Config struct {
 	UsernsCount int    // number of 65536-ID blocks available
 
 	Keep bool // density: leave the pods running
+	// StatsRounds is how often density lists every container's and pod's
+	// stats while its pods run: the cost of kubelet's stats loop at that
+	// density. 0 skips it.
+	StatsRounds int
 
 	// PID returns the runtime daemon's PID (density RSS). Optional.
 	PID func() (int, error)
@@ -627,6 +633,7 @@ func (r *runner) density(ctx context.Context) time.Duration {
 		}
 	}
 	after, errAfter := r.rss()
+	r.listStats(ctx)
 	switch {
 	case r.cfg.PID == nil:
 	case errBefore != nil || errAfter != nil:
@@ -642,6 +649,34 @@ func (r *runner) density(ctx context.Context) time.Duration {
 		r.teardownAll(ctx, pods)
 	}
 	return wall
+}
+
+// listStats times ListContainerStats and ListPodSandboxStats over all the
+// running pods, one call at a time as kubelet makes them.
+func (r *runner) listStats(ctx context.Context) {
+	if r.cfg.StatsRounds <= 0 {
+		return
+	}
+	r.rec.Declare(OpListCtrStats, OpListPodStats)
+	start := time.Now()
+	for range r.cfg.StatsRounds {
+		_ = r.rec.timed(OpListCtrStats, func() error {
+			rctx, cancel := r.c.rpc(ctx)
+			defer cancel()
+			_, err := r.c.Runtime.ListContainerStats(rctx, &runtimeapi.ListContainerStatsRequest{})
+			return err
+		})
+		_ = r.rec.timed(OpListPodStats, func() error {
+			rctx, cancel := r.c.rpc(ctx)
+			defer cancel()
+			_, err := r.c.Runtime.ListPodSandboxStats(rctx, &runtimeapi.ListPodSandboxStatsRequest{})
+			return err
+		})
+	}
+	wall := time.Since(start)
+	r.mu.Lock()
+	r.walls[OpListCtrStats], r.walls[OpListPodStats] = wall, wall
+	r.mu.Unlock()
 }
 
 func (r *runner) rss() (int64, error) {

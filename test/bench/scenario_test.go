@@ -134,6 +134,12 @@ func TestScenarios(t *testing.T) {
 			left: 5,
 		},
 		{
+			// The fake has no stats RPCs: the rounds are made and counted.
+			name: "density stats rounds", scenario: bench.ScenarioDensity, cfg: bench.Config{N: 2, P: 2, Image: testImage, StatsRounds: 3},
+			ops:    map[string]want{bench.OpPodRunning: {2, 0}, bench.OpListCtrStats: {0, 3}, bench.OpListPodStats: {0, 3}},
+			errors: 6, errMatch: "Unimplemented",
+		},
+		{
 			name: "density create failures", scenario: bench.ScenarioDensity, cfg: bench.Config{N: 5, P: 2, Image: testImage},
 			setup:  func(s *benchtest.Server) { s.FailNext("CreateContainer", 1) },
 			ops:    map[string]want{bench.OpCreateContainer: {4, 1}, bench.OpPodRunning: {4, 1}, bench.OpRemovePodSandbox: {5, 0}},

@@ -76,6 +76,7 @@ func runScenario(ctx context.Context, scenario string, args []string, stdout, st
 	usernsBase := fs.Uint("userns-base", bench.UsernsBlock, "first host ID for userns pods (multiple of 65536, not 0)")
 	fs.IntVar(&cfg.UsernsCount, "userns-count", 1024, "number of 65536-ID blocks for userns pods")
 	fs.BoolVar(&cfg.Keep, "keep", false, "density: leave the pods running")
+	fs.IntVar(&cfg.StatsRounds, "stats-rounds", 0, "density: list container and pod stats this many times while the pods run")
 	pid := fs.Int("pid", 0, "runtime daemon PID for RSS (density)")
 	pidFile := fs.String("pid-file", "", "file holding the runtime daemon PID (density)")
 	fs.DurationVar(&cfg.Settle, "settle", time.Second, "density: wait this long before reading RSS after start")

@@ -1,0 +1,345 @@
+// Package cgroups reads the statistics of pod and container cgroups on
+// cgroup v1 (legacy and hybrid) and v2 (unified) hosts, through
+// github.com/containerd/cgroups/v3.
+//
+// The hierarchy is detected from the files under the mount root, never
+// assumed: a hybrid host mounts a controller-less cgroup2 tree under
+// "unified" next to the v1 controllers, and the v1 controllers are what
+// runc used there. A controller the host lacks (pids on old kernels,
+// memsw without swap accounting) leaves its numbers at zero instead of
+// failing the whole read.
+package cgroups
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/containerd/cgroups/v3/cgroup1"
+	v1 "github.com/containerd/cgroups/v3/cgroup1/stats"
+	"github.com/containerd/cgroups/v3/cgroup2"
+	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// DefaultRoot is where the cgroup hierarchies are mounted.
+const DefaultRoot = "/sys/fs/cgroup"
+
+// Mode is the cgroup hierarchy the host uses for containers.
+type Mode int
+
+// The hierarchies. Hybrid hosts count as Legacy: their controllers are v1.
+const (
+	Legacy Mode = iota + 1
+	Unified
+)
+
+func (m Mode) String() string {
+	if m == Unified {
+		return "v2"
+	}
+	return "v1"
+}
+
+// Detect tells the hierarchy mounted at root. Only a v2 root has
+// cgroup.controllers; a v1 or hybrid root is a tmpfs of controller mounts.
+func Detect(root string) Mode {
+	if _, err := os.Stat(filepath.Join(root, "cgroup.controllers")); err == nil {
+		return Unified
+	}
+	return Legacy
+}
+
+// Stats are one sample of a cgroup.
+type Stats struct {
+	// Timestamp is when the sample was read.
+	Timestamp time.Time
+	// CPUUsageNanos is the cumulative CPU time of every task, ever.
+	CPUUsageNanos uint64
+	Memory        Memory
+	// Pids is the number of tasks now in the cgroup (0 without the pids
+	// controller).
+	Pids uint64
+}
+
+// Memory is a cgroup's memory, in bytes unless named otherwise.
+type Memory struct {
+	Usage uint64
+	// WorkingSet is what kubelet evicts on: usage minus the inactive file
+	// cache, which the kernel reclaims first.
+	WorkingSet uint64
+	RSS        uint64
+	// PageFaults and MajorPageFaults are counts.
+	PageFaults      uint64
+	MajorPageFaults uint64
+	// Limit is 0 when the cgroup is unlimited.
+	Limit uint64
+	// Swap is the swap in use; HasSwap says the kernel accounts it.
+	Swap    uint64
+	HasSwap bool
+}
+
+// Available is the memory left before the limit, 0 when unlimited (CRI
+// leaves available_bytes unset then, as cAdvisor does).
+func (m Memory) Available() uint64 {
+	if m.Limit == 0 || m.WorkingSet >= m.Limit {
+		return 0
+	}
+	return m.Limit - m.WorkingSet
+}
+
+// unlimited: v1 reports "no limit" as the largest page-aligned int64, v2
+// as "max" (which the library turns into MaxUint64).
+const unlimited = math.MaxInt64 / 2
+
+// Reader reads cgroup statistics under one mount root.
+type Reader struct {
+	root string
+	mode Mode
+}
+
+// NewReader returns a reader for the hierarchy mounted at root.
+func NewReader(root string) *Reader {
+	return &Reader{root: root, mode: Detect(root)}
+}
+
+// Mode is the detected hierarchy.
+func (r *Reader) Mode() Mode { return r.mode }
+
+// Stat reads the cgroup named group (a cgroupfs path such as
+// "/pinrt/<pod>/pinrt-<ctr>"). A cgroup that does not exist (a container
+// never started, or already deleted) is ErrNotFound.
+func (r *Reader) Stat(group string) (*Stats, error) {
+	if !strings.HasPrefix(group, "/") || strings.Contains(group, "..") {
+		return nil, fmt.Errorf("cgroup %q: must be absolute without '..': %w", group, errdefs.ErrInvalidArgument)
+	}
+	now := time.Now()
+	var (
+		st  *Stats
+		err error
+	)
+	if r.mode == Unified {
+		st, err = r.statV2(group)
+	} else {
+		st, err = r.statV1(group)
+	}
+	if err != nil {
+		return nil, err
+	}
+	st.Timestamp = now
+	return st, nil
+}
+
+func (r *Reader) statV2(group string) (*Stats, error) {
+	if _, err := os.Stat(filepath.Join(r.root, group)); err != nil {
+		return nil, notFound(group, err)
+	}
+	m, err := cgroup2.Load(group, cgroup2.WithMountpoint(r.root))
+	if err != nil {
+		return nil, fmt.Errorf("cgroup %s: %w", group, err)
+	}
+	ms, err := m.StatFiltered(cgroup2.StatCPU | cgroup2.StatMemory | cgroup2.StatPids)
+	if err != nil {
+		return nil, fmt.Errorf("cgroup %s: %w", group, err)
+	}
+	st := &Stats{}
+	if ms.CPU != nil {
+		st.CPUUsageNanos = ms.CPU.UsageUsec * 1000
+	}
+	if ms.Pids != nil {
+		st.Pids = ms.Pids.Current
+	}
+	if mem := ms.Memory; mem != nil {
+		st.Memory = Memory{
+			Usage: mem.Usage, RSS: mem.Anon,
+			PageFaults: mem.Pgfault, MajorPageFaults: mem.Pgmajfault,
+			WorkingSet: workingSet(mem.Usage, mem.InactiveFile),
+		}
+		if mem.UsageLimit < unlimited {
+			st.Memory.Limit = mem.UsageLimit
+		}
+		// memory.swap.current is absent without swap accounting.
+		if _, err := os.Stat(filepath.Join(r.root, group, "memory.swap.current")); err == nil {
+			st.Memory.Swap, st.Memory.HasSwap = mem.SwapUsage, true
+		}
+	}
+	return st, nil
+}
+
+// statV1 reads each controller's own hierarchy. cpuacct and memory are
+// required: every v1 host runc supports has them; pids is optional.
+func (r *Reader) statV1(group string) (*Stats, error) {
+	if _, err := os.Stat(filepath.Join(r.root, "memory", group)); err != nil {
+		return nil, notFound(group, err)
+	}
+	ms := &v1.Metrics{CPU: &v1.CPUStat{Usage: &v1.CPUUsage{}, Throttling: &v1.Throttle{}}}
+	// kmem accounting is deprecated and gone from recent kernels; its
+	// files are not needed for anything CRI reports.
+	mem := cgroup1.NewMemory(r.root, cgroup1.OptionalSwap(), cgroup1.IgnoreModules("kmem", "kmem.tcp"))
+	if err := mem.Stat(group, ms); err != nil {
+		return nil, v1Error(group, "memory", err)
+	}
+	if err := cgroup1.NewCpuacct(r.root).Stat(group, ms); err != nil {
+		return nil, v1Error(group, "cpuacct", err)
+	}
+	if _, err := os.Stat(filepath.Join(r.root, "pids", group)); err == nil {
+		if err := cgroup1.NewPids(r.root).Stat(group, ms); err != nil {
+			return nil, v1Error(group, "pids", err)
+		}
+	}
+	st := &Stats{CPUUsageNanos: ms.CPU.Usage.Total}
+	if ms.Pids != nil {
+		st.Pids = ms.Pids.Current
+	}
+	m := ms.Memory
+	// The total_* counters include descendants: a pod cgroup's numbers
+	// are its containers' sum, and a leaf's equal its own.
+	st.Memory = Memory{
+		Usage: m.Usage.Usage, RSS: m.TotalRSS,
+		PageFaults: m.TotalPgFault, MajorPageFaults: m.TotalPgMajFault,
+		WorkingSet: workingSet(m.Usage.Usage, m.TotalInactiveFile),
+	}
+	if m.Usage.Limit < unlimited {
+		st.Memory.Limit = m.Usage.Limit
+	}
+	// memsw counts memory plus swap; without swap accounting it is absent
+	// and the library leaves it zero.
+	if m.Swap.Usage > 0 || m.Swap.Limit > 0 {
+		st.Memory.HasSwap = true
+		if m.Swap.Usage > m.Usage.Usage {
+			st.Memory.Swap = m.Swap.Usage - m.Usage.Usage
+		}
+	}
+	return st, nil
+}
+
+// workingSet is usage minus inactive file pages, as kubelet's eviction
+// manager and cAdvisor compute it; never negative.
+func workingSet(usage, inactiveFile uint64) uint64 {
+	if inactiveFile >= usage {
+		return 0
+	}
+	return usage - inactiveFile
+}
+
+func notFound(group string, err error) error {
+	if errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("cgroup %s: %w", group, errdefs.ErrNotFound)
+	}
+	return fmt.Errorf("cgroup %s: %w", group, err)
+}
+
+// v1Error keeps a cgroup removed between two reads NotFound.
+func v1Error(group, controller string, err error) error {
+	if errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("cgroup %s (%s): %w", group, controller, errdefs.ErrNotFound)
+	}
+	return fmt.Errorf("cgroup %s (%s): %w", group, controller, err)
+}
+
+// CPURates turns cumulative CPU usage into a rate per key (a container or
+// pod ID), remembering the previous sample of each. kubelet reads
+// usage_nano_cores from CRI as is, so the runtime has to keep the history.
+type CPURates struct {
+	mu   sync.Mutex
+	prev map[string]cpuSample
+}
+
+type cpuSample struct {
+	at    time.Time
+	usage uint64
+}
+
+// NewCPURates returns an empty tracker.
+func NewCPURates() *CPURates { return &CPURates{prev: map[string]cpuSample{}} }
+
+// minRateWindow is the shortest interval a rate is computed over. kubelet
+// asks for the same container through ListContainerStats and
+// ListPodSandboxStats within milliseconds; a rate over such a gap is
+// mostly scheduler noise, so a sample closer than this to the stored one
+// is measured against it without replacing it.
+const minRateWindow = time.Second
+
+// Rate records usage at at for key and returns the nano-cores used since
+// the stored sample, and false for a key's first sample, a sample that is
+// not newer, or a counter that went backwards (a new cgroup under an old
+// key).
+func (c *CPURates) Rate(key string, at time.Time, usage uint64) (uint64, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p, ok := c.prev[key]
+	if ok && !at.After(p.at) {
+		return 0, false
+	}
+	if !ok || usage < p.usage || at.Sub(p.at) >= minRateWindow {
+		c.prev[key] = cpuSample{at: at, usage: usage}
+	}
+	if !ok || usage < p.usage {
+		return 0, false
+	}
+	dt := at.Sub(p.at)
+	return uint64(float64(usage-p.usage) / dt.Seconds()), true
+}
+
+// Forget drops key's history (the container or pod was removed).
+func (c *CPURates) Forget(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.prev, key)
+}
+
+// Retain drops the history of every key not in live.
+func (c *CPURates) Retain(live map[string]bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k := range c.prev {
+		if !live[k] {
+			delete(c.prev, k)
+		}
+	}
+}
+
+// Update applies the CPU and memory limits of res to the existing cgroup
+// group; other controllers are left alone. A missing cgroup is
+// ErrNotFound: Update never creates one.
+func (r *Reader) Update(group string, res *specs.LinuxResources) error {
+	if !strings.HasPrefix(group, "/") || strings.Contains(group, "..") {
+		return fmt.Errorf("cgroup %q: must be absolute without '..': %w", group, errdefs.ErrInvalidArgument)
+	}
+	only := &specs.LinuxResources{CPU: res.CPU, Memory: res.Memory}
+	if r.mode == Unified {
+		if _, err := os.Stat(filepath.Join(r.root, group)); err != nil {
+			return notFound(group, err)
+		}
+		m, err := cgroup2.Load(group, cgroup2.WithMountpoint(r.root))
+		if err != nil {
+			return fmt.Errorf("cgroup %s: %w", group, err)
+		}
+		if err := m.Update(cgroup2.ToResources(only)); err != nil {
+			return fmt.Errorf("updating cgroup %s: %w", group, err)
+		}
+		return nil
+	}
+	if only.Memory != nil {
+		if _, err := os.Stat(filepath.Join(r.root, "memory", group)); err != nil {
+			return notFound(group, err)
+		}
+		if err := cgroup1.NewMemory(r.root).Update(group, only); err != nil {
+			return v1Error(group, "memory", err)
+		}
+	}
+	if only.CPU != nil {
+		if _, err := os.Stat(filepath.Join(r.root, "cpu", group)); err != nil {
+			return notFound(group, err)
+		}
+		if err := cgroup1.NewCpu(r.root).Update(group, only); err != nil {
+			return v1Error(group, "cpu", err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,278 @@
+package cgroups
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// writeTree writes files (relative path -> content) under root.
+func writeTree(t *testing.T, root string, files map[string]string) {
+	t.Helper()
+	for name, content := range files {
+		p := filepath.Join(root, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// v1Tree is a container cgroup as a 6.x kernel on a hybrid host shows it,
+// with swap accounting (memsw) and without kmem files.
+func v1Tree(group string, limit string, memsw bool) map[string]string {
+	f := map[string]string{
+		"memory/" + group + "/memory.stat": "cache 8192\nrss 4096\n" +
+			"total_cache 1048576\ntotal_rss 2097152\ntotal_inactive_file 524288\ntotal_active_file 524288\n" +
+			"total_pgfault 1234\ntotal_pgmajfault 5\n",
+		"memory/" + group + "/memory.oom_control":        "oom_kill_disable 0\nunder_oom 0\noom_kill 0\n",
+		"memory/" + group + "/memory.usage_in_bytes":     "3145728\n",
+		"memory/" + group + "/memory.max_usage_in_bytes": "4194304\n",
+		"memory/" + group + "/memory.failcnt":            "0\n",
+		"memory/" + group + "/memory.limit_in_bytes":     limit + "\n",
+		"cpuacct/" + group + "/cpuacct.usage":            "123456789\n",
+		"cpuacct/" + group + "/cpuacct.usage_percpu":     "100000000 23456789\n",
+		"cpuacct/" + group + "/cpuacct.stat":             "user 10\nsystem 2\n",
+		"pids/" + group + "/pids.current":                "3\n",
+		"pids/" + group + "/pids.max":                    "max\n",
+		// A hybrid host: a controller-less v2 tree beside the v1 ones.
+		"unified/cgroup.procs": "",
+	}
+	if memsw {
+		f["memory/memory.memsw.usage_in_bytes"] = "1\n"
+		for k, v := range map[string]string{"usage_in_bytes": "3670016", "max_usage_in_bytes": "0", "failcnt": "0", "limit_in_bytes": "9223372036854771712"} {
+			f["memory/"+group+"/memory.memsw."+k] = v + "\n"
+		}
+	}
+	return f
+}
+
+func v2Tree(group, max string, swap bool) map[string]string {
+	f := map[string]string{
+		"cgroup.controllers": "cpuset cpu io memory pids\n",
+		group + "/cpu.stat":  "usage_usec 123456\nuser_usec 100000\nsystem_usec 23456\n",
+		group + "/memory.stat": "anon 2097152\nfile 1048576\ninactive_file 524288\nactive_file 524288\n" +
+			"pgfault 1234\npgmajfault 5\n",
+		group + "/memory.current": "3145728\n",
+		group + "/memory.max":     max + "\n",
+		group + "/pids.current":   "3\n",
+		group + "/pids.max":       "max\n",
+	}
+	if swap {
+		f[group+"/memory.swap.current"] = "524288\n"
+		f[group+"/memory.swap.max"] = "max\n"
+	}
+	return f
+}
+
+func TestStat(t *testing.T) {
+	const group = "/pinrt/pod1/pinrt-ctr1"
+	tests := []struct {
+		name  string
+		files map[string]string
+		mode  Mode
+		want  Stats
+	}{
+		{
+			name: "v1 unlimited without swap accounting", files: v1Tree(group, "9223372036854771712", false), mode: Legacy,
+			want: Stats{CPUUsageNanos: 123456789, Pids: 3, Memory: Memory{
+				Usage: 3145728, WorkingSet: 3145728 - 524288, RSS: 2097152, PageFaults: 1234, MajorPageFaults: 5,
+			}},
+		},
+		{
+			name: "v1 limited with memsw", files: v1Tree(group, "10485760", true), mode: Legacy,
+			want: Stats{CPUUsageNanos: 123456789, Pids: 3, Memory: Memory{
+				Usage: 3145728, WorkingSet: 3145728 - 524288, RSS: 2097152, PageFaults: 1234, MajorPageFaults: 5,
+				Limit: 10485760, Swap: 3670016 - 3145728, HasSwap: true,
+			}},
+		},
+		{
+			name: "v2 unlimited with swap", files: v2Tree(group, "max", true), mode: Unified,
+			want: Stats{CPUUsageNanos: 123456000, Pids: 3, Memory: Memory{
+				Usage: 3145728, WorkingSet: 3145728 - 524288, RSS: 2097152, PageFaults: 1234, MajorPageFaults: 5,
+				Swap: 524288, HasSwap: true,
+			}},
+		},
+		{
+			name: "v2 limited without swap", files: v2Tree(group, "10485760", false), mode: Unified,
+			want: Stats{CPUUsageNanos: 123456000, Pids: 3, Memory: Memory{
+				Usage: 3145728, WorkingSet: 3145728 - 524288, RSS: 2097152, PageFaults: 1234, MajorPageFaults: 5,
+				Limit: 10485760,
+			}},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			writeTree(t, root, tc.files)
+			r := NewReader(root)
+			if r.Mode() != tc.mode {
+				t.Fatalf("mode = %v, want %v", r.Mode(), tc.mode)
+			}
+			got, err := r.Stat(group)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Timestamp.IsZero() {
+				t.Error("no timestamp")
+			}
+			got.Timestamp = time.Time{}
+			if *got != tc.want {
+				t.Errorf("Stat =\n%+v\nwant\n%+v", *got, tc.want)
+			}
+		})
+	}
+}
+
+func TestStatErrors(t *testing.T) {
+	tests := []struct {
+		name  string
+		files map[string]string
+		group string
+		want  error
+	}{
+		{"v1 missing cgroup", v1Tree("/pinrt/a", "1", false), "/pinrt/b", errdefs.ErrNotFound},
+		{"v2 missing cgroup", v2Tree("/pinrt/a", "max", false), "/pinrt/b", errdefs.ErrNotFound},
+		{"relative", v2Tree("/pinrt/a", "max", false), "pinrt/a", errdefs.ErrInvalidArgument},
+		{"dotdot", v2Tree("/pinrt/a", "max", false), "/pinrt/../../etc", errdefs.ErrInvalidArgument},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			writeTree(t, root, tc.files)
+			_, err := NewReader(root).Stat(tc.group)
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("err = %v, want %v", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestMemoryAvailable(t *testing.T) {
+	tests := []struct {
+		name string
+		m    Memory
+		want uint64
+	}{
+		{"unlimited", Memory{WorkingSet: 10}, 0},
+		{"limited", Memory{WorkingSet: 10, Limit: 100}, 90},
+		{"over the limit", Memory{WorkingSet: 200, Limit: 100}, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.m.Available(); got != tc.want {
+				t.Fatalf("Available = %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestCPURates(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	c := NewCPURates()
+	steps := []struct {
+		name   string
+		at     time.Time
+		usage  uint64
+		want   uint64
+		wantOK bool
+	}{
+		{"first sample has no rate", t0, 1e9, 0, false},
+		{"half a core over 2s", t0.Add(2 * time.Second), 2e9, 5e8, true},
+		{"same instant", t0.Add(2 * time.Second), 3e9, 0, false},
+		// 100ms later, against the sample 2s ago: stored sample kept.
+		{"within the window", t0.Add(2100 * time.Millisecond), 2e9 + 1e8, 1e9, true},
+		{"still against the kept sample", t0.Add(2200 * time.Millisecond), 2e9 + 2e8, 1e9, true},
+		{"counter reset", t0.Add(3 * time.Second), 1e6, 0, false},
+		{"after reset", t0.Add(4 * time.Second), 1e6 + 2e9, 2e9, true},
+	}
+	for _, s := range steps {
+		got, ok := c.Rate("ctr", s.at, s.usage)
+		if got != s.want || ok != s.wantOK {
+			t.Errorf("%s: Rate = %d, %v; want %d, %v", s.name, got, ok, s.want, s.wantOK)
+		}
+	}
+	c.Forget("ctr")
+	if _, ok := c.Rate("ctr", t0.Add(10*time.Second), 5e9); ok {
+		t.Error("a forgotten key still had a previous sample")
+	}
+}
+
+func TestUpdate(t *testing.T) {
+	const group = "/pinrt/pod1"
+	shares, period := uint64(512), uint64(100000)
+	quota, limit := int64(50000), int64(64<<20)
+	res := &specs.LinuxResources{
+		CPU:    &specs.LinuxCPU{Shares: &shares, Quota: &quota, Period: &period},
+		Memory: &specs.LinuxMemory{Limit: &limit},
+		Pids:   &specs.LinuxPids{Limit: &quota},
+	}
+	tests := []struct {
+		name  string
+		files map[string]string
+		want  map[string]string
+	}{
+		{
+			name: "v1",
+			files: map[string]string{
+				"memory" + group + "/memory.limit_in_bytes": "9223372036854771712\n",
+				"cpu" + group + "/cpu.shares":               "1024\n",
+				"pids" + group + "/pids.max":                "max\n",
+			},
+			want: map[string]string{
+				"memory" + group + "/memory.limit_in_bytes": "67108864",
+				"cpu" + group + "/cpu.shares":               "512",
+				"cpu" + group + "/cpu.cfs_quota_us":         "50000",
+				"cpu" + group + "/cpu.cfs_period_us":        "100000",
+				// Only CPU and memory are applied.
+				"pids" + group + "/pids.max": "max\n",
+			},
+		},
+		{
+			name: "v2",
+			files: map[string]string{
+				"cgroup.controllers":  "cpu memory pids\n",
+				group + "/memory.max": "max\n",
+				group + "/cpu.weight": "100\n",
+				group + "/pids.max":   "max\n",
+			},
+			want: map[string]string{
+				group + "/memory.max": "67108864",
+				// shares 512 is weight 59 in the conversion runc uses too.
+				group + "/cpu.weight": "59",
+				group + "/cpu.max":    "50000 100000",
+				group + "/pids.max":   "max\n",
+			},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			writeTree(t, root, tc.files)
+			r := NewReader(root)
+			if err := r.Update(group, res); err != nil {
+				t.Fatal(err)
+			}
+			for name, want := range tc.want {
+				b, err := os.ReadFile(filepath.Join(root, name))
+				if err != nil {
+					t.Errorf("%s: %v", name, err)
+					continue
+				}
+				if string(b) != want {
+					t.Errorf("%s = %q, want %q", name, b, want)
+				}
+			}
+			if err := r.Update("/pinrt/missing", res); !errors.Is(err, errdefs.ErrNotFound) {
+				t.Errorf("Update of a missing cgroup = %v, want NotFound", err)
+			}
+		})
+	}
+}

@@ -1,0 +1,56 @@
+package server
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pinrt/pinrt/oci"
+	"github.com/pinrt/pinrt/sandbox"
+)
+
+// UpdatePodSandboxResources records the pod's new resources (shown in the
+// verbose PodSandboxStatus) and applies their CPU and memory limits to the
+// pod cgroup when pinrt owns it. When kubelet named a cgroup parent, the
+// pod cgroup is kubelet's, and kubelet has resized it before this call.
+func (s *Server) UpdatePodSandboxResources(ctx context.Context, req *runtimeapi.UpdatePodSandboxResourcesRequest) (*runtimeapi.UpdatePodSandboxResourcesResponse, error) {
+	sb, err := s.sandboxes.Get(req.PodSandboxId)
+	if err != nil {
+		return nil, err
+	}
+	s.podResources.Store(sb.ID, req)
+	if err := s.applyPodResources(ctx, sb, req.GetResources()); err != nil {
+		return nil, err
+	}
+	log.G(ctx).WithFields(log.Fields{"pod": sb.Namespace + "/" + sb.Name, "id": shortID(sb.ID)}).Info("pod resources updated")
+	return &runtimeapi.UpdatePodSandboxResourcesResponse{}, nil
+}
+
+func (s *Server) applyPodResources(ctx context.Context, sb *sandbox.Sandbox, r *runtimeapi.LinuxContainerResources) error {
+	if sb.CgroupParent != "" || r == nil {
+		return nil
+	}
+	// The same conversion as container limits, so controllers the host
+	// lacks are dropped the same way.
+	host := oci.ProbeHost()
+	spec, err := oci.GenerateSpec(ctx, oci.WithResources(toResources(r), &host))
+	if err != nil {
+		return err
+	}
+	res := spec.Linux.Resources
+	if res == nil || (res.CPU == nil && res.Memory == nil) {
+		return nil
+	}
+	err = s.deps.Cgroups.Update(s.podCgroup(sb), res)
+	if errdefs.IsNotFound(err) {
+		// No container has run yet, so runc has not made the pod cgroup.
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("applying resources to pod %s: %w", sb.ID, err)
+	}
+	return nil
+}

@@ -1,0 +1,357 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pinrt/pinrt/cgroups"
+	"github.com/pinrt/pinrt/nsmgr"
+	"github.com/pinrt/pinrt/sandbox"
+)
+
+// Cgroups reads cgroup statistics (package cgroups, *cgroups.Reader).
+type Cgroups interface {
+	Stat(group string) (*cgroups.Stats, error)
+	Update(group string, res *specs.LinuxResources) error
+}
+
+// NetCounters reads the interface counters of a pinned netns (package
+// nsmgr, nsmgr.Counters).
+type NetCounters interface {
+	NetDev(pin string) ([]nsmgr.NetDev, error)
+}
+
+var (
+	_ Cgroups     = (*cgroups.Reader)(nil)
+	_ NetCounters = nsmgr.Counters{}
+)
+
+// DefaultDiskUsageInterval is how often writable layers are measured
+// when the configuration does not say.
+const DefaultDiskUsageInterval = time.Minute
+
+// statsState is what the stats RPCs keep between calls: the previous CPU
+// sample of every cgroup (usage_nano_cores is a rate) and the writable
+// layer sizes, which a background loop measures because walking every
+// upper directory on each of kubelet's 10-second polls would cost a
+// directory walk per container per poll.
+type statsState struct {
+	cpu *cgroups.CPURates
+
+	mu      sync.Mutex
+	groups  map[string]string  // container ID -> cgroup, from config.json
+	layers  map[string]fsUsage // container ID -> writable layer
+	refresh chan struct{}
+}
+
+type fsUsage struct {
+	at            time.Time
+	bytes, inodes uint64
+}
+
+func newStatsState() *statsState {
+	return &statsState{
+		cpu: cgroups.NewCPURates(), groups: map[string]string{}, layers: map[string]fsUsage{},
+		refresh: make(chan struct{}, 1),
+	}
+}
+
+// ContainerStats reports one container's usage.
+func (s *Server) ContainerStats(ctx context.Context, req *runtimeapi.ContainerStatsRequest) (*runtimeapi.ContainerStatsResponse, error) {
+	c, err := s.containers.Get(req.ContainerId)
+	if err != nil {
+		return nil, err
+	}
+	return &runtimeapi.ContainerStatsResponse{Stats: s.containerStats(ctx, c)}, nil
+}
+
+// ListContainerStats reports the usage of the containers matching the
+// filter; kubelet calls it every 10 seconds.
+func (s *Server) ListContainerStats(ctx context.Context, req *runtimeapi.ListContainerStatsRequest) (*runtimeapi.ListContainerStatsResponse, error) {
+	var out []*runtimeapi.ContainerStats
+	for _, c := range s.filterContainerStats(req.GetFilter()) {
+		out = append(out, s.containerStats(ctx, c))
+	}
+	return &runtimeapi.ListContainerStatsResponse{Stats: out}, nil
+}
+
+// PodSandboxStats reports a pod's usage with its containers'.
+func (s *Server) PodSandboxStats(ctx context.Context, req *runtimeapi.PodSandboxStatsRequest) (*runtimeapi.PodSandboxStatsResponse, error) {
+	sb, err := s.sandboxes.Get(req.PodSandboxId)
+	if err != nil {
+		return nil, err
+	}
+	return &runtimeapi.PodSandboxStatsResponse{Stats: s.podStats(ctx, sb)}, nil
+}
+
+// ListPodSandboxStats reports the usage of the pods matching the filter.
+func (s *Server) ListPodSandboxStats(ctx context.Context, req *runtimeapi.ListPodSandboxStatsRequest) (*runtimeapi.ListPodSandboxStatsResponse, error) {
+	var out []*runtimeapi.PodSandboxStats
+	for _, sb := range s.filterPodStats(req.GetFilter()) {
+		out = append(out, s.podStats(ctx, sb))
+	}
+	return &runtimeapi.ListPodSandboxStatsResponse{Stats: out}, nil
+}
+
+func (s *Server) filterContainerStats(f *runtimeapi.ContainerStatsFilter) []*sandbox.Container {
+	var out []*sandbox.Container
+	for _, c := range s.containers.List() {
+		if f != nil && (!strings.HasPrefix(c.ID, f.Id) || !strings.HasPrefix(c.SandboxID, f.PodSandboxId) || !labelsMatch(c.Labels, f.LabelSelector)) {
+			continue
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+func (s *Server) filterPodStats(f *runtimeapi.PodSandboxStatsFilter) []*sandbox.Sandbox {
+	var out []*sandbox.Sandbox
+	for _, sb := range s.sandboxes.List() {
+		if f != nil && (!strings.HasPrefix(sb.ID, f.Id) || !labelsMatch(sb.Labels, f.LabelSelector)) {
+			continue
+		}
+		out = append(out, sb)
+	}
+	return out
+}
+
+// containerStats never fails: a container whose cgroup is gone (created,
+// or exited and deleted by runc) simply has no CPU and memory numbers,
+// which kubelet handles.
+func (s *Server) containerStats(ctx context.Context, c *sandbox.Container) *runtimeapi.ContainerStats {
+	out := &runtimeapi.ContainerStats{Attributes: &runtimeapi.ContainerAttributes{
+		Id: c.ID, Metadata: containerMetadata(c), Labels: c.Labels, Annotations: c.Annotations,
+	}}
+	if group := s.containerCgroup(c); group != "" {
+		if st := s.readCgroup(ctx, c.ID, group); st != nil {
+			out.Cpu, out.Memory, out.Swap = s.cpuUsage(c.ID, st), memoryUsage(st), swapUsage(st)
+		}
+	}
+	s.stats.mu.Lock()
+	u, ok := s.stats.layers[c.ID]
+	s.stats.mu.Unlock()
+	if !ok {
+		// Not measured yet: measure now, once, so a new container does not
+		// report an empty layer for a whole interval.
+		u = s.measureLayer(ctx, c)
+	}
+	out.WritableLayer = &runtimeapi.FilesystemUsage{
+		Timestamp:  u.at.UnixNano(),
+		FsId:       &runtimeapi.FilesystemIdentifier{Mountpoint: filepath.Join(s.cfg.Root, "containers")},
+		UsedBytes:  &runtimeapi.UInt64Value{Value: u.bytes},
+		InodesUsed: &runtimeapi.UInt64Value{Value: u.inodes},
+	}
+	return out
+}
+
+func (s *Server) podStats(ctx context.Context, sb *sandbox.Sandbox) *runtimeapi.PodSandboxStats {
+	out := &runtimeapi.PodSandboxStats{
+		Attributes: &runtimeapi.PodSandboxAttributes{Id: sb.ID, Metadata: podMetadata(sb), Labels: sb.Labels, Annotations: sb.Annotations},
+		Linux:      &runtimeapi.LinuxPodSandboxStats{},
+	}
+	// A pod whose containers never started has no cgroup yet: runc
+	// creates the parent with the first container.
+	if st := s.readCgroup(ctx, sb.ID, s.podCgroup(sb)); st != nil {
+		out.Linux.Cpu, out.Linux.Memory = s.cpuUsage(sb.ID, st), memoryUsage(st)
+		out.Linux.Process = &runtimeapi.ProcessUsage{Timestamp: st.Timestamp.UnixNano(), ProcessCount: &runtimeapi.UInt64Value{Value: st.Pids}}
+	}
+	out.Linux.Network = s.networkUsage(ctx, sb)
+	for _, c := range s.podContainers(sb.ID) {
+		out.Linux.Containers = append(out.Linux.Containers, s.containerStats(ctx, c))
+	}
+	return out
+}
+
+func (s *Server) readCgroup(ctx context.Context, id, group string) *cgroups.Stats {
+	st, err := s.deps.Cgroups.Stat(group)
+	if err != nil {
+		if !errdefs.IsNotFound(err) {
+			log.G(ctx).WithError(err).WithField("id", id).Debug("reading cgroup statistics")
+		}
+		return nil
+	}
+	return st
+}
+
+func (s *Server) cpuUsage(id string, st *cgroups.Stats) *runtimeapi.CpuUsage {
+	u := &runtimeapi.CpuUsage{Timestamp: st.Timestamp.UnixNano(), UsageCoreNanoSeconds: &runtimeapi.UInt64Value{Value: st.CPUUsageNanos}}
+	if rate, ok := s.stats.cpu.Rate(id, st.Timestamp, st.CPUUsageNanos); ok {
+		u.UsageNanoCores = &runtimeapi.UInt64Value{Value: rate}
+	}
+	return u
+}
+
+func memoryUsage(st *cgroups.Stats) *runtimeapi.MemoryUsage {
+	m := st.Memory
+	u := &runtimeapi.MemoryUsage{
+		Timestamp:       st.Timestamp.UnixNano(),
+		WorkingSetBytes: &runtimeapi.UInt64Value{Value: m.WorkingSet},
+		UsageBytes:      &runtimeapi.UInt64Value{Value: m.Usage},
+		RssBytes:        &runtimeapi.UInt64Value{Value: m.RSS},
+		PageFaults:      &runtimeapi.UInt64Value{Value: m.PageFaults},
+		MajorPageFaults: &runtimeapi.UInt64Value{Value: m.MajorPageFaults},
+	}
+	if m.Limit != 0 {
+		u.AvailableBytes = &runtimeapi.UInt64Value{Value: m.Available()}
+	}
+	return u
+}
+
+func swapUsage(st *cgroups.Stats) *runtimeapi.SwapUsage {
+	if !st.Memory.HasSwap {
+		return nil
+	}
+	return &runtimeapi.SwapUsage{Timestamp: st.Timestamp.UnixNano(), SwapUsageBytes: &runtimeapi.UInt64Value{Value: st.Memory.Swap}}
+}
+
+// networkUsage reads the pod's interfaces in its pinned netns. A
+// host-network pod has no pin and reports nothing: the node's traffic is
+// not the pod's.
+func (s *Server) networkUsage(ctx context.Context, sb *sandbox.Sandbox) *runtimeapi.NetworkUsage {
+	pin := sb.Pins["net"]
+	if pin == "" || sb.Status().State != sandbox.StateReady {
+		return nil
+	}
+	devs, err := s.deps.NetCounters.NetDev(pin)
+	if err != nil {
+		log.G(ctx).WithError(err).WithField("sandbox", sb.ID).Debug("reading network counters")
+		return nil
+	}
+	out := &runtimeapi.NetworkUsage{Timestamp: time.Now().UnixNano()}
+	for _, d := range devs {
+		iface := &runtimeapi.NetworkInterfaceUsage{
+			Name:    d.Name,
+			RxBytes: &runtimeapi.UInt64Value{Value: d.RxBytes}, RxErrors: &runtimeapi.UInt64Value{Value: d.RxErrors},
+			TxBytes: &runtimeapi.UInt64Value{Value: d.TxBytes}, TxErrors: &runtimeapi.UInt64Value{Value: d.TxErrors},
+		}
+		out.Interfaces = append(out.Interfaces, iface)
+		// CNI names the pod's interface eth0, which kubelet expects as the
+		// default; otherwise the first one stands in.
+		if d.Name == "eth0" || out.DefaultInterface == nil {
+			out.DefaultInterface = iface
+		}
+	}
+	return out
+}
+
+// podCgroup is the cgroup the pod's containers are created under (see
+// container_create.go and oci.WithCgroupsPath).
+func (s *Server) podCgroup(sb *sandbox.Sandbox) string {
+	if sb.CgroupParent != "" {
+		return sb.CgroupParent
+	}
+	return path.Join(s.cfg.Runtime.CgroupParent, sb.ID)
+}
+
+// containerCgroup is linux.cgroupsPath of the spec the container was
+// created with, read once: the spec never changes.
+func (s *Server) containerCgroup(c *sandbox.Container) string {
+	s.stats.mu.Lock()
+	g, ok := s.stats.groups[c.ID]
+	s.stats.mu.Unlock()
+	if ok {
+		return g
+	}
+	b, err := os.ReadFile(filepath.Join(c.Dir, "config.json"))
+	if err != nil {
+		return ""
+	}
+	var spec specs.Spec
+	if json.Unmarshal(b, &spec) != nil || spec.Linux == nil {
+		return ""
+	}
+	g = spec.Linux.CgroupsPath
+	s.stats.mu.Lock()
+	s.stats.groups[c.ID] = g
+	s.stats.mu.Unlock()
+	return g
+}
+
+func (s *Server) measureLayer(ctx context.Context, c *sandbox.Container) fsUsage {
+	u := fsUsage{at: time.Now()}
+	var err error
+	if u.bytes, u.inodes, err = s.deps.Images.Usage(c.Dir); err != nil {
+		log.G(ctx).WithError(err).WithField("container", c.ID).Debug("measuring the writable layer")
+	}
+	// A container removed while it was measured must not come back.
+	if _, err := s.containers.Get(c.ID); err == nil {
+		s.stats.mu.Lock()
+		s.stats.layers[c.ID] = u
+		s.stats.mu.Unlock()
+	}
+	return u
+}
+
+// RefreshDiskUsage makes the background loop measure every writable layer
+// now instead of at its next tick.
+func (s *Server) RefreshDiskUsage() {
+	select {
+	case s.stats.refresh <- struct{}{}:
+	default:
+	}
+}
+
+// diskUsageLoop measures every container's writable layer each interval
+// and forgets the state of removed containers and pods.
+func (s *Server) diskUsageLoop(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-s.stats.refresh:
+		}
+		live := map[string]bool{}
+		for _, c := range s.containers.List() {
+			live[c.ID] = true
+			s.measureLayer(ctx, c)
+		}
+		for _, sb := range s.sandboxes.List() {
+			live[sb.ID] = true
+		}
+		s.stats.mu.Lock()
+		for id := range s.stats.layers {
+			if !live[id] {
+				delete(s.stats.layers, id)
+			}
+		}
+		for id := range s.stats.groups {
+			if !live[id] {
+				delete(s.stats.groups, id)
+			}
+		}
+		s.stats.mu.Unlock()
+		s.stats.cpu.Retain(live)
+	}
+}
+
+// containerFilesystem is the writable layers' filesystem for ImageFsInfo:
+// the sum of the last measurements.
+func (s *Server) containerFilesystem() *runtimeapi.FilesystemUsage {
+	s.stats.mu.Lock()
+	defer s.stats.mu.Unlock()
+	var bytes, inodes uint64
+	for _, u := range s.stats.layers {
+		bytes += u.bytes
+		inodes += u.inodes
+	}
+	return &runtimeapi.FilesystemUsage{
+		Timestamp:  time.Now().UnixNano(),
+		FsId:       &runtimeapi.FilesystemIdentifier{Mountpoint: filepath.Join(s.cfg.Root, "containers")},
+		UsedBytes:  &runtimeapi.UInt64Value{Value: bytes},
+		InodesUsed: &runtimeapi.UInt64Value{Value: inodes},
+	}
+}
