@@ -90,8 +90,9 @@ func (r *Runtime) ExecStream(ctx context.Context, id string, o ExecOptions) (int
 	c.WaitDelay = execWaitDelay
 
 	var once sync.Once
+	since := bootTicks()
 	kill := func() {
-		once.Do(func() { killPidFile(pidFile) })
+		once.Do(func() { killPidFile(pidFile, since) })
 	}
 	var stream *execIO
 	if o.Tty {
@@ -130,15 +131,23 @@ func (r *Runtime) ExecStream(ctx context.Context, id string, o ExecOptions) (int
 	return -1, fmt.Errorf("exec in %s: %w", id, err)
 }
 
-// killPidFile SIGKILLs the process runc wrote into pidFile, if any.
-func killPidFile(pidFile string) {
+// killPidFile SIGKILLs the process runc wrote into pidFile, if any, and
+// only if it started after since: once the exec'd process is gone its PID
+// may belong to anything on the host.
+func killPidFile(pidFile string, since uint64) {
 	b, err := os.ReadFile(pidFile)
 	if err != nil {
 		return
 	}
-	if pid, _ := strconv.Atoi(strings.TrimSpace(string(b))); pid > 0 {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	if pid <= 0 {
+		return
 	}
+	st, err := readProcStat(pid)
+	if err != nil || st.start < since {
+		return
+	}
+	_ = killIfSame(procID{pid: pid, start: st.start})
 }
 
 // execIO is the copying around one started exec.
