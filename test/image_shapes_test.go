@@ -339,9 +339,14 @@ func storeEntries(t *testing.T, d *Daemon) []string {
 // onBlob serves GETs of the blob digest with serve and passes every other
 // request to the registry. serve gets the blob as the registry sent it.
 func onBlob(digest string, serve func(w http.ResponseWriter, r *http.Request, hdr http.Header, body []byte)) func(http.Handler) http.Handler {
+	return onGET("/blobs/"+digest, serve)
+}
+
+// onGET is onBlob for any path ending in suffix.
+func onGET(suffix string, serve func(w http.ResponseWriter, r *http.Request, hdr http.Header, body []byte)) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.Method != http.MethodGet || !strings.HasSuffix(r.URL.Path, "/blobs/"+digest) {
+			if r.Method != http.MethodGet || !strings.HasSuffix(r.URL.Path, suffix) {
 				next.ServeHTTP(w, r)
 				return
 			}
@@ -522,19 +527,33 @@ func TestImagePullStalled(t *testing.T) {
 	d := StartDaemon(t, Options{Config: "[image]\npull_progress_timeout = \"2s\"\n"})
 	stop := make(chan struct{})
 	t.Cleanup(func() { close(stop) })
+	// The registry accepts the request and never answers it.
+	silent := func(w http.ResponseWriter, r *http.Request, _ http.Header, _ []byte) {
+		select {
+		case <-r.Context().Done():
+		case <-stop:
+		}
+	}
 	tests := []struct {
-		name       string
-		stallAfter int // pieces of the blob sent before the stall
+		name  string
+		stall func(manifest, top string) func(http.Handler) http.Handler
 	}{
-		{"before the body", 0},
-		{"mid-blob", 3},
+		{"before the manifest's headers", func(manifest, _ string) func(http.Handler) http.Handler {
+			return onGET("/manifests/"+manifest, silent)
+		}},
+		{"before the blob's body", func(_, top string) func(http.Handler) http.Handler {
+			return onBlob(top, throttled(16, 100*time.Millisecond, 0, stop))
+		}},
+		{"mid-blob", func(_, top string) func(http.Handler) http.Handler {
+			return onBlob(top, throttled(16, 100*time.Millisecond, 3, stop))
+		}},
 	}
 	for i, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			img, top := twoLayersOnBusybox(t, uint64(10+i), testimage.Shape{})
 			ref := reg.Push(t, fmt.Sprintf("stall/%d:1", i), img)
 			before := storeEntries(t, d)
-			reg.Intercept(onBlob(top, throttled(16, 100*time.Millisecond, tc.stallAfter, stop)))
+			reg.Intercept(tc.stall(ref[strings.Index(ref, "@")+1:], top))
 			start := time.Now()
 			_, err := d.Image.PullImage(Ctx(t), &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: ref}})
 			took := time.Since(start)

@@ -190,7 +190,7 @@ func BaseFiles(t testing.TB) []File {
 	t.Helper()
 	bb, err := os.ReadFile(BusyboxPath)
 	if err != nil {
-		t.Skipf("testimage: %v (install busybox-static)", err)
+		t.Fatalf("testimage: %v: busybox-static is needed for every test image (make deps installs it)", err)
 	}
 	files := []File{
 		{Path: "bin/", Mode: 0o755}, {Path: "etc/", Mode: 0o755}, {Path: "tmp/", Mode: 0o1777},
