@@ -412,6 +412,7 @@ func throttled(chunks int, every time.Duration, stallAfter int, stop <-chan stru
 		}
 		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush() // the headers arrive, whatever the body does
 		size := (len(body) + chunks - 1) / chunks
 		for i := 0; len(body) > 0; i++ {
 			if i == stallAfter {
