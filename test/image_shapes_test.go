@@ -667,7 +667,9 @@ func TestImagePullCredentials(t *testing.T) {
 			select {
 			case <-manifests:
 			case <-time.After(30 * time.Second):
-				t.Fatal("the first pull never asked for the manifest")
+				wg.Done() // no second pull
+				wg.Wait()
+				t.Fatalf("the first pull never asked for the manifest: %v", errs[0])
 			}
 			go func() { defer wg.Done(); refs[1], errs[1] = pull(reg.Ref(tc.repo), tc.second) }()
 			wg.Wait()
