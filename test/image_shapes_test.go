@@ -386,6 +386,9 @@ func onGET(suffix string, serve func(w http.ResponseWriter, r *http.Request, hdr
 // damaged size or chunked without one.
 func damaged(damage func([]byte) []byte, chunked bool) func(http.ResponseWriter, *http.Request, http.Header, []byte) {
 	return func(w http.ResponseWriter, _ *http.Request, hdr http.Header, body []byte) {
+		// However concurrently the layers are fetched, let the intact
+		// ones land first: the failure must roll them back too.
+		time.Sleep(500 * time.Millisecond)
 		body = damage(bytes.Clone(body))
 		for k, v := range hdr {
 			w.Header()[k] = v
