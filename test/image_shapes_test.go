@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -607,24 +608,12 @@ func TestImagePullCredentials(t *testing.T) {
 
 	good := &runtimeapi.AuthConfig{Username: "alice", Password: "secret"}
 	bad := &runtimeapi.AuthConfig{Username: "alice", Password: "wrong"}
-	var (
-		mu        sync.Mutex
-		seen      = map[string]int{} // "user:password" of manifest requests
-		manifests = make(chan string, 16)
-	)
+	g := &credGate{}
 	reg.Intercept(func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			user, pass, ok := r.BasicAuth()
-			if strings.Contains(r.URL.Path, "/manifests/") && ok {
-				mu.Lock()
-				seen[user+":"+pass]++
-				mu.Unlock()
-				select {
-				case manifests <- user + ":" + pass:
-				default:
-				}
-				// Hold the manifest so the other pull arrives meanwhile.
-				time.Sleep(time.Second)
+			if ok && strings.Contains(r.URL.Path, "/manifests/") {
+				g.arrive(user + ":" + pass)
 			}
 			if !ok || user != good.Username || pass != good.Password {
 				w.Header().Set("WWW-Authenticate", `Basic realm="pinrt-e2e"`)
@@ -653,12 +642,7 @@ func TestImagePullCredentials(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			mu.Lock()
-			clear(seen)
-			mu.Unlock()
-			for len(manifests) > 0 {
-				<-manifests
-			}
+			firstArrived := g.reset()
 			var (
 				wg   sync.WaitGroup
 				refs [2]string
@@ -666,9 +650,10 @@ func TestImagePullCredentials(t *testing.T) {
 			)
 			wg.Add(2)
 			go func() { defer wg.Done(); refs[0], errs[0] = pull(reg.Ref(tc.repo), tc.first) }()
-			// The second pull starts once the first is at the registry.
+			// The second pull starts while the registry holds the first
+			// one's manifest request.
 			select {
-			case <-manifests:
+			case <-firstArrived:
 			case <-time.After(30 * time.Second):
 				wg.Done() // no second pull
 				wg.Wait()
@@ -683,11 +668,56 @@ func TestImagePullCredentials(t *testing.T) {
 			if status.Code(errs[tc.badIs]) != codes.Unauthenticated {
 				t.Errorf("pull with bad credentials = %q, %v; want Unauthenticated", refs[tc.badIs], errs[tc.badIs])
 			}
-			mu.Lock()
-			defer mu.Unlock()
-			if seen[key(good)] == 0 || seen[key(bad)] == 0 {
+			if seen := g.seen(); seen[key(good)] == 0 || seen[key(bad)] == 0 {
 				t.Errorf("manifest requests by credentials %v: each pull must reach the registry with its own", seen)
 			}
 		})
 	}
+}
+
+// credGate holds the first manifest request until a request with other
+// credentials arrives, or 3s pass: long enough that a second pull which
+// joins the first one's download instead of asking for itself is caught
+// in the act, without slowing down the pulls that do ask.
+type credGate struct {
+	mu     sync.Mutex
+	counts map[string]int // manifest requests by "user:password"
+	first  chan struct{}  // closed when the first request arrives
+	both   chan struct{}  // closed when a second set of credentials arrives
+}
+
+// reset starts a round and returns the channel closed on its first
+// request.
+func (g *credGate) reset() <-chan struct{} {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.counts = map[string]int{}
+	g.first, g.both = make(chan struct{}), make(chan struct{})
+	return g.first
+}
+
+func (g *credGate) arrive(creds string) {
+	g.mu.Lock()
+	g.counts[creds]++
+	n := len(g.counts)
+	first, both := g.first, g.both
+	if n == 1 && g.counts[creds] == 1 {
+		close(first)
+	}
+	if n == 2 && g.counts[creds] == 1 {
+		close(both)
+	}
+	g.mu.Unlock()
+	if n == 1 {
+		select {
+		case <-both:
+		case <-time.After(3 * time.Second):
+		}
+	}
+}
+
+func (g *credGate) seen() map[string]int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return maps.Clone(g.counts)
 }
