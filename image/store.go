@@ -314,7 +314,8 @@ func (s *Store) sweepOrphans(ctx context.Context) {
 type gcCandidates struct{ layers, blobs map[string]bool }
 
 // gc deletes blobs and layers no image references and no mounted rootfs
-// uses: among cand if set, else in the whole store. Callers hold gcMu.
+// uses: among cand if set, else in the whole store. Callers hold gcMu
+// for writing.
 func (s *Store) gc(cand *gcCandidates) error {
 	blobs, layers := map[string]bool{}, map[string]bool{}
 	s.mu.RLock()
