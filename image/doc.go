@@ -15,7 +15,10 @@
 // therefore never leaves a half layer that a later pull would trust.
 // Layers of one pull download and unpack concurrently, but are renamed
 // into place bottom-up: layers/<chain-id> names a whole chain, so it
-// appears only after the layer below it did.
+// appears only after the layer below it did. A pull that fails takes
+// back the layers and blobs it published, once no other pull that might
+// use them is running. A blob whose size or digest is not the manifest's
+// fails the pull with errdefs.ErrDataLoss.
 //
 // A pull fails for want of progress (no byte from the registry for
 // Options.PullProgressTimeout), not for taking long. Concurrent pulls of

@@ -109,6 +109,7 @@ func mbPerSec(n int64, d time.Duration) float64 {
 type progressTransport struct {
 	base    http.RoundTripper
 	p       *pullProgress
+	blobs   *blobChecks
 	timeout time.Duration
 }
 
@@ -126,8 +127,12 @@ func (t *progressTransport) RoundTrip(req *http.Request) (*http.Response, error)
 		return nil, err
 	}
 	t.p.touch()
+	body, err := t.blobs.check(req, resp)
+	if err != nil {
+		return nil, err
+	}
 	t.p.bodies.Add(1)
-	resp.Body = &progressBody{rc: resp.Body, p: t.p}
+	resp.Body = &progressBody{rc: body, p: t.p}
 	return resp, nil
 }
 

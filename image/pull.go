@@ -55,7 +55,7 @@ type endpoint struct {
 // endpoints lists the mirrors of r's registry in order, then the
 // registry itself unless SkipOrigin. auth is the caller's credentials;
 // without them each endpoint gets the auth file's entry for its host.
-func (s *Store) endpoints(ctx context.Context, r name.Reference, auth *Auth, files authFileCreds, prog *pullProgress) ([]endpoint, error) {
+func (s *Store) endpoints(ctx context.Context, r name.Reference, auth *Auth, files authFileCreds, prog *pullProgress, blobs *blobChecks) ([]endpoint, error) {
 	credsFor := func(ref name.Reference) *Auth {
 		if auth != nil && *auth != (Auth{}) {
 			return auth
@@ -71,7 +71,7 @@ func (s *Store) endpoints(ctx context.Context, r name.Reference, auth *Auth, fil
 		if err != nil {
 			return nil, fmt.Errorf("mirror %q: %w: %w", m, err, errdefs.ErrInvalidArgument)
 		}
-		ep, err := s.endpoint(ctx, mref, mcfg, credsFor(mref), prog)
+		ep, err := s.endpoint(ctx, mref, mcfg, credsFor(mref), prog, blobs)
 		if err != nil {
 			return nil, err
 		}
@@ -82,7 +82,7 @@ func (s *Store) endpoints(ctx context.Context, r name.Reference, auth *Auth, fil
 		if err != nil {
 			return nil, fmt.Errorf("image reference %q: %w: %w", r, err, errdefs.ErrInvalidArgument)
 		}
-		ep, err := s.endpoint(ctx, oref, cfg, credsFor(oref), prog)
+		ep, err := s.endpoint(ctx, oref, cfg, credsFor(oref), prog, blobs)
 		if err != nil {
 			return nil, err
 		}
@@ -110,7 +110,7 @@ func (s *Store) progressTimeout() time.Duration {
 	return DefaultPullProgressTimeout
 }
 
-func (s *Store) endpoint(ctx context.Context, ref name.Reference, cfg RegistryConfig, auth *Auth, prog *pullProgress) (endpoint, error) {
+func (s *Store) endpoint(ctx context.Context, ref name.Reference, cfg RegistryConfig, auth *Auth, prog *pullProgress, blobs *blobChecks) (endpoint, error) {
 	tr := remote.DefaultTransport.(*http.Transport).Clone()
 	// Connecting and waiting for response headers are bounded by the
 	// stall timeout per request, not by the watchdog, so that a mirror
@@ -143,7 +143,7 @@ func (s *Store) endpoint(ctx context.Context, ref name.Reference, cfg RegistryCo
 	}
 	return endpoint{ref: ref, opts: []remote.Option{
 		remote.WithContext(ctx),
-		remote.WithTransport(&progressTransport{base: tr, p: prog, timeout: stall}),
+		remote.WithTransport(&progressTransport{base: tr, p: prog, blobs: blobs, timeout: stall}),
 		remote.WithAuth(auth.authenticator()),
 		remote.WithPlatform(s.platform),
 		// The default backoff waits 1s and 3s; a mirror that is down
@@ -154,6 +154,11 @@ func (s *Store) endpoint(ctx context.Context, ref name.Reference, cfg RegistryCo
 
 // classify maps registry and network failures to errdefs classes.
 func classify(err error) error {
+	// Before the network checks: net/http wraps what the transport
+	// returns in a *url.Error, which is a net.Error.
+	if isBlobMismatch(err) {
+		return withClass(err, errdefs.ErrDataLoss)
+	}
 	var terr *transport.Error
 	if errors.As(err, &terr) {
 		switch terr.StatusCode {
@@ -256,7 +261,24 @@ func (s *Store) pull(ctx context.Context, r name.Reference, auth *Auth) (*Image,
 	return img, st, nil
 }
 
+// pullOnce runs pullShared and, if it fails, takes back the layers and
+// blobs it published: a failed pull leaves the store as it found it.
+// They can only go once no pull is running (one may have found them
+// present and be about to record an image using them), which
+// sweepOrphans sees to.
 func (s *Store) pullOnce(ctx context.Context, r name.Reference, auth *Auth, prog *pullProgress) (*Image, *fetched, string, error) {
+	added := &storeItems{}
+	img, f, ep, err := s.pullShared(ctx, r, auth, prog, added)
+	if err != nil {
+		s.orphans.moveFrom(added)
+	}
+	s.sweepOrphans(ctx)
+	return img, f, ep, err
+}
+
+// pullShared pulls with gcMu held shared, recording in added what it
+// publishes.
+func (s *Store) pullShared(ctx context.Context, r name.Reference, auth *Auth, prog *pullProgress, added *storeItems) (*Image, *fetched, string, error) {
 	s.gcMu.RLock()
 	defer s.gcMu.RUnlock()
 
@@ -267,7 +289,8 @@ func (s *Store) pullOnce(ctx context.Context, r name.Reference, auth *Auth, prog
 			return nil, nil, "", fmt.Errorf("pull %s: %w", normalize(r), err)
 		}
 	}
-	eps, err := s.endpoints(ctx, r, auth, files, prog)
+	blobs := &blobChecks{}
+	eps, err := s.endpoints(ctx, r, auth, files, prog, blobs)
 	if err != nil {
 		return nil, nil, "", err
 	}
@@ -291,7 +314,7 @@ func (s *Store) pullOnce(ctx context.Context, r name.Reference, auth *Auth, prog
 		return nil, nil, "", fmt.Errorf("pull %s: %w", normalize(r), endpointsFailed(errs))
 	}
 	epName := ep.ref.Context().RegistryStr()
-	f, err := s.fetch(ctx, desc, normalize(r), epName)
+	f, err := s.fetch(ctx, desc, blobs, added, normalize(r), epName)
 	if err != nil {
 		return nil, nil, "", fmt.Errorf("pull %s from %s: %w", normalize(r), epName, classify(err))
 	}
@@ -352,12 +375,13 @@ type fetched struct {
 	stageTime atomic.Int64
 }
 
-// fetch stores the layers, config and manifest of desc. Layers download
-// and unpack concurrently, up to MaxConcurrentDownloads at once; each is
-// published once the layers below it are (see ensureLayer). The manifest
-// and config are stored last, so a failed pull leaves no blob of its own
-// behind.
-func (s *Store) fetch(ctx context.Context, desc *remote.Descriptor, imgName, epName string) (*fetched, error) {
+// fetch stores the layers, config and manifest of desc, recording in
+// added the ones it publishes. Layers download and unpack concurrently,
+// up to MaxConcurrentDownloads at once; each is published once the
+// layers below it are (see ensureLayer). The manifest and config are
+// stored last. The manifest's descriptors go to blobs before any blob is
+// fetched, for the transport to check them.
+func (s *Store) fetch(ctx context.Context, desc *remote.Descriptor, blobs *blobChecks, added *storeItems, imgName, epName string) (*fetched, error) {
 	img, err := desc.Image()
 	if err != nil {
 		return nil, err
@@ -373,6 +397,10 @@ func (s *Store) fetch(ctx context.Context, desc *remote.Descriptor, imgName, epN
 	manifest, err := img.Manifest()
 	if err != nil {
 		return nil, err
+	}
+	blobs.expect(manifest.Config)
+	for _, l := range manifest.Layers {
+		blobs.expect(l)
 	}
 	rawConfig, err := img.RawConfigFile()
 	if err != nil {
@@ -425,7 +453,7 @@ func (s *Store) fetch(ctx context.Context, desc *remote.Descriptor, imgName, epN
 			parent = present[i-1]
 		}
 		g.Go(func() error {
-			if err := s.ensureLayer(gctx, layers[i], lr, parent, sem, &f.stageTime); err != nil {
+			if err := s.ensureLayer(gctx, layers[i], lr, parent, sem, &f.stageTime, added); err != nil {
 				return err
 			}
 			close(present[i])
@@ -435,10 +463,10 @@ func (s *Store) fetch(ctx context.Context, desc *remote.Descriptor, imgName, epN
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
-	if err := s.putBlob(f.rec.ID, rawConfig); err != nil {
+	if err := s.putBlob(f.rec.ID, rawConfig, added); err != nil {
 		return nil, err
 	}
-	if err := s.putBlob(mdigest.String(), rawManifest); err != nil {
+	if err := s.putBlob(mdigest.String(), rawManifest, added); err != nil {
 		return nil, err
 	}
 	return f, nil
@@ -454,8 +482,9 @@ func chainID(parent, diffID string) string {
 	return "sha256:" + hex.EncodeToString(h[:])
 }
 
-// putBlob writes a small, already fetched blob after checking its digest.
-func (s *Store) putBlob(digest string, data []byte) error {
+// putBlob writes a small, already fetched blob after checking its digest
+// and records it in added if it was not there yet.
+func (s *Store) putBlob(digest string, data []byte, added *storeItems) error {
 	h := sha256.Sum256(data)
 	if got := "sha256:" + hex.EncodeToString(h[:]); got != digest {
 		return fmt.Errorf("blob digest mismatch: got %s, want %s: %w", got, digest, errdefs.ErrDataLoss)
@@ -465,7 +494,11 @@ func (s *Store) putBlob(digest string, data []byte) error {
 	if _, err := os.Stat(s.blobPath(digest)); err == nil {
 		return nil
 	}
-	return atomicfile.WriteFile(s.blobPath(digest), data, 0o600)
+	if err := atomicfile.WriteFile(s.blobPath(digest), data, 0o600); err != nil {
+		return err
+	}
+	added.addBlob(digest)
+	return nil
 }
 
 // ensureLayer makes layers/<chain> exist.
@@ -480,8 +513,9 @@ func (s *Store) putBlob(digest string, data []byte) error {
 // The layer's chain lock is held throughout, so two pulls never stage the
 // same chain twice; the download slot is given back before waiting for
 // the parent, so a slow lower layer never holds up the downloads above.
-// The time spent staging and publishing, not waiting, is added to work.
-func (s *Store) ensureLayer(ctx context.Context, layer v1.Layer, lr layerRecord, parent <-chan struct{}, sem chan struct{}, work *atomic.Int64) error {
+// The time spent staging and publishing, not waiting, is added to work;
+// what it publishes is recorded in added.
+func (s *Store) ensureLayer(ctx context.Context, layer v1.Layer, lr layerRecord, parent <-chan struct{}, sem chan struct{}, work *atomic.Int64, added *storeItems) error {
 	unlock, err := s.locks.lockCtx(ctx, "layer:"+lr.ChainID)
 	if err != nil {
 		return err
@@ -517,7 +551,7 @@ func (s *Store) ensureLayer(ctx context.Context, layer v1.Layer, lr layerRecord,
 	}
 	start = time.Now()
 	defer func() { work.Add(int64(time.Since(start))) }()
-	if err := s.publishLayer(st, lr); err != nil {
+	if err := s.publishLayer(st, lr, added); err != nil {
 		return err
 	}
 	published = true
@@ -595,13 +629,15 @@ func (s *Store) stageLayer(ctx context.Context, layer v1.Layer, lr layerRecord) 
 	return st, nil
 }
 
-// publishLayer moves a staged layer (and its blob) into place.
-func (s *Store) publishLayer(st *stagedLayer, lr layerRecord) error {
+// publishLayer moves a staged layer (and its blob) into place and
+// records in added what it moved.
+func (s *Store) publishLayer(st *stagedLayer, lr layerRecord, added *storeItems) error {
 	if st.blob != "" {
 		if err := os.Rename(st.blob, s.blobPath(lr.Digest)); err != nil {
 			return err
 		}
 		st.blob = ""
+		added.addBlob(lr.Digest)
 		if err := atomicfile.SyncDir(filepath.Dir(s.blobPath(lr.Digest))); err != nil {
 			return err
 		}
@@ -609,6 +645,7 @@ func (s *Store) publishLayer(st *stagedLayer, lr layerRecord) error {
 	if err := os.Rename(st.dir, s.layerPath(lr.ChainID)); err != nil {
 		return err
 	}
+	added.addLayer(lr.ChainID)
 	return atomicfile.SyncDir(s.path("layers"))
 }
 

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -127,6 +128,110 @@ func TestPullFailedLayerLeavesNothing(t *testing.T) {
 	if n := len(s.List()); n != 0 {
 		t.Errorf("%d images recorded after a failed pull", n)
 	}
+}
+
+// A failed pull takes back the layers and blobs it published, but not
+// while another pull runs that uses them: pull A publishes bottom, mid
+// and onlyA, pull B finds bottom and mid present, A fails on its damaged
+// top layer, and B then records an image on bottom and mid. Only onlyA
+// may go, and only once B is done.
+func TestPullFailedRollsBackWhatNoImageUses(t *testing.T) {
+	requireRoot(t)
+	reg := startTestRegistry(t)
+	bottom, mid := fileLayer(t, "bottom", []byte("bottom")), fileLayer(t, "mid", []byte("mid"))
+	onlyA := fileLayer(t, "onlyA", []byte("only in A"))
+	topA, topB := fileLayer(t, "top", []byte("top of A")), fileLayer(t, "top", []byte("top of B"))
+	reg.push(t, "a:1", imageOf(t, types.OCIManifestSchema1, types.OCIConfigJSON, bottom, mid, onlyA, topA))
+	reg.push(t, "b:1", imageOf(t, types.OCIManifestSchema1, types.OCIConfigJSON, bottom, mid, topB))
+	bAtTop, aDone := make(chan struct{}), make(chan struct{})
+	// A handler must not t.Fatal; a timed-out wait fails the test below.
+	wait := func(ch <-chan struct{}) {
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Second):
+		}
+	}
+	reg.pulls(func(inner http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			switch {
+			case blobGET(r, digestOf(t, topA)):
+				wait(bAtTop)
+				data := bytes.Clone(topA.blob)
+				data[len(data)/2] ^= 0xff
+				w.Write(data)
+			case blobGET(r, digestOf(t, topB)):
+				close(bAtTop)
+				wait(aDone)
+				inner.ServeHTTP(w, r)
+			default:
+				inner.ServeHTTP(w, r)
+			}
+		})
+	})
+	s := newTestStore(t, Options{})
+	a := goPull(context.Background(), s, reg.ref("a:1"), nil)
+	// B starts once A has published everything below its top layer.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if ents, _ := os.ReadDir(s.path("layers")); len(ents) == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("pull A never published its three lower layers")
+		}
+	}
+	b := goPull(context.Background(), s, reg.ref("b:1"), nil)
+	resA := <-a
+	if !errors.Is(resA.err, errdefs.ErrDataLoss) || !strings.Contains(resA.err.Error(), digestOf(t, topA)) {
+		t.Errorf("pull A = %v, want DataLoss naming %s", resA.err, digestOf(t, topA))
+	}
+	if _, err := os.Stat(s.blobPath(digestOf(t, onlyA))); err != nil {
+		t.Errorf("A's onlyA blob went while pull B was still running: %v", err)
+	}
+	close(aDone)
+	resB := <-b
+	if resB.err != nil {
+		t.Fatalf("pull B: %v", resB.err)
+	}
+
+	var wantLayers []string
+	for _, c := range resB.img.ChainIDs {
+		wantLayers = append(wantLayers, strings.TrimPrefix(c, "sha256:"))
+	}
+	wantBlobs := []string{resB.img.ID}
+	for _, l := range []*rawLayer{bottom, mid, topB} {
+		wantBlobs = append(wantBlobs, digestOf(t, l))
+	}
+	for i, d := range wantBlobs {
+		wantBlobs[i] = strings.TrimPrefix(d, "sha256:")
+	}
+	got := func(dir string) []string {
+		names, err := dirNames(s.path(dir))
+		if err != nil {
+			t.Fatal(err)
+		}
+		slices.Sort(names)
+		return names
+	}
+	slices.Sort(wantLayers)
+	if g := got("layers"); !slices.Equal(g, wantLayers) {
+		t.Errorf("layers/ = %v, want B's %v", g, wantLayers)
+	}
+	// B's blobs are its layers, config and manifest.
+	if g := got("blobs/sha256"); len(g) != len(wantBlobs)+1 || !isSubset(wantBlobs, g) {
+		t.Errorf("blobs/sha256/ = %v, want B's layers and config %v and its manifest", g, wantBlobs)
+	}
+	if g := got("tmp"); len(g) != 0 {
+		t.Errorf("tmp/ = %v, want nothing", g)
+	}
+}
+
+func isSubset(sub, set []string) bool {
+	for _, x := range sub {
+		if !slices.Contains(set, x) {
+			return false
+		}
+	}
+	return true
 }
 
 // Layers download concurrently, never more than max_concurrent_downloads

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"testing"
 
@@ -41,6 +42,9 @@ func TestClassifyResolves(t *testing.T) {
 		{"mirror 404 then origin down", withClass(errors.Join(notFound, unreachable), errdefs.ErrUnavailable), errdefs.ErrUnavailable, ""},
 		{"all endpoints 404", withClass(errors.Join(notFound, notFound), errdefs.ErrNotFound), errdefs.ErrNotFound, ""},
 		{"other errors keep no class", classify(errors.New("boom")), errdefs.ErrUnknown, "boom"},
+		// net/http wraps a transport's error in *url.Error, a net.Error.
+		{"damaged blob", classify(&url.Error{Op: "Get", URL: "http://r/v2/x/blobs/sha256:ab", Err: &blobMismatchError{digest: "sha256:ab", msg: "registry sends 1 bytes, the manifest says 2"}}),
+			errdefs.ErrDataLoss, `Get "http://r/v2/x/blobs/sha256:ab": blob sha256:ab: registry sends 1 bytes, the manifest says 2: data loss`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

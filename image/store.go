@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"golang.org/x/sys/unix"
 
@@ -66,6 +68,9 @@ type Store struct {
 	// gcMu keeps Remove's garbage collection from deleting a layer a
 	// concurrent Pull has just found present: pulls hold it shared.
 	gcMu sync.RWMutex
+	// orphans are what failed pulls published, waiting for a moment
+	// when no pull runs to be removed if still unused (sweepOrphans).
+	orphans storeItems
 
 	mu     sync.RWMutex
 	images map[string]*record // by ID
@@ -236,11 +241,82 @@ func (s *Store) Remove(ref string) error {
 		return fmt.Errorf("remove image %s: %w", r.ID, err)
 	}
 	s.mu.Unlock()
-	return s.gc()
+	s.orphans.take() // the whole store is collected now
+	return s.gc(nil)
 }
 
-// gc deletes blobs and layers no image references. Callers hold gcMu.
-func (s *Store) gc() error {
+// storeItems names layers (by chain ID) and blobs (by digest) as their
+// entries in layers/ and blobs/sha256/ are named. It is safe for
+// concurrent use.
+type storeItems struct {
+	mu            sync.Mutex
+	layers, blobs map[string]bool
+}
+
+func (it *storeItems) addLayer(chainID string) { it.add(&it.layers, chainID) }
+func (it *storeItems) addBlob(digest string)   { it.add(&it.blobs, digest) }
+
+func (it *storeItems) add(m *map[string]bool, id string) {
+	it.mu.Lock()
+	defer it.mu.Unlock()
+	if *m == nil {
+		*m = map[string]bool{}
+	}
+	(*m)[strings.TrimPrefix(id, "sha256:")] = true
+}
+
+// moveFrom moves every item of other into it.
+func (it *storeItems) moveFrom(other *storeItems) {
+	layers, blobs := other.take()
+	for l := range layers {
+		it.add(&it.layers, l)
+	}
+	for b := range blobs {
+		it.add(&it.blobs, b)
+	}
+}
+
+// take empties it and returns what it held.
+func (it *storeItems) take() (layers, blobs map[string]bool) {
+	it.mu.Lock()
+	defer it.mu.Unlock()
+	layers, blobs = it.layers, it.blobs
+	it.layers, it.blobs = nil, nil
+	return layers, blobs
+}
+
+func (it *storeItems) empty() bool {
+	it.mu.Lock()
+	defer it.mu.Unlock()
+	return len(it.layers) == 0 && len(it.blobs) == 0
+}
+
+// sweepOrphans removes what failed pulls published and no image uses,
+// if no pull or Remove is running. A running pull may have found an
+// orphan present and be about to record an image on it, so this never
+// waits for them: a pending gcMu.Lock would also hold up every new pull
+// behind the longest running one. Every pull calls this when it is done,
+// after recording its own orphans, so the last of overlapping pulls to
+// finish does the sweep; Remove collects the whole store anyway.
+func (s *Store) sweepOrphans(ctx context.Context) {
+	if s.orphans.empty() || !s.gcMu.TryLock() {
+		return
+	}
+	defer s.gcMu.Unlock()
+	layers, blobs := s.orphans.take()
+	if err := s.gc(&gcCandidates{layers: layers, blobs: blobs}); err != nil {
+		log.G(ctx).WithError(err).Warn("removing what a failed image pull left")
+	}
+}
+
+// gcCandidates limits gc to these layers and blobs, named as in
+// storeItems.
+type gcCandidates struct{ layers, blobs map[string]bool }
+
+// gc deletes blobs and layers no image references and no mounted rootfs
+// uses: among cand if set, else in the whole store. Callers hold gcMu
+// for writing.
+func (s *Store) gc(cand *gcCandidates) error {
 	blobs, layers := map[string]bool{}, map[string]bool{}
 	s.mu.RLock()
 	for _, r := range s.images {
@@ -261,12 +337,20 @@ func (s *Store) gc() error {
 	s.mountMu.Unlock()
 
 	var errs []error
-	ents, err := os.ReadDir(s.path("layers"))
-	if err != nil {
-		return err
+	var layerNames, blobNames []string
+	if cand != nil {
+		layerNames, blobNames = slices.Collect(maps.Keys(cand.layers)), slices.Collect(maps.Keys(cand.blobs))
+	} else {
+		var err error
+		if layerNames, err = dirNames(s.path("layers")); err != nil {
+			return err
+		}
+		if blobNames, err = dirNames(s.path("blobs", "sha256")); err != nil {
+			return err
+		}
 	}
-	for _, e := range ents {
-		if layers[e.Name()] {
+	for _, name := range layerNames {
+		if layers[name] {
 			continue
 		}
 		// Rename first so the layer vanishes atomically; a crash during
@@ -275,20 +359,16 @@ func (s *Store) gc() error {
 		if err != nil {
 			return err
 		}
-		if err := os.Rename(s.path("layers", e.Name()), filepath.Join(tmp, "l")); err != nil {
+		if err := os.Rename(s.path("layers", name), filepath.Join(tmp, "l")); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, err)
 		}
 		if err := os.RemoveAll(tmp); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	ents, err = os.ReadDir(s.path("blobs", "sha256"))
-	if err != nil {
-		return err
-	}
-	for _, e := range ents {
-		if !blobs[e.Name()] {
-			if err := os.Remove(s.path("blobs", "sha256", e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	for _, name := range blobNames {
+		if !blobs[name] {
+			if err := os.Remove(s.path("blobs", "sha256", name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				errs = append(errs, err)
 			}
 		}
@@ -297,6 +377,18 @@ func (s *Store) gc() error {
 		return fmt.Errorf("image garbage collection: %w", err)
 	}
 	return nil
+}
+
+func dirNames(dir string) ([]string, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	names := make([]string, len(ents))
+	for i, e := range ents {
+		names[i] = e.Name()
+	}
+	return names, nil
 }
 
 // FsUsage returns the bytes (allocated blocks) and inodes used under the

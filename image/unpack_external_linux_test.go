@@ -100,6 +100,7 @@ func TestUnpackExternalLayerDamage(t *testing.T) {
 			digest, diffID string
 		}{
 			"extra byte":   {blob: append(bytes.Clone(blob), 0), digest: digest, diffID: diffID},
+			"flipped byte": {blob: flipped(blob), digest: digest, diffID: diffID},
 			"truncated":    {blob: blob[:len(blob)/2], digest: digest, diffID: diffID},
 			"wrong digest": {blob: blob, digest: sha([]byte("x")), diffID: diffID},
 			"wrong diffID": {blob: blob, digest: digest, diffID: sha([]byte("x"))},
@@ -117,4 +118,12 @@ func TestUnpackExternalLayerDamage(t *testing.T) {
 			})
 		}
 	}
+}
+
+// flipped damages the middle byte of a copy of b, as a bad disk or a
+// broken proxy would.
+func flipped(b []byte) []byte {
+	c := bytes.Clone(b)
+	c[len(c)/2] ^= 0x55
+	return c
 }

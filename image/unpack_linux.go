@@ -51,9 +51,9 @@ func UnpackLayer(r io.Reader, dir, compressedDigest, diffID string) (size int64,
 	}
 	defer closeFn()
 	uh := sha256.New()
-	hashed := io.TeeReader(plain, uh)
+	hashed := io.TeeReader(&decoderReader{r: plain, src: counted}, uh)
 	if err := unpackTar(hashed, dir); err != nil {
-		if errors.Is(err, io.ErrUnexpectedEOF) || isCorrupt(err) {
+		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, tar.ErrHeader) {
 			return 0, fmt.Errorf("layer %s: %w: %w", compressedDigest, err, errdefs.ErrDataLoss)
 		}
 		return 0, fmt.Errorf("layer %s: %w", compressedDigest, err)
@@ -101,24 +101,6 @@ func decompress(br *bufio.Reader) (io.Reader, func(), error) {
 	return br, func() {}, nil
 }
 
-func isCorrupt(err error) bool {
-	return errors.Is(err, gzip.ErrChecksum) || errors.Is(err, gzip.ErrHeader) || errors.Is(err, tar.ErrHeader) ||
-		isZstdCorrupt(err)
-}
-
-// isZstdCorrupt: the zstd decoder reports damage with several sentinel
-// errors of its own.
-func isZstdCorrupt(err error) bool {
-	for _, e := range []error{zstd.ErrMagicMismatch, zstd.ErrCRCMismatch, zstd.ErrBlockTooSmall, zstd.ErrReservedBlockType,
-		zstd.ErrCompressedSizeTooBig, zstd.ErrWindowSizeExceeded, zstd.ErrWindowSizeTooSmall, zstd.ErrFrameSizeMismatch,
-		zstd.ErrUnknownDictionary, zstd.ErrDecoderSizeExceeded} {
-		if errors.Is(err, e) {
-			return true
-		}
-	}
-	return false
-}
-
 func checkDigest(what string, h hash.Hash, want string) error {
 	if want == "" {
 		return nil
@@ -131,13 +113,36 @@ func checkDigest(what string, h hash.Hash, want string) error {
 }
 
 type countingReader struct {
-	r io.Reader
-	n int64
+	r   io.Reader
+	n   int64
+	err error // the first read error other than io.EOF
 }
 
 func (c *countingReader) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
 	c.n += int64(n)
+	if err != nil && !errors.Is(err, io.EOF) && c.err == nil {
+		c.err = err
+	}
+	return n, err
+}
+
+// decoderReader makes the decompressor's own errors data loss. A damaged
+// stream fails in the decoder with whatever error it has for the damage
+// (flate.CorruptInputError, gzip's checksum, the dozens of zstd errors,
+// most unexported) long before a digest could be checked; an error
+// reading the source passes through as it is, since a cut connection is
+// the network's fault, not the data's.
+type decoderReader struct {
+	r   io.Reader
+	src *countingReader
+}
+
+func (d *decoderReader) Read(p []byte) (int, error) {
+	n, err := d.r.Read(p)
+	if err != nil && !errors.Is(err, io.EOF) && (d.src.err == nil || !errors.Is(err, d.src.err)) {
+		err = fmt.Errorf("%w: %w", err, errdefs.ErrDataLoss)
+	}
 	return n, err
 }
 

@@ -129,7 +129,7 @@ func TestMountImageVolume(t *testing.T) {
 		t.Errorf("bookkeeping left: %v", s.mounted)
 	}
 	// Unused now, a second Remove's GC drops the layers.
-	if err := s.gc(); err != nil {
+	if err := s.gc(nil); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range img.ChainIDs {
@@ -202,7 +202,7 @@ func TestRemountAfterRestartWithoutImage(t *testing.T) {
 	if err != nil || src != filepath.Join(dir, "volumes/0/mnt/data") {
 		t.Fatalf("remount volume of a removed image = %q, %v", src, err)
 	}
-	if err := s2.gc(); err != nil {
+	if err := s2.gc(nil); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range append(append([]string(nil), img.ChainIDs...), other.ChainIDs...) {
@@ -216,7 +216,7 @@ func TestRemountAfterRestartWithoutImage(t *testing.T) {
 	if err := s2.UnmountRootfs(ctx, "c", "p", dir); err != nil {
 		t.Fatal(err)
 	}
-	if err := s2.gc(); err != nil {
+	if err := s2.gc(nil); err != nil {
 		t.Fatal(err)
 	}
 	if ents, _ := os.ReadDir(s2.path("layers")); len(ents) != 0 {

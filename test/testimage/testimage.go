@@ -12,6 +12,11 @@
 // root, www-data (33), user1002 (1002) and nobody, and optionally static Go
 // programs compiled on the fly. Image builds are deterministic: the same
 // Spec gives the same image ID.
+//
+// Spec.Shape makes the layers the way the outside world does (GNU tar,
+// the gzip and zstd binaries, uncompressed, Docker media types), and
+// PushIndexAs and Intercept give multi-arch indexes, manifest lists and a
+// registry that misbehaves on purpose: see shapes.go.
 package testimage
 
 import (
@@ -101,6 +106,10 @@ type Spec struct {
 	Labels     map[string]string
 	// Architecture defaults to amd64.
 	Architecture string
+	// Shape is how every layer (the base too) is written and what
+	// manifest describes the image; the zero Shape is Go's tar and gzip
+	// under an OCI manifest.
+	Shape Shape
 }
 
 // DefaultPath is the PATH of images built without Env.
@@ -111,26 +120,37 @@ var epoch = time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC)
 // Build builds the image described by spec.
 func Build(t testing.TB, spec Spec) v1.Image {
 	t.Helper()
+	layer := func(files []File) v1.Layer {
+		if spec.Shape == (Shape{}) {
+			return Layer(t, files)
+		}
+		return ShapedLayer(t, files, spec.Shape)
+	}
 	var layers []v1.Layer
 	if !spec.NoBusybox {
-		layers = append(layers, Layer(t, BaseFiles(t)))
+		layers = append(layers, layer(BaseFiles(t)))
 	}
 	if len(spec.Programs) > 0 {
 		var files []File
 		for _, p := range sortedKeys(spec.Programs) {
 			files = append(files, File{Path: p, Content: GoProgram(t, spec.Programs[p]), Mode: 0o755})
 		}
-		layers = append(layers, Layer(t, files))
+		layers = append(layers, layer(files))
 	}
 	for _, l := range spec.Layers {
-		layers = append(layers, Layer(t, l))
+		layers = append(layers, layer(l))
 	}
 	img, err := mutate.AppendLayers(empty.Image, layers...)
 	if err != nil {
 		t.Fatalf("testimage: append layers: %v", err)
 	}
-	img = mutate.MediaType(img, types.OCIManifestSchema1)
-	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
+	if spec.Shape.Docker {
+		img = mutate.MediaType(img, types.DockerManifestSchema2)
+		img = mutate.ConfigMediaType(img, types.DockerConfigJSON)
+	} else {
+		img = mutate.MediaType(img, types.OCIManifestSchema1)
+		img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
+	}
 	cf, err := img.ConfigFile()
 	if err != nil {
 		t.Fatalf("testimage: config: %v", err)
@@ -170,7 +190,7 @@ func BaseFiles(t testing.TB) []File {
 	t.Helper()
 	bb, err := os.ReadFile(BusyboxPath)
 	if err != nil {
-		t.Skipf("testimage: %v (install busybox-static)", err)
+		t.Fatalf("testimage: %v: busybox-static is needed for every test image (make deps installs it)", err)
 	}
 	files := []File{
 		{Path: "bin/", Mode: 0o755}, {Path: "etc/", Mode: 0o755}, {Path: "tmp/", Mode: 0o1777},
@@ -318,25 +338,42 @@ type Registry struct {
 	// Addr is "127.0.0.1:<port>", the registry part of image names.
 	Addr string
 
-	srv  *httptest.Server
-	mu   sync.Mutex
-	reqs []string // "METHOD /path"
+	srv   *httptest.Server
+	mu    sync.Mutex
+	reqs  []string     // "METHOD /path"
+	reg   http.Handler // the registry itself
+	front http.Handler // what serves requests; reg unless Intercept
 }
 
 // StartRegistry starts a registry; it is closed on t.Cleanup.
 func StartRegistry(t testing.TB) *Registry {
 	t.Helper()
 	r := &Registry{}
-	h := registry.New(registry.Logger(discardLogger()))
+	r.reg = registry.New(registry.Logger(discardLogger()))
+	r.front = r.reg
 	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		r.mu.Lock()
 		r.reqs = append(r.reqs, req.Method+" "+req.URL.Path)
+		front := r.front
 		r.mu.Unlock()
-		h.ServeHTTP(w, req)
+		front.ServeHTTP(w, req)
 	}))
 	r.Addr = strings.TrimPrefix(r.srv.URL, "http://")
 	t.Cleanup(r.Close)
 	return r
+}
+
+// Intercept serves the requests that follow with wrap(registry): a
+// handler in front of the registry that damages a blob, throttles it or
+// demands credentials. nil restores the plain registry. Push goes
+// through the front too, so push first. Requests still count in Log.
+func (r *Registry) Intercept(wrap func(registry http.Handler) http.Handler) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.front = r.reg
+	if wrap != nil {
+		r.front = wrap(r.reg)
+	}
 }
 
 // Close stops the registry (for tests of an unreachable registry too).
@@ -403,7 +440,16 @@ type PlatformImage struct {
 // digest reference.
 func (r *Registry) PushIndex(t testing.TB, repoTag string, imgs ...PlatformImage) string {
 	t.Helper()
-	idx := mutate.IndexMediaType(empty.Index, types.OCIImageIndex)
+	return r.PushIndexAs(t, repoTag, types.OCIImageIndex, imgs...)
+}
+
+// PushIndexAs is PushIndex with the index media type: types.OCIImageIndex
+// or types.DockerManifestList (whose entries should be Docker images).
+// The entries keep their order, so a test can list foreign platforms
+// before the one the runtime must pick.
+func (r *Registry) PushIndexAs(t testing.TB, repoTag string, mt types.MediaType, imgs ...PlatformImage) string {
+	t.Helper()
+	idx := mutate.IndexMediaType(empty.Index, mt)
 	for _, pi := range imgs {
 		p := pi.Platform
 		idx = mutate.AppendManifests(idx, mutate.IndexAddendum{
