@@ -20,6 +20,14 @@
 #   BENCH_BRIDGE=pbench0      bridge name; BENCH_SUBNET=10.200.0.0/16
 #   BENCH_TIMEOUT=60s         per-RPC timeout
 #   PINRT_BIN=bin/pinrt       the daemon binary to benchmark
+#   BENCH_SCENARIOS=          space-separated subset to run, e.g. "sandbox-netns-p1
+#                             sandbox-userns-p8" (names as in the summary; empty: all)
+#   BENCH_LOG_LEVEL=debug     pinrt's log level; at debug pinrt logs the phase timings
+#                             (namespaces, cni_add, state, cni_del, unpin) the tables show
+#
+# The daemon runs in its own cgroup (cgroup v1 cpuacct or v2), and every
+# scenario reports the CPU time of the daemon and all it started (namespace
+# helper, CNI plugins, runc, conmon) per pod: cpu_ms_per_pod.
 set -uo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -32,6 +40,8 @@ RESTORE_N=${BENCH_RESTORE_N:-100}
 BRIDGE=${BENCH_BRIDGE:-pbench0}
 SUBNET=${BENCH_SUBNET:-10.200.0.0/16}
 TIMEOUT=${BENCH_TIMEOUT:-60s}
+SCENARIOS=${BENCH_SCENARIOS:-}
+LOG_LEVEL=${BENCH_LOG_LEVEL:-debug}
 
 log() { echo "run.sh: $*" >&2; }
 die() { log "$*"; exit 2; }
@@ -53,6 +63,16 @@ SOCK=$TMP/run/pinrt.sock
 PIDFILE=$TMP/pinrt.pid
 PINRT_LOG=$TMP/pinrt.log
 REG_PID=
+# The daemon's cgroup, for its CPU accounting: cgroup v2 if the unified
+# hierarchy is mounted, else v1's cpuacct controller.
+if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
+	CGROUP=/sys/fs/cgroup/pinrt-bench-$$
+elif [ -d /sys/fs/cgroup/cpuacct ]; then
+	CGROUP=/sys/fs/cgroup/cpuacct/pinrt-bench-$$
+else
+	CGROUP=/sys/fs/cgroup/cpu,cpuacct/pinrt-bench-$$
+fi
+mkdir "$CGROUP" || die "cannot create cgroup $CGROUP"
 mkdir -p "$TMP/root" "$TMP/run" "$TMP/cni/net.d" "$TMP/cni/ipam" "$TMP/logs" "$TMP/conf.d" "$OUT"
 : >"$TMP/pinrt.toml"
 
@@ -95,6 +115,12 @@ cleanup() {
 	awk -v t="$TMP" '$5 == t || index($5, t "/") == 1 { print $5 }' /proc/self/mountinfo | sort -r |
 		while read -r m; do umount -l "$m" 2>/dev/null || log "could not unmount $m"; done
 	ip link del "$BRIDGE" 2>/dev/null
+	# Leftover processes (a conmon whose daemon died) go back to the root
+	# cgroup so that ours can be removed.
+	if [ -d "$CGROUP" ]; then
+		while read -r p; do echo "$p" >"$(dirname "$CGROUP")/cgroup.procs" 2>/dev/null; done <"$CGROUP/cgroup.procs"
+		rmdir "$CGROUP" 2>/dev/null || log "could not remove cgroup $CGROUP"
+	fi
 	if [ -s "$PINRT_LOG" ]; then
 		cp "$PINRT_LOG" "$OUT/pinrt.log" 2>/dev/null
 	fi
@@ -140,10 +166,11 @@ EOF
 # caller, so `sh -c` in pinrt-bench returns at once.
 cat >"$TMP/start-pinrt.sh" <<EOF
 #!/bin/sh
+echo \$\$ >"$CGROUP/cgroup.procs" || exit 1
 setsid "$PINRT" --config "$TMP/pinrt.toml" --config-dir "$TMP/conf.d" \\
 	--root "$TMP/root" --runroot "$TMP/run" --listen "$SOCK" \\
 	--cni-config-dir "$TMP/cni/net.d" --cni-plugin-dir /opt/cni/bin \\
-	--log-level info >>"$PINRT_LOG" 2>&1 </dev/null &
+	--log-level "$LOG_LEVEL" >>"$PINRT_LOG" 2>&1 </dev/null &
 echo \$! >"$PIDFILE"
 EOF
 # restart: SIGKILL (no graceful shutdown: the point is that a crash loses
@@ -199,6 +226,9 @@ FAILED=0
 run_bench() {
 	local name=$1 rc last
 	shift
+	if [ -n "$SCENARIOS" ] && ! [[ " $SCENARIOS " == *" $name "* ]]; then
+		return
+	fi
 	if ! pinrt_alive; then
 		log "pinrt is not running (crashed?); restarting it before $name"
 		SUMMARY+=("$(printf '%-22s %s' "$name" "pinrt had died before this scenario; restarted")")
@@ -208,7 +238,7 @@ run_bench() {
 	echo
 	echo "### $name"
 	"$BIN/pinrt-bench" "$@" --endpoint "unix://$SOCK" --timeout "$TIMEOUT" --log-dir "$TMP/logs" \
-		--out "$OUT/$name.json" | tee "$OUT/$name.txt"
+		--cgroup "$CGROUP" --daemon-log "$PINRT_LOG" --out "$OUT/$name.json" | tee "$OUT/$name.txt"
 	rc=${PIPESTATUS[0]}
 	last=$(tail -n 1 "$OUT/$name.txt")
 	case $last in RESULT:*) ;; *) last="RESULT: tool failed (exit $rc)" ;; esac
@@ -234,6 +264,7 @@ run_bench "restore" restore -n "$RESTORE_N" -p "$PAR" --restart-cmd "sh $TMP/res
 
 # The image pull path on its own, in process: a cold pull of a 10-layer,
 # 200 MB image (MB/s, download and unpack seconds).
+if [ -z "$SCENARIOS" ] || [[ " $SCENARIOS " == *" image-cold-pull "* ]]; then
 echo
 echo "### image-cold-pull"
 (cd "$REPO" && "${GO:-go}" test -run '^$' -bench BenchmarkColdPull ./image/) 2>&1 | grep -v 'level=' | tee "$OUT/image-cold-pull.txt"
@@ -242,6 +273,7 @@ if [ "${PIPESTATUS[0]}" = 0 ]; then
 else
 	SUMMARY+=("$(printf '%-22s %s' image-cold-pull "RESULT: go test failed")")
 	FAILED=$((FAILED + 1))
+fi
 fi
 
 echo

@@ -91,6 +91,14 @@ type Config struct {
 	Restart func(ctx context.Context) error
 	// WithContainers adds one running container per pod in restore.
 	WithContainers bool
+
+	// CPU, when set, returns the CPU time used so far by the runtime and
+	// everything it started (its cgroup); the run reports the difference
+	// per pod. Optional.
+	CPU func() (time.Duration, error)
+	// DaemonLog, when set, is the runtime's log file; the phase timings it
+	// logs at debug level during the run are reported per phase.
+	DaemonLog string
 }
 
 func (c *Config) defaults() {
@@ -186,6 +194,17 @@ func Run(ctx context.Context, c *Client, scenario string, cfg Config) (*Result, 
 	res := &Result{Scenario: scenario, Variant: cfg.Variant, N: cfg.N, P: cfg.P, RunID: cfg.RunID, Started: time.Now()}
 	res.Runtime = r.version(ctx)
 
+	var cpuBefore time.Duration
+	if cfg.CPU != nil {
+		if cpuBefore, err = cfg.CPU(); err != nil {
+			return nil, fmt.Errorf("read runtime CPU usage: %w", err)
+		}
+	}
+	var tail *LogTail
+	if cfg.DaemonLog != "" {
+		tail = NewLogTail(cfg.DaemonLog)
+	}
+
 	var wall time.Duration
 	switch scenario {
 	case ScenarioSandbox:
@@ -203,6 +222,7 @@ func Run(ctx context.Context, c *Client, scenario string, cfg Config) (*Result, 
 		return nil, fmt.Errorf("unknown scenario %q", scenario)
 	}
 	res.WallMs = ms(wall)
+	r.resourceMetrics(cpuBefore, tail)
 	res.Ops = r.rec.Summaries(wall)
 	for i := range res.Ops {
 		if w, ok := r.walls[res.Ops[i].Name]; ok {
@@ -226,6 +246,24 @@ func (r *runner) version(ctx context.Context) string {
 		return ""
 	}
 	return v.GetRuntimeName() + " " + v.GetRuntimeVersion()
+}
+
+// resourceMetrics adds the CPU time per pod and the daemon's phase timings.
+// The CPU covers the whole run: setup and teardown of every pod, so for the
+// sandbox scenario it is the CPU cost of one full pod lifecycle.
+func (r *runner) resourceMetrics(cpuBefore time.Duration, tail *LogTail) {
+	if r.cfg.CPU != nil {
+		if after, err := r.cfg.CPU(); err == nil {
+			cpu := after - cpuBefore
+			r.setMetric("cpu_total_ms", ms(cpu))
+			r.setMetric("cpu_ms_per_pod", ms(cpu)/float64(r.cfg.N))
+		}
+	}
+	if tail != nil {
+		if phases, err := tail.Phases(); err == nil {
+			phaseMetrics(phases, r.setMetric)
+		}
+	}
 }
 
 func (r *runner) setMetric(k string, v float64) {

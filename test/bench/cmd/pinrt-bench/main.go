@@ -81,6 +81,8 @@ func runScenario(ctx context.Context, scenario string, args []string, stdout, st
 	fs.DurationVar(&cfg.Settle, "settle", time.Second, "density: wait this long before reading RSS after start")
 	restartCmd := fs.String("restart-cmd", "", "restore: shell command that restarts the runtime")
 	fs.BoolVar(&cfg.WithContainers, "with-containers", false, "restore: one running container per pod")
+	cgroup := fs.String("cgroup", "", "cgroup directory holding the runtime (v1 cpuacct or v2): report CPU per pod")
+	fs.StringVar(&cfg.DaemonLog, "daemon-log", "", "runtime log file with debug phase timings (phase=, duration_ms=)")
 	asJSON := fs.Bool("json", false, "print JSON instead of the table")
 	out := fs.String("out", "", "also write the JSON result to this file")
 	if err := fs.Parse(args); err != nil {
@@ -102,6 +104,14 @@ func runScenario(ctx context.Context, scenario string, args []string, stdout, st
 		cfg.PID = func() (int, error) { return p, nil }
 	case *pidFile != "":
 		cfg.PID = bench.PIDFromFile(*pidFile)
+	}
+	if *cgroup != "" {
+		cpu, err := bench.NewCgroupCPU(*cgroup)
+		if err != nil {
+			_, _ = fmt.Fprintln(stderr, err)
+			return 2
+		}
+		cfg.CPU = cpu.Usage
 	}
 	if *restartCmd != "" {
 		rc := *restartCmd
