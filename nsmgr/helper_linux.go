@@ -7,12 +7,16 @@ import (
 	"os"
 	"strings"
 	"syscall"
+	"unsafe"
 )
 
 // hostnameArg prefixes the helper argument that names the pod's host.
 // Sysctl arguments are "path=value" with a path of [a-z0-9_/.], so the
 // two never collide.
 const hostnameArg = "--hostname="
+
+// loArg asks the helper to bring up lo: it is in a new network namespace.
+const loArg = "--lo-up"
 
 // HelperMain is the body of the re-executed helper. It is born in the
 // pod's new namespaces (the parent's clone flags put it there), sets the
@@ -23,7 +27,11 @@ const hostnameArg = "--hostname="
 func HelperMain(args []string) int {
 	status := os.NewFile(3, "status")
 	err := error(nil)
-	if len(args) > 0 && strings.HasPrefix(args[0], hostnameArg) {
+	if len(args) > 0 && args[0] == loArg {
+		err = loopbackUp()
+		args = args[1:]
+	}
+	if err == nil && len(args) > 0 && strings.HasPrefix(args[0], hostnameArg) {
 		if err = syscall.Sethostname([]byte(strings.TrimPrefix(args[0], hostnameArg))); err != nil {
 			err = fmt.Errorf("sethostname: %w", err)
 		}
@@ -46,6 +54,41 @@ func HelperMain(args []string) int {
 	status.Close()
 	_, _ = io.Copy(io.Discard, os.Stdin)
 	return 0
+}
+
+// loopbackUp sets IFF_UP on lo of the helper's network namespace, with
+// the SIOCSIFFLAGS ioctl a CNI loopback plugin would otherwise make from a
+// process of its own.
+func loopbackUp() error {
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_DGRAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("bring up lo: socket: %w", err)
+	}
+	defer syscall.Close(fd)
+	var req ifreqFlags
+	copy(req.name[:], "lo")
+	if err := ioctl(fd, syscall.SIOCGIFFLAGS, &req); err != nil {
+		return fmt.Errorf("bring up lo: get flags: %w", err)
+	}
+	req.flags |= syscall.IFF_UP
+	if err := ioctl(fd, syscall.SIOCSIFFLAGS, &req); err != nil {
+		return fmt.Errorf("bring up lo: set flags: %w", err)
+	}
+	return nil
+}
+
+// ifreqFlags is struct ifreq with the ifr_flags member of its union.
+type ifreqFlags struct {
+	name  [syscall.IFNAMSIZ]byte
+	flags uint16
+	_     [22]byte
+}
+
+func ioctl(fd int, req uintptr, arg *ifreqFlags) error {
+	if _, _, errno := syscall.Syscall(syscall.SYS_IOCTL, uintptr(fd), req, uintptr(unsafe.Pointer(arg))); errno != 0 {
+		return errno
+	}
+	return nil
 }
 
 func applySysctls(args []string) error {

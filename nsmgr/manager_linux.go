@@ -82,6 +82,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Pins, retErr
 		return pins, nil // all host namespaces: nothing to create
 	}
 	logger := log.G(ctx).WithField("sandbox", req.ID)
+	start := time.Now()
 
 	// undo is a LIFO list of the steps done so far, run on failure.
 	var undo []func()
@@ -152,7 +153,8 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Pins, retErr
 	}
 	// The pins hold the namespaces now; the helper has done its job.
 	h.stop()
-	logger.WithField("kinds", req.Kinds).Debug("pod namespaces pinned")
+	logger.WithFields(log.Fields{"kinds": req.Kinds, "phase": "namespaces", "duration_ms": sinceMs(start)}).
+		Debug("pod namespaces pinned")
 	return pins, nil
 }
 
@@ -232,6 +234,9 @@ func (m *Manager) startHelper(req CreateRequest, kinds map[Kind]bool) (*helper, 
 	}
 
 	args := []string{m.helperPath, HelperCommand}
+	if kinds[Net] {
+		args = append(args, loArg)
+	}
 	if req.Hostname != "" {
 		args = append(args, hostnameArg+req.Hostname)
 	}
@@ -352,6 +357,7 @@ func (m *Manager) Remove(ctx context.Context, id string) error {
 	if err := ValidateID(id); err != nil {
 		return err
 	}
+	start := time.Now()
 	var errs []error
 	for i := len(allKinds) - 1; i >= 0; i-- {
 		if err := unpin(m.Path(allKinds[i], id)); err != nil {
@@ -361,8 +367,15 @@ func (m *Manager) Remove(ctx context.Context, id string) error {
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	log.G(ctx).WithField("sandbox", id).Debug("pod namespaces unpinned")
+	log.G(ctx).WithFields(log.Fields{"sandbox": id, "phase": "unpin", "duration_ms": sinceMs(start)}).
+		Debug("pod namespaces unpinned")
 	return nil
+}
+
+// sinceMs is the time since start in milliseconds, the unit of the
+// duration_ms field that pinrt-bench reads from the debug log.
+func sinceMs(start time.Time) float64 {
+	return float64(time.Since(start).Microseconds()) / 1000
 }
 
 func unpin(p string) error {

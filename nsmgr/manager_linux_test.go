@@ -595,3 +595,31 @@ func TestHostnameValidation(t *testing.T) {
 		}
 	}
 }
+
+// TestLoopbackUpInNetns: the helper brings lo up in every netns it
+// creates, owned by a pod userns or by the host's, so that no CNI
+// loopback plugin has to run.
+func TestLoopbackUpInNetns(t *testing.T) {
+	requireRoot(t)
+	requireNsenter(t)
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skipf("needs ip from iproute2 to read the link flags: %v", err)
+	}
+	tests := []struct {
+		name string
+		req  CreateRequest
+	}{
+		{"userns-owned", fullRequest("lo-userns", 5, nil)},
+		{"host-owned", CreateRequest{ID: "lo-host", Kinds: []Kind{Net, UTS}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m, _ := newTestManager(t)
+			pins := mustCreate(t, m, tc.req)
+			out, err := nsenter("--net="+pins[Net], "ip", "-o", "link", "show", "lo")
+			if err != nil || !strings.Contains(out, "<LOOPBACK,UP,LOWER_UP>") {
+				t.Fatalf("lo in the pod netns: %v: %s, want <LOOPBACK,UP,LOWER_UP>", err, out)
+			}
+		})
+	}
+}
