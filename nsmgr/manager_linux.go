@@ -35,6 +35,7 @@ var cloneFlag = map[Kind]uintptr{
 type Manager struct {
 	runDir       string
 	helperPath   string
+	helperFile   *os.File // helperPath opened, nil for /proc/self/exe
 	readyTimeout time.Duration
 
 	// failAt names a step of Create that fails on purpose. Only the
@@ -44,17 +45,35 @@ type Manager struct {
 
 // NewManager pins under runDir/ns/<kind>/<id>. helperPath "" means
 // /proc/self/exe, which requires the binary to call HelperMain. Another
-// helperPath must be reachable by the pod's mapped root, an unprivileged
-// host ID: the helper is exec'd after it has become that user.
+// helperPath (pinrt-nshelper) is opened here and later exec'd through
+// that descriptor: the helper is exec'd after it has become the pod's
+// mapped root, an unprivileged host ID that could not search a private
+// directory on the way to the file, and the descriptor also keeps the
+// binary that was checked here even if the file is replaced later.
 func NewManager(runDir, helperPath string) (*Manager, error) {
 	if !filepath.IsAbs(runDir) {
 		return nil, fmt.Errorf("namespace run directory %q must be an absolute path: %w", runDir, errdefs.ErrInvalidArgument)
 	}
+	m := &Manager{runDir: filepath.Clean(runDir), helperPath: helperPath, readyTimeout: 10 * time.Second}
 	if helperPath == "" {
-		helperPath = "/proc/self/exe"
+		m.helperPath = "/proc/self/exe"
+		return m, nil
 	}
-	return &Manager{runDir: filepath.Clean(runDir), helperPath: helperPath, readyTimeout: 10 * time.Second}, nil
+	f, err := os.Open(helperPath)
+	if err != nil {
+		return nil, fmt.Errorf("namespace helper: %w", err)
+	}
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() || st.Mode().Perm()&0o001 == 0 {
+		f.Close()
+		return nil, fmt.Errorf("namespace helper %s must be a regular file executable by all (the pod's mapped root runs it): %w",
+			helperPath, errdefs.ErrFailedPrecondition)
+	}
+	m.helperFile = f
+	return m, nil
 }
+
+// HelperPath is the helper binary the Manager starts.
+func (m *Manager) HelperPath() string { return m.helperPath }
 
 // Path returns the pin path of kind for sandbox id. It does not validate:
 // callers pass IDs that Create or ValidateID already accepted.
@@ -268,6 +287,11 @@ func (m *Manager) startHelper(req CreateRequest, kinds map[Kind]bool) (*helper, 
 		Stderr:      &limitedBuffer{buf: &h.stderr, max: 4096},
 		ExtraFiles:  []*os.File{statusW},
 		SysProcAttr: attr,
+	}
+	if m.helperFile != nil {
+		// fd 4 in the child, exec'd by its /proc path like fexecve(3).
+		h.cmd.ExtraFiles = append(h.cmd.ExtraFiles, m.helperFile)
+		h.cmd.Path = "/proc/self/fd/4"
 	}
 	err = h.cmd.Start()
 	// The child has its own copies now.

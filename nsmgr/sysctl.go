@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"github.com/containerd/errdefs"
+
+	"github.com/pinrt/pinrt/nsmgr/nshelper"
 )
 
 // NormalizeSysctl returns the canonical dotted form of a sysctl name.
@@ -55,17 +57,8 @@ func sysctlNamespace(name string) Kind {
 // checkSysctlName rejects names that could escape /proc/sys once turned
 // into a path: empty components and "." or "..".
 func checkSysctlName(orig, name string) error {
-	for _, c := range strings.Split(sysctlPath(name), "/") {
-		if c == "" || c == "." || c == ".." {
-			return fmt.Errorf("sysctl %q: malformed name: %w", orig, errdefs.ErrInvalidArgument)
-		}
-		for _, r := range c {
-			ok := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' ||
-				r == '_' || r == '-' || r == '.'
-			if !ok {
-				return fmt.Errorf("sysctl %q: invalid character %q: %w", orig, r, errdefs.ErrInvalidArgument)
-			}
-		}
+	if err := nshelper.CheckSysctlPath(sysctlPath(name)); err != nil {
+		return fmt.Errorf("sysctl %q: %v: %w", orig, err, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }
