@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"time"
@@ -358,6 +360,12 @@ func (r *runner) runSandbox(ctx context.Context, scenario string, i int) (*bench
 	}
 	p.config = r.podConfig(scenario, i, p.hostID)
 	err := r.rec.timed(OpRunPodSandbox, func() error {
+		// kubelet creates the pod's log directory before RunPodSandbox.
+		if d := p.config.LogDirectory; d != "" {
+			if err := os.MkdirAll(d, 0o755); err != nil {
+				return fmt.Errorf("pod log directory: %w", err)
+			}
+		}
 		rctx, cancel := r.c.rpc(ctx)
 		defer cancel()
 		resp, err := r.c.Runtime.RunPodSandbox(rctx, &runtimeapi.RunPodSandboxRequest{Config: p.config})
@@ -413,6 +421,10 @@ func (r *runner) removeSandbox(ctx context.Context, p *benchPod) error {
 		_, err := r.c.Runtime.RemovePodSandbox(rctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: p.id})
 		return err
 	})
+	if errRm == nil && p.config.LogDirectory != "" {
+		// kubelet removes a deleted pod's logs too.
+		_ = os.RemoveAll(p.config.LogDirectory)
+	}
 	if errRm == nil {
 		// Only a removed sandbox gives its ID range back; reusing the range
 		// of a sandbox that still exists would be rejected as overlapping.
@@ -435,7 +447,14 @@ func (r *runner) startContainer(ctx context.Context, p *benchPod) error {
 		},
 	}
 	if p.config.LogDirectory != "" {
+		// kubelet's layout, <pod log dir>/<container name>/<restart>.log;
+		// kubelet creates the container's directory, the runtime only the
+		// file (CRI-O's CreateContainer fails without the directory).
 		cc.LogPath = "c0/0.log"
+		if err := os.MkdirAll(filepath.Join(p.config.LogDirectory, "c0"), 0o755); err != nil {
+			r.rec.Fail(OpCreateContainer, err)
+			return err
+		}
 	}
 	var id string
 	err := r.rec.timed(OpCreateContainer, func() error {
