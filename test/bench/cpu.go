@@ -146,3 +146,39 @@ func phaseMetrics(phases map[string][]time.Duration, set func(string, float64)) 
 		set("phase_"+name+"_count", float64(len(s)))
 	}
 }
+
+// ProcessCPU is the user+system time of one process (not its children),
+// from /proc/<pid>/stat: how much of the cgroup's CPU the daemon itself
+// used, besides the processes it started.
+func ProcessCPU(pid int) (time.Duration, error) {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	return parseProcStatCPU(string(data))
+}
+
+// clockTicks is USER_HZ, 100 on every Linux architecture Go supports.
+const clockTicks = 100
+
+func parseProcStatCPU(stat string) (time.Duration, error) {
+	// The command name may hold spaces and parentheses: split after the
+	// last ')'. utime and stime are fields 14 and 15, 12 and 13 after it.
+	i := strings.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0, errors.New("malformed /proc stat")
+	}
+	f := strings.Fields(stat[i+1:])
+	if len(f) < 13 {
+		return 0, errors.New("short /proc stat")
+	}
+	var ticks int64
+	for _, s := range f[11:13] {
+		v, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("/proc stat: %w", err)
+		}
+		ticks += v
+	}
+	return time.Duration(ticks) * time.Second / clockTicks, nil
+}

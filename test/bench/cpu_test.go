@@ -59,3 +59,14 @@ time="x" level=debug msg="pod namespaces pinned" duration_ms=5.5 phase=namespace
 		}
 	}
 }
+
+func TestParseProcStatCPU(t *testing.T) {
+	stat := "1234 (pinrt (x) y) S 1 1234 1234 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 9 0 100 0 0\n"
+	got, err := parseProcStatCPU(stat)
+	if err != nil || got != 3*time.Second {
+		t.Fatalf("parseProcStatCPU = %v, %v; want 3s (300 ticks)", got, err)
+	}
+	if _, err := ProcessCPU(os.Getpid()); err != nil {
+		t.Fatalf("ProcessCPU(self) = %v", err)
+	}
+}

@@ -238,7 +238,7 @@ run_bench() {
 	echo
 	echo "### $name"
 	"$BIN/pinrt-bench" "$@" --endpoint "unix://$SOCK" --timeout "$TIMEOUT" --log-dir "$TMP/logs" \
-		--cgroup "$CGROUP" --daemon-log "$PINRT_LOG" --out "$OUT/$name.json" | tee "$OUT/$name.txt"
+		--cgroup "$CGROUP" --daemon-log "$PINRT_LOG" --pid-file "$PIDFILE" --out "$OUT/$name.json" | tee "$OUT/$name.txt"
 	rc=${PIPESTATUS[0]}
 	last=$(tail -n 1 "$OUT/$name.txt")
 	case $last in RESULT:*) ;; *) last="RESULT: tool failed (exit $rc)" ;; esac
@@ -257,7 +257,7 @@ for v in netns userns; do
 done
 run_bench "pod-p1" pod -n "$N" -p 1 --image "$IMAGE"
 run_bench "pod-p$PAR" pod -n "$N" -p "$PAR" --image "$IMAGE"
-run_bench "density" density -n "$DENSITY_N" -p "$PAR" --image "$IMAGE" --pid-file "$PIDFILE"
+run_bench "density" density -n "$DENSITY_N" -p "$PAR" --image "$IMAGE"
 restore_args=()
 [ "${BENCH_RESTORE_CONTAINERS:-}" = 1 ] && restore_args=(--with-containers --image "$IMAGE")
 run_bench "restore" restore -n "$RESTORE_N" -p "$PAR" --restart-cmd "sh $TMP/restart-pinrt.sh" "${restore_args[@]}"

@@ -202,6 +202,14 @@ func Run(ctx context.Context, c *Client, scenario string, cfg Config) (*Result, 
 			return nil, fmt.Errorf("read runtime CPU usage: %w", err)
 		}
 	}
+	daemonBefore, daemonPID := time.Duration(-1), 0
+	if cfg.PID != nil && cfg.CPU != nil {
+		if pid, err := cfg.PID(); err == nil {
+			if d, err := ProcessCPU(pid); err == nil {
+				daemonBefore, daemonPID = d, pid
+			}
+		}
+	}
 	var tail *LogTail
 	if cfg.DaemonLog != "" {
 		tail = NewLogTail(cfg.DaemonLog)
@@ -224,7 +232,7 @@ func Run(ctx context.Context, c *Client, scenario string, cfg Config) (*Result, 
 		return nil, fmt.Errorf("unknown scenario %q", scenario)
 	}
 	res.WallMs = ms(wall)
-	r.resourceMetrics(cpuBefore, tail)
+	r.resourceMetrics(cpuBefore, daemonBefore, daemonPID, tail)
 	res.Ops = r.rec.Summaries(wall)
 	for i := range res.Ops {
 		if w, ok := r.walls[res.Ops[i].Name]; ok {
@@ -253,12 +261,20 @@ func (r *runner) version(ctx context.Context) string {
 // resourceMetrics adds the CPU time per pod and the daemon's phase timings.
 // The CPU covers the whole run: setup and teardown of every pod, so for the
 // sandbox scenario it is the CPU cost of one full pod lifecycle.
-func (r *runner) resourceMetrics(cpuBefore time.Duration, tail *LogTail) {
+func (r *runner) resourceMetrics(cpuBefore, daemonBefore time.Duration, daemonPID int, tail *LogTail) {
 	if r.cfg.CPU != nil {
 		if after, err := r.cfg.CPU(); err == nil {
 			cpu := after - cpuBefore
 			r.setMetric("cpu_total_ms", ms(cpu))
 			r.setMetric("cpu_ms_per_pod", ms(cpu)/float64(r.cfg.N))
+		}
+	}
+	// The daemon's own share (same PID before and after: no restart).
+	if daemonBefore >= 0 {
+		if pid, err := r.cfg.PID(); err == nil && pid == daemonPID {
+			if after, err := ProcessCPU(pid); err == nil {
+				r.setMetric("cpu_daemon_ms_per_pod", ms(after-daemonBefore)/float64(r.cfg.N))
+			}
 		}
 	}
 	if tail != nil {
