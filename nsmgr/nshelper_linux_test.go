@@ -1,6 +1,7 @@
 package nsmgr
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -8,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/containerd/errdefs"
 )
 
 var (
@@ -96,5 +99,40 @@ func TestNewManagerRefusesHelper(t *testing.T) {
 		if _, err := NewManager(dir, p); err == nil {
 			t.Errorf("NewManager(%s) = nil error", p)
 		}
+	}
+}
+
+// TestSeparateHelperFailures: with pinrt-nshelper exec'd through its
+// descriptor, the helper's refusal reaches Create as the same error, and
+// nothing is left: no pin, no mount, no process.
+func TestSeparateHelperFailures(t *testing.T) {
+	requireRoot(t)
+	bin := buildNSHelper(t)
+	dir := t.TempDir()
+	m, err := NewManager(dir, bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		req  CreateRequest
+		want string
+	}{
+		{"userns, refused sysctl", fullRequest("bad", 7, map[string]string{"net.ipv4.no_such_knob": "1"}),
+			"namespace helper: sysctl net.ipv4.no_such_knob: open /proc/sys/net/ipv4/no_such_knob: no such file or directory: invalid argument"},
+		{"no userns, refused sysctl", CreateRequest{ID: "bad2", Kinds: []Kind{Net, UTS}, Sysctls: map[string]string{"net.ipv4.no_such_knob": "1"}},
+			"namespace helper: sysctl net.ipv4.no_such_knob: open /proc/sys/net/ipv4/no_such_knob: no such file or directory: invalid argument"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := m.Create(t.Context(), tc.req)
+			if !errors.Is(err, errdefs.ErrInvalidArgument) || err.Error() != tc.want {
+				t.Fatalf("Create = %v, want %q", err, tc.want)
+			}
+			assertClean(t, dir)
+			out, _ := exec.Command("pgrep", "-f", bin).Output()
+			if len(strings.TrimSpace(string(out))) > 0 {
+				t.Errorf("helper processes left: %s", out)
+			}
+		})
 	}
 }
