@@ -242,7 +242,15 @@ run_bench() {
 	rc=${PIPESTATUS[0]}
 	last=$(tail -n 1 "$OUT/$name.txt")
 	case $last in RESULT:*) ;; *) last="RESULT: tool failed (exit $rc)" ;; esac
-	SUMMARY+=("$(printf '%-22s %s' "$name" "$last")")
+	# The headline numbers: lifecycle pods/s, RunPodSandbox p50, pod to
+	# Running p50, CPU per pod (daemon and all it started).
+	key=$(awk '
+		/^(sandbox|pod) end to end / { k = k " pods/s=" $NF }
+		/^RunPodSandbox / { k = k " RunPodSandbox-p50=" $4 }
+		/^pod to Running / { k = k " pod-to-Running-p50=" $6 }
+		/^cpu_ms_per_pod = / { k = k " cpu/pod=" $3 "ms" }
+		END { print k }' "$OUT/$name.txt")
+	SUMMARY+=("$(printf '%-22s %s%s' "$name" "$last" "$key")")
 	[ "$rc" = 0 ] || FAILED=$((FAILED + 1))
 	# A failed scenario may leave pods behind; don't let them skew the next.
 	if pinrt_alive; then
