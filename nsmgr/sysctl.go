@@ -58,7 +58,8 @@ func sysctlNamespace(name string) Kind {
 // into a path: empty components and "." or "..".
 func checkSysctlName(orig, name string) error {
 	if err := nshelper.CheckSysctlPath(sysctlPath(name)); err != nil {
-		return fmt.Errorf("sysctl %q: %v: %w", orig, err, errdefs.ErrInvalidArgument)
+		// The helper's plain error carries only the message.
+		return fmt.Errorf("sysctl %q: %s: %w", orig, err.Error(), errdefs.ErrInvalidArgument)
 	}
 	return nil
 }

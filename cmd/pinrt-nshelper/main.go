@@ -17,7 +17,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 || os.Args[1] != nshelper.Command {
-		os.Stderr.WriteString("pinrt-nshelper is started by pinrt, not by hand\n")
+		_, _ = os.Stderr.WriteString("pinrt-nshelper is started by pinrt, not by hand\n")
 		os.Exit(2)
 	}
 	os.Exit(nshelper.Main(os.Args[2:]))

@@ -56,7 +56,7 @@ func loopbackUp() error {
 	if err != nil {
 		return fmt.Errorf("bring up lo: socket: %w", err)
 	}
-	defer syscall.Close(fd)
+	defer func() { _ = syscall.Close(fd) }()
 	var req ifreqFlags
 	copy(req.name[:], "lo")
 	if err := ioctl(fd, syscall.SIOCGIFFLAGS, &req); err != nil {
