@@ -87,9 +87,9 @@ const (
 	cleanupTimeout = time.Minute
 )
 
-// loopbackConf brings up "lo" in the pod netns. The loopback plugin is
-// used, rather than netlink here, because it runs inside the netns in its
-// own process: no thread of pinrt ever switches namespaces.
+// loopbackConf is the loopback network an older pinrt added for every pod
+// besides the pod network. pinrt no longer runs it (the namespace helper
+// brings lo up), but still deletes such an attachment found in the cache.
 var loopbackConf = []byte(`{"cniVersion":"1.0.0","name":"cni-loopback","type":"loopback"}`)
 
 // Manager runs CNI operations for pods. It is safe for concurrent use; calls
@@ -150,9 +150,6 @@ func (m *Manager) network(ctx context.Context) (*network, error) {
 	if err := checkPlugins(nw.list, m.cfg.PluginDirs); err != nil {
 		return nil, err
 	}
-	if !pluginExists(m.lo.Network.Type, m.cfg.PluginDirs) {
-		return nil, fmt.Errorf("plugin %q not found in %v: %w", m.lo.Network.Type, m.cfg.PluginDirs, errdefs.ErrFailedPrecondition)
-	}
 	m.mu.Lock()
 	changed := !sameNetwork(m.last, nw)
 	m.last = nw
@@ -183,9 +180,10 @@ func (m *Manager) Status() error {
 	return nil
 }
 
-// Setup attaches the pod's netns (pod.NetNS) to the network: it brings up
-// lo and runs ADD for the network on eth0. If any step fails, whatever was
-// added is deleted again before Setup returns.
+// Setup attaches the pod's netns (pod.NetNS) to the network: it runs ADD
+// for the network on eth0. lo is already up: the namespace helper brought
+// it up when it created the netns. If ADD fails, whatever it added is
+// deleted again before Setup returns.
 func (m *Manager) Setup(ctx context.Context, pod Pod) (_ *Result, retErr error) {
 	if err := validatePodID(pod.ID); err != nil {
 		return nil, err
@@ -194,12 +192,12 @@ func (m *Manager) Setup(ctx context.Context, pod Pod) (_ *Result, retErr error) 
 		return nil, fmt.Errorf("setup network for sandbox %s: no netns path: %w", pod.ID, errdefs.ErrInvalidArgument)
 	}
 	ctx = log.WithLogger(ctx, log.G(ctx).WithField("sandbox", pod.ID))
+	start := time.Now()
 	nw, err := m.network(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("setup network for sandbox %s: %w", pod.ID, err)
 	}
 	rt := runtimeConf(pod, IfName)
-	loRT := loopbackRuntimeConf(rt)
 
 	defer func() {
 		if retErr == nil {
@@ -212,14 +210,8 @@ func (m *Manager) Setup(ctx context.Context, pod Pod) (_ *Result, retErr error) 
 		if err := m.cni.DelNetworkList(cctx, nw.list, rt); err != nil {
 			log.G(ctx).WithError(err).WithField("network", nw.list.Name).Warn("rollback of failed cni add")
 		}
-		if err := m.cni.DelNetwork(cctx, m.lo, loRT); err != nil {
-			log.G(ctx).WithError(err).Warn("rollback of failed cni loopback add")
-		}
 	}()
 
-	if _, err := m.cni.AddNetwork(ctx, m.lo, loRT); err != nil {
-		return nil, pluginError(ctx, "add", loopbackNetwork, pod.ID, err)
-	}
 	res, err := m.cni.AddNetworkList(ctx, nw.list, rt)
 	if err != nil {
 		return nil, pluginError(ctx, "add", nw.list.Name, pod.ID, err)
@@ -228,7 +220,8 @@ func (m *Manager) Setup(ctx context.Context, pod Pod) (_ *Result, retErr error) 
 	if err != nil {
 		return nil, fmt.Errorf("setup network for sandbox %s: %w: %w", pod.ID, errdefs.ErrUnknown, err)
 	}
-	log.G(ctx).WithFields(log.Fields{"network": out.Network, "ips": out.IPs}).Debug("cni add done")
+	log.G(ctx).WithFields(log.Fields{"network": out.Network, "ips": out.IPs, "phase": "cni_add", "duration_ms": sinceMs(start)}).
+		Debug("cni add done")
 	return out, nil
 }
 
@@ -242,6 +235,7 @@ func (m *Manager) Teardown(ctx context.Context, pod Pod) error {
 		return err
 	}
 	ctx = log.WithLogger(ctx, log.G(ctx).WithField("sandbox", pod.ID))
+	start := time.Now()
 	netns := usableNetNS(pod.NetNS)
 	if netns != pod.NetNS {
 		log.G(ctx).WithField("netns", pod.NetNS).Debug("netns is gone, tearing down without it")
@@ -292,18 +286,22 @@ func (m *Manager) Teardown(ctx context.Context, pod Pod) error {
 			}
 		}
 	}
-	if lo != nil || netns != "" {
+	// Only pods set up by an older pinrt, which ran the loopback plugin
+	// as a network of its own, have a loopback attachment to delete.
+	if lo != nil {
 		p := pod
 		p.NetNS = netns
 		rt := loopbackRuntimeConf(runtimeConf(p, IfName))
-		if lo != nil {
-			rt.Args = lo.CniArgs
-		}
+		rt.Args = lo.CniArgs
 		if err := m.cni.DelNetwork(ctx, m.lo, rt); err != nil {
 			errs = append(errs, pluginError(ctx, "del", loopbackNetwork, pod.ID, err))
 		}
 	}
-	return errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	log.G(ctx).WithFields(log.Fields{"phase": "cni_del", "duration_ms": sinceMs(start)}).Debug("cni del done")
+	return nil
 }
 
 // Check runs CNI CHECK for the pod's network, with the config and
@@ -353,9 +351,10 @@ func (m *Manager) Close() error {
 // conflist whose plugins live in a side directory is not fully in the
 // cache; the current config stands in for it if it has the same name.
 func (m *Manager) cachedList(ctx context.Context, a *libcni.NetworkAttachment) (*libcni.NetworkConfigList, error) {
+	// A config cached by an older pinrt may still hold a loopback plugin.
 	list, err := libcni.NetworkConfFromBytes(a.Config)
 	if err == nil && len(list.Plugins) > 0 {
-		return list, nil
+		return withoutLoopback(list)
 	}
 	if err == nil {
 		// A single-plugin .conf is cached as that plugin's config.
@@ -369,6 +368,12 @@ func (m *Manager) cachedList(ctx context.Context, a *libcni.NetworkAttachment) (
 		return nw.list, nil
 	}
 	return nil, err
+}
+
+// sinceMs is the time since start in milliseconds, the unit of the
+// duration_ms field that pinrt-bench reads from the debug log.
+func sinceMs(start time.Time) float64 {
+	return float64(time.Since(start).Microseconds()) / 1000
 }
 
 func loopbackRuntimeConf(rt *libcni.RuntimeConf) *libcni.RuntimeConf {

@@ -188,8 +188,9 @@ const cniArgs = "IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=web;K8S_POD_I
 func TestSetupTeardownWithFakePlugins(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t, "fakenet", "fakeport", "loopback")
+	// The loopback entry is skipped: the namespace helper brought lo up.
 	writeFile(t, filepath.Join(e.conf, "10-net.conflist"),
-		`{"cniVersion":"1.0.0","name":"net","plugins":[{"type":"fakenet"},{"type":"fakeport","capabilities":{"portMappings":true}}]}`, 0o644)
+		`{"cniVersion":"1.0.0","name":"net","plugins":[{"type":"loopback"},{"type":"fakenet"},{"type":"fakeport","capabilities":{"portMappings":true}}]}`, 0o644)
 	m := e.manager(t)
 	pod := Pod{
 		ID: "sb1", Name: "web", Namespace: "ns", UID: "uid", NetNS: "/some/netns",
@@ -207,7 +208,6 @@ func TestSetupTeardownWithFakePlugins(t *testing.T) {
 		t.Fatalf("Raw = %s (%v)", res.Raw, err)
 	}
 	wantAdd := []string{
-		"loopback ADD sb1 netns=/some/netns lo " + cniArgs,
 		"fakenet ADD sb1 netns=/some/netns eth0 " + cniArgs,
 		"fakeport ADD sb1 netns=/some/netns eth0 " + cniArgs,
 	}
@@ -236,9 +236,13 @@ func TestSetupTeardownWithFakePlugins(t *testing.T) {
 	if b, _ := os.ReadFile(filepath.Join(e.plugins, "fakenet.ADD.stdin")); strings.Contains(string(b), "runtimeConfig") {
 		t.Fatalf("fakenet got runtimeConfig: %s", b)
 	}
-	wantCache := []string{"cni-loopback-sb1-lo", "net-sb1-eth0"}
+	wantCache := []string{"net-sb1-eth0"}
 	if got := e.cacheFiles(t); !reflect.DeepEqual(got, wantCache) {
 		t.Fatalf("cache = %v, want %v", got, wantCache)
+	}
+	// The cached config, which DEL runs with, has no loopback either.
+	if b, err := os.ReadFile(filepath.Join(e.cache, "results", "net-sb1-eth0")); err != nil || strings.Contains(string(b), "loopback") {
+		t.Fatalf("cached result (%v) mentions loopback: %s", err, b)
 	}
 	if err := m.Check(ctx, pod); err != nil {
 		t.Fatalf("Check() = %v", err)
@@ -257,7 +261,6 @@ func TestSetupTeardownWithFakePlugins(t *testing.T) {
 	wantDel := []string{
 		"fakeport DEL sb1 netns= eth0 " + cniArgs,
 		"fakenet DEL sb1 netns= eth0 " + cniArgs,
-		"loopback DEL sb1 netns= lo " + cniArgs,
 	}
 	if got := e.calls(t); !reflect.DeepEqual(got, wantDel) {
 		t.Fatalf("calls = %q\nwant %q", got, wantDel)
@@ -284,6 +287,34 @@ func TestSetupTeardownWithFakePlugins(t *testing.T) {
 	}
 	if err := m.Check(ctx, pod); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("Check() after teardown = %v, want ErrNotFound", err)
+	}
+}
+
+// TestTeardownDeletesLegacyLoopback: a pod set up by an older pinrt has a
+// cached loopback network of its own, which teardown still deletes.
+func TestTeardownDeletesLegacyLoopback(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, "fakenet", "loopback")
+	writeFile(t, filepath.Join(e.conf, "10-net.conflist"), conflist("net", "fakenet"), 0o644)
+	m := e.manager(t)
+	pod := Pod{ID: "sb1", Name: "web", Namespace: "ns", UID: "uid", NetNS: "/some/netns"}
+	rt := runtimeConf(pod, IfName)
+	if _, err := m.cni.AddNetwork(ctx, m.lo, loopbackRuntimeConf(rt)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Setup(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	e.calls(t)
+	if err := m.Teardown(ctx, Pod{ID: "sb1"}); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"fakenet DEL sb1 netns= eth0 " + cniArgs, "loopback DEL sb1 netns= lo " + cniArgs}
+	if got := e.calls(t); !reflect.DeepEqual(got, want) {
+		t.Fatalf("calls = %q\nwant %q", got, want)
+	}
+	if got := e.cacheFiles(t); len(got) != 0 {
+		t.Fatalf("cache after teardown = %v", got)
 	}
 }
 
@@ -320,12 +351,10 @@ func TestSetupRollsBackOnFailure(t *testing.T) {
 		t.Fatalf("Setup() = %v, plugin error not kept", err)
 	}
 	wantCalls := []string{
-		"loopback ADD sb1 netns=/some/netns lo " + cniArgs,
 		"fakenet ADD sb1 netns=/some/netns eth0 " + cniArgs,
 		"fakeport ADD sb1 netns=/some/netns eth0 " + cniArgs,
 		"fakeport DEL sb1 netns=/some/netns eth0 " + cniArgs,
 		"fakenet DEL sb1 netns=/some/netns eth0 " + cniArgs,
-		"loopback DEL sb1 netns=/some/netns lo " + cniArgs,
 	}
 	if got := e.calls(t); !reflect.DeepEqual(got, wantCalls) {
 		t.Fatalf("calls = %q\nwant %q", got, wantCalls)

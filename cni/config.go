@@ -109,15 +109,66 @@ func parseConfFile(path string) (*libcni.NetworkConfigList, error) {
 			}
 			list.Plugins = append(list.Plugins, more...)
 		}
-		return list, nil
+		return withoutLoopback(list)
 	}
 	conf, err := libcni.NetworkPluginConfFromBytes(data)
 	if err != nil {
 		return nil, err
 	}
 	//nolint:staticcheck // single-plugin .conf files are still what most clusters ship.
-	return libcni.ConfListFromConf(conf)
+	list, err := libcni.ConfListFromConf(conf)
+	if err != nil {
+		return nil, err
+	}
+	return withoutLoopback(list)
 }
+
+// loopbackType is the CNI plugin that brings up lo. pinrt's namespace
+// helper already does that in the new netns, so the plugin would only cost
+// one process start per ADD and per DEL.
+const loopbackType = "loopback"
+
+// withoutLoopback drops the plugins of type loopback from list, leaving the
+// user's file unchanged. list.Bytes is rewritten too: it is what libcni
+// caches with the ADD result and what Teardown runs DEL with later.
+func withoutLoopback(list *libcni.NetworkConfigList) (*libcni.NetworkConfigList, error) {
+	if !slices.ContainsFunc(list.Plugins, isLoopback) {
+		return list, nil
+	}
+	out := *list
+	out.Plugins = slices.DeleteFunc(slices.Clone(list.Plugins), isLoopback)
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(list.Bytes, &raw); err != nil {
+		return nil, fmt.Errorf("network %q: %w", list.Name, err)
+	}
+	var plugins []json.RawMessage
+	if p, ok := raw["plugins"]; ok {
+		if err := json.Unmarshal(p, &plugins); err != nil {
+			return nil, fmt.Errorf("network %q: plugins: %w", list.Name, err)
+		}
+	}
+	kept := plugins[:0]
+	for _, p := range plugins {
+		var t struct {
+			Type string `json:"type"`
+		}
+		if json.Unmarshal(p, &t) == nil && t.Type == loopbackType {
+			continue
+		}
+		kept = append(kept, p)
+	}
+	b, err := json.Marshal(kept)
+	if err != nil {
+		return nil, err
+	}
+	raw["plugins"] = b
+	if out.Bytes, err = json.Marshal(raw); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+func isLoopback(p *libcni.PluginConfig) bool { return p.Network.Type == loopbackType }
 
 // loadNetwork scans dir and returns the first network that parses, in
 // lexical file order. Files that fail to parse are skipped, but when no file

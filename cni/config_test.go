@@ -229,10 +229,16 @@ func TestStatus(t *testing.T) {
 			wantErr: `network "x": plugin "../bin/bridge" not found in [BIN]: failed precondition`,
 		},
 		{
-			name:    "missing loopback",
+			// pinrt skips loopback entries, so the binary is not needed.
+			name:    "loopback listed but not installed",
 			plugins: []string{"bridge"},
-			files:   map[string]string{"10-x.conflist": conflist("x", "bridge")},
-			wantErr: `plugin "loopback" not found in [BIN]: failed precondition`,
+			files:   map[string]string{"10-x.conflist": conflist("x", "loopback", "bridge")},
+		},
+		{
+			name:    "a lone loopback is no pod network",
+			plugins: []string{"loopback"},
+			files:   map[string]string{"10-x.conf": `{"cniVersion":"1.0.0","name":"x","type":"loopback"}`},
+			wantErr: `no valid network config in DIR: DIR/10-x.conf: no plugins in network "x": failed precondition`,
 		},
 		{
 			name:    "ready",

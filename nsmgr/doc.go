@@ -10,7 +10,10 @@
 // over the user namespace owning its network namespace.
 //
 // All namespaces of a pod are created by a single clone of a short-lived
-// helper, the daemon's own binary re-executed with HelperCommand. A Go
+// helper: the small pinrt-nshelper binary (nshelper) when it is installed
+// next to pinrt, else the daemon's own binary re-executed with
+// HelperCommand. The helper also brings up lo, so no CNI loopback plugin
+// runs. A Go
 // process is multithreaded and can never setns into a user namespace, so
 // the daemon itself never switches namespaces here; the helper is born in
 // them, applies the pod's sysctls from inside, reports on a pipe and is

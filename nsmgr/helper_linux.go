@@ -1,72 +1,14 @@
 package nsmgr
 
-import (
-	"errors"
-	"fmt"
-	"io"
-	"os"
-	"strings"
-	"syscall"
+import "github.com/pinrt/pinrt/nsmgr/nshelper"
+
+// The helper's arguments, shared with its body in nshelper.
+const (
+	hostnameArg = nshelper.HostnameArg
+	loArg       = nshelper.LoArg
 )
 
-// hostnameArg prefixes the helper argument that names the pod's host.
-// Sysctl arguments are "path=value" with a path of [a-z0-9_/.], so the
-// two never collide.
-const hostnameArg = "--hostname="
-
-// HelperMain is the body of the re-executed helper. It is born in the
-// pod's new namespaces (the parent's clone flags put it there), sets the
-// hostname of its UTS namespace when asked, writes each "path=value"
-// sysctl argument under /proc/sys, which resolves to its own namespaces,
-// reports on fd 3 and then waits for the parent to close its stdin or
-// kill it. It does nothing else, to stay cheap.
-func HelperMain(args []string) int {
-	status := os.NewFile(3, "status")
-	err := error(nil)
-	if len(args) > 0 && strings.HasPrefix(args[0], hostnameArg) {
-		if err = syscall.Sethostname([]byte(strings.TrimPrefix(args[0], hostnameArg))); err != nil {
-			err = fmt.Errorf("sethostname: %w", err)
-		}
-		args = args[1:]
-	}
-	if err == nil {
-		err = applySysctls(args)
-	}
-	if err != nil {
-		verb := "error"
-		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.EINVAL) || errors.Is(err, syscall.ERANGE) {
-			verb = "invalid"
-		}
-		fmt.Fprintf(status, "%s %v\n", verb, err)
-		return 1
-	}
-	if _, err := status.Write([]byte("ok\n")); err != nil {
-		return 1
-	}
-	status.Close()
-	_, _ = io.Copy(io.Discard, os.Stdin)
-	return 0
-}
-
-func applySysctls(args []string) error {
-	for _, a := range args {
-		path, value, ok := strings.Cut(a, "=")
-		// The parent validated the names; this guards the file system
-		// against a helper started by hand.
-		if !ok || checkSysctlName(path, swapSeparators(path)) != nil {
-			return fmt.Errorf("bad sysctl argument %q: %w", a, syscall.EINVAL)
-		}
-		f, err := os.OpenFile("/proc/sys/"+path, os.O_WRONLY, 0)
-		if err != nil {
-			return fmt.Errorf("sysctl %s: %w", swapSeparators(path), err)
-		}
-		_, err = f.WriteString(value)
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return fmt.Errorf("sysctl %s=%q: %w", swapSeparators(path), value, err)
-		}
-	}
-	return nil
-}
+// HelperMain is the body of the re-executed helper (see nshelper.Main),
+// for a binary that is its own helper: pinrt without pinrt-nshelper next
+// to it, and this package's tests.
+func HelperMain(args []string) int { return nshelper.Main(args) }

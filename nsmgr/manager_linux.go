@@ -35,6 +35,7 @@ var cloneFlag = map[Kind]uintptr{
 type Manager struct {
 	runDir       string
 	helperPath   string
+	helperFile   *os.File // helperPath opened, nil for /proc/self/exe
 	readyTimeout time.Duration
 
 	// failAt names a step of Create that fails on purpose. Only the
@@ -44,17 +45,35 @@ type Manager struct {
 
 // NewManager pins under runDir/ns/<kind>/<id>. helperPath "" means
 // /proc/self/exe, which requires the binary to call HelperMain. Another
-// helperPath must be reachable by the pod's mapped root, an unprivileged
-// host ID: the helper is exec'd after it has become that user.
+// helperPath (pinrt-nshelper) is opened here and later exec'd through
+// that descriptor: the helper is exec'd after it has become the pod's
+// mapped root, an unprivileged host ID that could not search a private
+// directory on the way to the file, and the descriptor also keeps the
+// binary that was checked here even if the file is replaced later.
 func NewManager(runDir, helperPath string) (*Manager, error) {
 	if !filepath.IsAbs(runDir) {
 		return nil, fmt.Errorf("namespace run directory %q must be an absolute path: %w", runDir, errdefs.ErrInvalidArgument)
 	}
+	m := &Manager{runDir: filepath.Clean(runDir), helperPath: helperPath, readyTimeout: 10 * time.Second}
 	if helperPath == "" {
-		helperPath = "/proc/self/exe"
+		m.helperPath = "/proc/self/exe"
+		return m, nil
 	}
-	return &Manager{runDir: filepath.Clean(runDir), helperPath: helperPath, readyTimeout: 10 * time.Second}, nil
+	f, err := os.Open(helperPath)
+	if err != nil {
+		return nil, fmt.Errorf("namespace helper: %w", err)
+	}
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() || st.Mode().Perm()&0o001 == 0 {
+		f.Close()
+		return nil, fmt.Errorf("namespace helper %s must be a regular file executable by all (the pod's mapped root runs it): %w",
+			helperPath, errdefs.ErrFailedPrecondition)
+	}
+	m.helperFile = f
+	return m, nil
 }
+
+// HelperPath is the helper binary the Manager starts.
+func (m *Manager) HelperPath() string { return m.helperPath }
 
 // Path returns the pin path of kind for sandbox id. It does not validate:
 // callers pass IDs that Create or ValidateID already accepted.
@@ -82,6 +101,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Pins, retErr
 		return pins, nil // all host namespaces: nothing to create
 	}
 	logger := log.G(ctx).WithField("sandbox", req.ID)
+	start := time.Now()
 
 	// undo is a LIFO list of the steps done so far, run on failure.
 	var undo []func()
@@ -152,7 +172,8 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Pins, retErr
 	}
 	// The pins hold the namespaces now; the helper has done its job.
 	h.stop()
-	logger.WithField("kinds", req.Kinds).Debug("pod namespaces pinned")
+	logger.WithFields(log.Fields{"kinds": req.Kinds, "phase": "namespaces", "duration_ms": sinceMs(start)}).
+		Debug("pod namespaces pinned")
 	return pins, nil
 }
 
@@ -232,6 +253,9 @@ func (m *Manager) startHelper(req CreateRequest, kinds map[Kind]bool) (*helper, 
 	}
 
 	args := []string{m.helperPath, HelperCommand}
+	if kinds[Net] {
+		args = append(args, loArg)
+	}
 	if req.Hostname != "" {
 		args = append(args, hostnameArg+req.Hostname)
 	}
@@ -263,6 +287,11 @@ func (m *Manager) startHelper(req CreateRequest, kinds map[Kind]bool) (*helper, 
 		Stderr:      &limitedBuffer{buf: &h.stderr, max: 4096},
 		ExtraFiles:  []*os.File{statusW},
 		SysProcAttr: attr,
+	}
+	if m.helperFile != nil {
+		// fd 4 in the child, exec'd by its /proc path like fexecve(3).
+		h.cmd.ExtraFiles = append(h.cmd.ExtraFiles, m.helperFile)
+		h.cmd.Path = "/proc/self/fd/4"
 	}
 	err = h.cmd.Start()
 	// The child has its own copies now.
@@ -352,6 +381,7 @@ func (m *Manager) Remove(ctx context.Context, id string) error {
 	if err := ValidateID(id); err != nil {
 		return err
 	}
+	start := time.Now()
 	var errs []error
 	for i := len(allKinds) - 1; i >= 0; i-- {
 		if err := unpin(m.Path(allKinds[i], id)); err != nil {
@@ -361,8 +391,15 @@ func (m *Manager) Remove(ctx context.Context, id string) error {
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	log.G(ctx).WithField("sandbox", id).Debug("pod namespaces unpinned")
+	log.G(ctx).WithFields(log.Fields{"sandbox": id, "phase": "unpin", "duration_ms": sinceMs(start)}).
+		Debug("pod namespaces unpinned")
 	return nil
+}
+
+// sinceMs is the time since start in milliseconds, the unit of the
+// duration_ms field that pinrt-bench reads from the debug log.
+func sinceMs(start time.Time) float64 {
+	return float64(time.Since(start).Microseconds()) / 1000
 }
 
 func unpin(p string) error {

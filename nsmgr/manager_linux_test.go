@@ -536,16 +536,10 @@ func TestCreateHelperFailures(t *testing.T) {
 		assertClean(t, dir)
 	})
 	t.Run("no helper binary", func(t *testing.T) {
-		dir := t.TempDir()
-		m, err := NewManager(dir, "/nonexistent/pinrt")
-		if err != nil {
-			t.Fatal(err)
+		// Found out when the daemon starts, not at the first pod.
+		if _, err := NewManager(t.TempDir(), "/nonexistent/pinrt"); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("NewManager = %v, want ErrNotExist", err)
 		}
-		_, err = m.Create(context.Background(), fullRequest("pod", 12, nil))
-		if !errors.Is(err, os.ErrNotExist) {
-			t.Fatalf("Create = %v, want ErrNotExist", err)
-		}
-		assertClean(t, dir)
 	})
 }
 
@@ -593,5 +587,33 @@ func TestHostnameValidation(t *testing.T) {
 		if _, err := m.Create(context.Background(), tc.req); !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Errorf("%s: Create = %v, want InvalidArgument", tc.name, err)
 		}
+	}
+}
+
+// TestLoopbackUpInNetns: the helper brings lo up in every netns it
+// creates, owned by a pod userns or by the host's, so that no CNI
+// loopback plugin has to run.
+func TestLoopbackUpInNetns(t *testing.T) {
+	requireRoot(t)
+	requireNsenter(t)
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skipf("needs ip from iproute2 to read the link flags: %v", err)
+	}
+	tests := []struct {
+		name string
+		req  CreateRequest
+	}{
+		{"userns-owned", fullRequest("lo-userns", 5, nil)},
+		{"host-owned", CreateRequest{ID: "lo-host", Kinds: []Kind{Net, UTS}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m, _ := newTestManager(t)
+			pins := mustCreate(t, m, tc.req)
+			out, err := nsenter("--net="+pins[Net], "ip", "-o", "link", "show", "lo")
+			if err != nil || !strings.Contains(out, "<LOOPBACK,UP,LOWER_UP>") {
+				t.Fatalf("lo in the pod netns: %v: %s, want <LOOPBACK,UP,LOWER_UP>", err, out)
+			}
+		})
 	}
 }

@@ -8,6 +8,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/pinrt/pinrt/internal/validate"
+	"github.com/pinrt/pinrt/nsmgr/nshelper"
 )
 
 // Kind names a namespace type that nsmgr can create and pin. The value is
@@ -34,7 +35,7 @@ var allKinds = []Kind{User, Net, IPC, UTS}
 //	if len(os.Args) > 1 && os.Args[1] == nsmgr.HelperCommand {
 //		os.Exit(nsmgr.HelperMain(os.Args[2:]))
 //	}
-const HelperCommand = "__pinrt-nshelper"
+const HelperCommand = nshelper.Command
 
 // CreateRequest describes the namespaces of one pod.
 type CreateRequest struct {

@@ -8,6 +8,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/pinrt/pinrt/internal/validate"
+	"github.com/pinrt/pinrt/nsmgr/nshelper"
 )
 
 // NormalizeSysctl returns the canonical dotted form of a sysctl name.
@@ -57,17 +58,9 @@ func sysctlNamespace(name string) Kind {
 // checkSysctlName rejects names that could escape /proc/sys once turned
 // into a path: empty components and "." or "..".
 func checkSysctlName(orig, name string) error {
-	for _, c := range strings.Split(sysctlPath(name), "/") {
-		if c == "" || c == "." || c == ".." {
-			return fmt.Errorf("sysctl %q: malformed name: %w", orig, errdefs.ErrInvalidArgument)
-		}
-		for _, r := range c {
-			ok := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' ||
-				r == '_' || r == '-' || r == '.'
-			if !ok {
-				return fmt.Errorf("sysctl %q: invalid character %q: %w", orig, r, errdefs.ErrInvalidArgument)
-			}
-		}
+	if err := nshelper.CheckSysctlPath(sysctlPath(name)); err != nil {
+		// The helper's plain error carries only the message.
+		return fmt.Errorf("sysctl %q: %s: %w", orig, err.Error(), errdefs.ErrInvalidArgument)
 	}
 	return nil
 }

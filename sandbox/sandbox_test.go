@@ -300,3 +300,42 @@ func TestWritePodFiles(t *testing.T) {
 		t.Error("a DNS server with a newline was accepted")
 	}
 }
+
+func TestMarkStoppedAndNetworkTeardown(t *testing.T) {
+	first := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	later := first.Add(time.Hour)
+	tests := []struct {
+		name     string
+		network  NamespaceMode
+		before   Status
+		wantNeed bool      // before the stop
+		wantAt   time.Time // StoppedAt after MarkStopped(later)
+	}{
+		{"ready pod network", ModePod, Status{State: StateReady}, true, later},
+		{"restored notready, DEL owed", ModePod, Status{State: StateNotReady, Reason: "pin gone"}, true, later},
+		{"stopped before keeps its time", ModePod, Status{State: StateNotReady, StoppedAt: first, NetworkDown: true}, false, first},
+		{"host network never tears down", ModeNode, Status{State: StateReady}, false, later},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			sb := New(Metadata{ID: "sb", Modes: NamespaceModes{Network: tc.network}}, dir)
+			if err := sb.UpdateStatus(func(st *Status) { *st = tc.before }); err != nil {
+				t.Fatal(err)
+			}
+			if got := sb.NeedsNetworkTeardown(); got != tc.wantNeed {
+				t.Errorf("NeedsNetworkTeardown() before stop = %v, want %v", got, tc.wantNeed)
+			}
+			if err := sb.UpdateStatus(func(st *Status) { st.MarkStopped(later) }); err != nil {
+				t.Fatal(err)
+			}
+			st := sb.Status()
+			if st.State != StateNotReady || !st.NetworkDown || !st.StoppedAt.Equal(tc.wantAt) {
+				t.Errorf("status after stop = %+v, want notready, network down, stopped at %v", st, tc.wantAt)
+			}
+			if sb.NeedsNetworkTeardown() {
+				t.Error("NeedsNetworkTeardown() after stop = true")
+			}
+		})
+	}
+}

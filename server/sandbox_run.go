@@ -159,12 +159,12 @@ func (s *Server) runPod(ctx context.Context, req *podRequest) (_ *sandbox.Sandbo
 		undo.add("remove infra process", func(ctx context.Context) error { return s.removeInfra(ctx, &md) })
 	}
 
-	sb := sandbox.New(md, dir)
+	sb, saveStart := sandbox.New(md, dir), time.Now()
 	if err := sb.Save(); err != nil {
 		return nil, fmt.Errorf("saving sandbox state: %w", err)
 	}
 	s.sandboxes.Add(md.ID, sb)
-	log.G(ctx).WithField("ips", md.IPs).Debug("sandbox ready")
+	log.G(ctx).WithFields(log.Fields{"ips": md.IPs, "phase": "state", "duration_ms": float64(time.Since(saveStart).Microseconds()) / 1000}).Debug("sandbox ready")
 	return sb, nil
 }
 
@@ -246,7 +246,7 @@ func (s *Server) stopPod(ctx context.Context, sb *sandbox.Sandbox) error {
 	if err := s.stopPodContainers(ctx, sb); err != nil {
 		return err
 	}
-	if sb.Modes.Network == sandbox.ModePod {
+	if sb.NeedsNetworkTeardown() {
 		pod := cniPod(&sb.Metadata)
 		// After a reboot the pin is gone: DEL runs from the cached result
 		// with no netns, as the CNI spec allows.
@@ -263,13 +263,7 @@ func (s *Server) stopPod(ctx context.Context, sb *sandbox.Sandbox) error {
 	if err := s.deps.Shm.Unmount(sb.ShmPath); err != nil {
 		return err
 	}
-	if sb.Status().State == sandbox.StateNotReady && sb.Status().StoppedAt.After(time.Time{}) {
-		return nil
-	}
-	return sb.UpdateStatus(func(st *sandbox.Status) {
-		st.State = sandbox.StateNotReady
-		st.StoppedAt = time.Now()
-	})
+	return sb.UpdateStatus(func(st *sandbox.Status) { st.MarkStopped(time.Now()) })
 }
 
 // removePod stops a pod if needed and deletes everything it had.

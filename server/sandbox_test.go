@@ -353,3 +353,62 @@ func TestPodNamesWithUnderscoresDoNotCollide(t *testing.T) {
 		t.Errorf("true duplicate = %v, want AlreadyExists", err)
 	}
 }
+
+// TestOneNetworkTeardownPerPod: a pod's CNI DEL runs once, in the first
+// successful stop; Remove after it does not run DEL again. A pod restored
+// NotReady after a reboot, whose DEL never ran, still gets one.
+func TestOneNetworkTeardownPerPod(t *testing.T) {
+	teardowns := func(net *cnitest.Fake) int {
+		n := 0
+		for _, c := range net.Calls() {
+			if c.Op == "Teardown" {
+				n++
+			}
+		}
+		return n
+	}
+	tests := []struct {
+		name   string
+		stops  int
+		reboot bool
+	}{
+		{"stop then remove", 1, false},
+		{"two stops then remove", 2, false},
+		{"remove without stop", 0, false},
+		{"restored after a reboot, then stop and remove", 1, true},
+		{"restored after a reboot, then remove", 0, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newPodFixture(t)
+			ctx := context.Background()
+			resp, err := f.srv.RunPodSandbox(ctx, unitPod("once", false))
+			if err != nil {
+				t.Fatal(err)
+			}
+			id := resp.PodSandboxId
+			srv, net := f.srv, f.net
+			if tc.reboot {
+				// A new daemon on the same root, with the pins gone.
+				net = &cnitest.Fake{}
+				srv = New(f.cfg, Deps{Network: net, Namespaces: nsmgrtest.New(t.TempDir()), IDs: f.ids, Shm: f.shm, Images: &ctrImages{Fake: &imagetest.Fake{}, mounted: map[string]image.MountRequest{}}})
+				srv.Restore(ctx)
+				st, err := srv.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: id})
+				if err != nil || st.Status.State != runtimeapi.PodSandboxState_SANDBOX_NOTREADY {
+					t.Fatalf("restored pod = %v, %v; want NOTREADY", st, err)
+				}
+			}
+			for range tc.stops {
+				if _, err := srv.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := srv.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: id}); err != nil {
+				t.Fatal(err)
+			}
+			if n := teardowns(net); n != 1 {
+				t.Errorf("CNI teardowns = %d, want 1: %+v", n, net.Calls())
+			}
+		})
+	}
+}

@@ -70,11 +70,15 @@ func Binary(t testing.TB) string {
 			return
 		}
 		binPath = filepath.Join(dir, "pinrt")
-		cmd := exec.Command("go", "build", "-o", binPath, "./cmd/pinrt")
-		cmd.Dir = RepoRoot()
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			errBuild = fmt.Errorf("go build: %w\n%s", err, out)
+		// pinrt-nshelper next to pinrt is the namespace helper pinrt uses.
+		for _, b := range []struct{ out, pkg string }{{binPath, "./cmd/pinrt"}, {filepath.Join(dir, "pinrt-nshelper"), "./cmd/pinrt-nshelper"}} {
+			cmd := exec.Command("go", "build", "-o", b.out, b.pkg)
+			cmd.Dir = RepoRoot()
+			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+			if out, err := cmd.CombinedOutput(); err != nil {
+				errBuild = fmt.Errorf("go build %s: %w\n%s", b.pkg, err, out)
+				return
+			}
 		}
 	})
 	if errBuild != nil {

@@ -20,6 +20,14 @@
 #   BENCH_BRIDGE=pbench0      bridge name; BENCH_SUBNET=10.200.0.0/16
 #   BENCH_TIMEOUT=60s         per-RPC timeout
 #   PINRT_BIN=bin/pinrt       the daemon binary to benchmark
+#   BENCH_SCENARIOS=          space-separated subset to run, e.g. "sandbox-netns-p1
+#                             sandbox-userns-p8" (names as in the summary; empty: all)
+#   BENCH_LOG_LEVEL=debug     pinrt's log level; at debug pinrt logs the phase timings
+#                             (namespaces, cni_add, state, cni_del, unpin) the tables show
+#
+# The daemon runs in its own cgroup (cgroup v1 cpuacct or v2), and every
+# scenario reports the CPU time of the daemon and all it started (namespace
+# helper, CNI plugins, runc, conmon) per pod: cpu_ms_per_pod.
 set -uo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -32,6 +40,8 @@ RESTORE_N=${BENCH_RESTORE_N:-100}
 BRIDGE=${BENCH_BRIDGE:-pbench0}
 SUBNET=${BENCH_SUBNET:-10.200.0.0/16}
 TIMEOUT=${BENCH_TIMEOUT:-60s}
+SCENARIOS=${BENCH_SCENARIOS:-}
+LOG_LEVEL=${BENCH_LOG_LEVEL:-debug}
 
 log() { echo "run.sh: $*" >&2; }
 die() { log "$*"; exit 2; }
@@ -53,6 +63,16 @@ SOCK=$TMP/run/pinrt.sock
 PIDFILE=$TMP/pinrt.pid
 PINRT_LOG=$TMP/pinrt.log
 REG_PID=
+# The daemon's cgroup, for its CPU accounting: cgroup v2 if the unified
+# hierarchy is mounted, else v1's cpuacct controller.
+if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
+	CGROUP=/sys/fs/cgroup/pinrt-bench-$$
+elif [ -d /sys/fs/cgroup/cpuacct ]; then
+	CGROUP=/sys/fs/cgroup/cpuacct/pinrt-bench-$$
+else
+	CGROUP=/sys/fs/cgroup/cpu,cpuacct/pinrt-bench-$$
+fi
+mkdir "$CGROUP" || die "cannot create cgroup $CGROUP"
 mkdir -p "$TMP/root" "$TMP/run" "$TMP/cni/net.d" "$TMP/cni/ipam" "$TMP/logs" "$TMP/conf.d" "$OUT"
 : >"$TMP/pinrt.toml"
 
@@ -95,6 +115,12 @@ cleanup() {
 	awk -v t="$TMP" '$5 == t || index($5, t "/") == 1 { print $5 }' /proc/self/mountinfo | sort -r |
 		while read -r m; do umount -l "$m" 2>/dev/null || log "could not unmount $m"; done
 	ip link del "$BRIDGE" 2>/dev/null
+	# Leftover processes (a conmon whose daemon died) go back to the root
+	# cgroup so that ours can be removed.
+	if [ -d "$CGROUP" ]; then
+		while read -r p; do echo "$p" >"$(dirname "$CGROUP")/cgroup.procs" 2>/dev/null; done <"$CGROUP/cgroup.procs"
+		rmdir "$CGROUP" 2>/dev/null || log "could not remove cgroup $CGROUP"
+	fi
 	if [ -s "$PINRT_LOG" ]; then
 		cp "$PINRT_LOG" "$OUT/pinrt.log" 2>/dev/null
 	fi
@@ -140,10 +166,11 @@ EOF
 # caller, so `sh -c` in pinrt-bench returns at once.
 cat >"$TMP/start-pinrt.sh" <<EOF
 #!/bin/sh
+echo \$\$ >"$CGROUP/cgroup.procs" || exit 1
 setsid "$PINRT" --config "$TMP/pinrt.toml" --config-dir "$TMP/conf.d" \\
 	--root "$TMP/root" --runroot "$TMP/run" --listen "$SOCK" \\
 	--cni-config-dir "$TMP/cni/net.d" --cni-plugin-dir /opt/cni/bin \\
-	--log-level info >>"$PINRT_LOG" 2>&1 </dev/null &
+	--log-level "$LOG_LEVEL" >>"$PINRT_LOG" 2>&1 </dev/null &
 echo \$! >"$PIDFILE"
 EOF
 # restart: SIGKILL (no graceful shutdown: the point is that a crash loses
@@ -199,6 +226,9 @@ FAILED=0
 run_bench() {
 	local name=$1 rc last
 	shift
+	if [ -n "$SCENARIOS" ] && ! [[ " $SCENARIOS " == *" $name "* ]]; then
+		return
+	fi
 	if ! pinrt_alive; then
 		log "pinrt is not running (crashed?); restarting it before $name"
 		SUMMARY+=("$(printf '%-22s %s' "$name" "pinrt had died before this scenario; restarted")")
@@ -208,11 +238,19 @@ run_bench() {
 	echo
 	echo "### $name"
 	"$BIN/pinrt-bench" "$@" --endpoint "unix://$SOCK" --timeout "$TIMEOUT" --log-dir "$TMP/logs" \
-		--out "$OUT/$name.json" | tee "$OUT/$name.txt"
+		--cgroup "$CGROUP" --daemon-log "$PINRT_LOG" --pid-file "$PIDFILE" --out "$OUT/$name.json" | tee "$OUT/$name.txt"
 	rc=${PIPESTATUS[0]}
 	last=$(tail -n 1 "$OUT/$name.txt")
 	case $last in RESULT:*) ;; *) last="RESULT: tool failed (exit $rc)" ;; esac
-	SUMMARY+=("$(printf '%-22s %s' "$name" "$last")")
+	# The headline numbers: lifecycle pods/s, RunPodSandbox p50, pod to
+	# Running p50, CPU per pod (daemon and all it started).
+	key=$(awk '
+		/^(sandbox|pod) end to end / { k = k " pods/s=" $NF }
+		/^RunPodSandbox / { k = k " RunPodSandbox-p50=" $4 }
+		/^pod to Running / { k = k " pod-to-Running-p50=" $6 }
+		/^cpu_ms_per_pod = / { k = k " cpu/pod=" $3 "ms" }
+		END { print k }' "$OUT/$name.txt")
+	SUMMARY+=("$(printf '%-22s %s%s' "$name" "$last" "$key")")
 	[ "$rc" = 0 ] || FAILED=$((FAILED + 1))
 	# A failed scenario may leave pods behind; don't let them skew the next.
 	if pinrt_alive; then
@@ -228,13 +266,14 @@ done
 run_bench "pod-p1" pod -n "$N" -p 1 --image "$IMAGE"
 run_bench "pod-p$PAR" pod -n "$N" -p "$PAR" --image "$IMAGE"
 # density also times ListContainerStats/ListPodSandboxStats with its pods up.
-run_bench "density" density -n "$DENSITY_N" -p "$PAR" --image "$IMAGE" --pid-file "$PIDFILE" --stats-rounds 20
+run_bench "density" density -n "$DENSITY_N" -p "$PAR" --image "$IMAGE" --stats-rounds 20
 restore_args=()
 [ "${BENCH_RESTORE_CONTAINERS:-}" = 1 ] && restore_args=(--with-containers --image "$IMAGE")
 run_bench "restore" restore -n "$RESTORE_N" -p "$PAR" --restart-cmd "sh $TMP/restart-pinrt.sh" "${restore_args[@]}"
 
 # The image pull path on its own, in process: a cold pull of a 10-layer,
 # 200 MB image (MB/s, download and unpack seconds).
+if [ -z "$SCENARIOS" ] || [[ " $SCENARIOS " == *" image-cold-pull "* ]]; then
 echo
 echo "### image-cold-pull"
 (cd "$REPO" && "${GO:-go}" test -run '^$' -bench BenchmarkColdPull ./image/) 2>&1 | grep -v 'level=' | tee "$OUT/image-cold-pull.txt"
@@ -243,6 +282,7 @@ if [ "${PIPESTATUS[0]}" = 0 ]; then
 else
 	SUMMARY+=("$(printf '%-22s %s' image-cold-pull "RESULT: go test failed")")
 	FAILED=$((FAILED + 1))
+fi
 fi
 
 echo

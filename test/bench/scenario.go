@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"time"
@@ -97,6 +99,14 @@ type Config struct {
 	Restart func(ctx context.Context) error
 	// WithContainers adds one running container per pod in restore.
 	WithContainers bool
+
+	// CPU, when set, returns the CPU time used so far by the runtime and
+	// everything it started (its cgroup); the run reports the difference
+	// per pod. Optional.
+	CPU func() (time.Duration, error)
+	// DaemonLog, when set, is the runtime's log file; the phase timings it
+	// logs at debug level during the run are reported per phase.
+	DaemonLog string
 }
 
 func (c *Config) defaults() {
@@ -192,6 +202,25 @@ func Run(ctx context.Context, c *Client, scenario string, cfg Config) (*Result, 
 	res := &Result{Scenario: scenario, Variant: cfg.Variant, N: cfg.N, P: cfg.P, RunID: cfg.RunID, Started: time.Now()}
 	res.Runtime = r.version(ctx)
 
+	var cpuBefore time.Duration
+	if cfg.CPU != nil {
+		if cpuBefore, err = cfg.CPU(); err != nil {
+			return nil, fmt.Errorf("read runtime CPU usage: %w", err)
+		}
+	}
+	daemonBefore, daemonPID := time.Duration(-1), 0
+	if cfg.PID != nil && cfg.CPU != nil {
+		if pid, err := cfg.PID(); err == nil {
+			if d, err := ProcessCPU(pid); err == nil {
+				daemonBefore, daemonPID = d, pid
+			}
+		}
+	}
+	var tail *LogTail
+	if cfg.DaemonLog != "" {
+		tail = NewLogTail(cfg.DaemonLog)
+	}
+
 	var wall time.Duration
 	switch scenario {
 	case ScenarioSandbox:
@@ -209,6 +238,7 @@ func Run(ctx context.Context, c *Client, scenario string, cfg Config) (*Result, 
 		return nil, fmt.Errorf("unknown scenario %q", scenario)
 	}
 	res.WallMs = ms(wall)
+	r.resourceMetrics(cpuBefore, daemonBefore, daemonPID, tail)
 	res.Ops = r.rec.Summaries(wall)
 	for i := range res.Ops {
 		if w, ok := r.walls[res.Ops[i].Name]; ok {
@@ -232,6 +262,32 @@ func (r *runner) version(ctx context.Context) string {
 		return ""
 	}
 	return v.GetRuntimeName() + " " + v.GetRuntimeVersion()
+}
+
+// resourceMetrics adds the CPU time per pod and the daemon's phase timings.
+// The CPU covers the whole run: setup and teardown of every pod, so for the
+// sandbox scenario it is the CPU cost of one full pod lifecycle.
+func (r *runner) resourceMetrics(cpuBefore, daemonBefore time.Duration, daemonPID int, tail *LogTail) {
+	if r.cfg.CPU != nil {
+		if after, err := r.cfg.CPU(); err == nil {
+			cpu := after - cpuBefore
+			r.setMetric("cpu_total_ms", ms(cpu))
+			r.setMetric("cpu_ms_per_pod", ms(cpu)/float64(r.cfg.N))
+		}
+	}
+	// The daemon's own share (same PID before and after: no restart).
+	if daemonBefore >= 0 {
+		if pid, err := r.cfg.PID(); err == nil && pid == daemonPID {
+			if after, err := ProcessCPU(pid); err == nil {
+				r.setMetric("cpu_daemon_ms_per_pod", ms(after-daemonBefore)/float64(r.cfg.N))
+			}
+		}
+	}
+	if tail != nil {
+		if phases, err := tail.Phases(); err == nil {
+			phaseMetrics(phases, r.setMetric)
+		}
+	}
 }
 
 func (r *runner) setMetric(k string, v float64) {
@@ -326,6 +382,12 @@ func (r *runner) runSandbox(ctx context.Context, scenario string, i int) (*bench
 	}
 	p.config = r.podConfig(scenario, i, p.hostID)
 	err := r.rec.timed(OpRunPodSandbox, func() error {
+		// kubelet creates the pod's log directory before RunPodSandbox.
+		if d := p.config.LogDirectory; d != "" {
+			if err := os.MkdirAll(d, 0o755); err != nil {
+				return fmt.Errorf("pod log directory: %w", err)
+			}
+		}
 		rctx, cancel := r.c.rpc(ctx)
 		defer cancel()
 		resp, err := r.c.Runtime.RunPodSandbox(rctx, &runtimeapi.RunPodSandboxRequest{Config: p.config})
@@ -381,6 +443,10 @@ func (r *runner) removeSandbox(ctx context.Context, p *benchPod) error {
 		_, err := r.c.Runtime.RemovePodSandbox(rctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: p.id})
 		return err
 	})
+	if errRm == nil && p.config.LogDirectory != "" {
+		// kubelet removes a deleted pod's logs too.
+		_ = os.RemoveAll(p.config.LogDirectory)
+	}
 	if errRm == nil {
 		// Only a removed sandbox gives its ID range back; reusing the range
 		// of a sandbox that still exists would be rejected as overlapping.
@@ -403,7 +469,14 @@ func (r *runner) startContainer(ctx context.Context, p *benchPod) error {
 		},
 	}
 	if p.config.LogDirectory != "" {
+		// kubelet's layout, <pod log dir>/<container name>/<restart>.log;
+		// kubelet creates the container's directory, the runtime only the
+		// file (CRI-O's CreateContainer fails without the directory).
 		cc.LogPath = "c0/0.log"
+		if err := os.MkdirAll(filepath.Join(p.config.LogDirectory, "c0"), 0o755); err != nil {
+			r.rec.Fail(OpCreateContainer, err)
+			return err
+		}
 	}
 	var id string
 	err := r.rec.timed(OpCreateContainer, func() error {

@@ -341,3 +341,36 @@ func TestUnknownScenarioAndVariant(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+// TestPodLogDirs: with a log dir, the tool creates the pod's and the
+// container's log directories as kubelet does (a runtime like CRI-O, and
+// the fake, fail CreateContainer without the c0/ directory), and removes
+// them with the pod.
+func TestPodLogDirs(t *testing.T) {
+	dir, err := os.MkdirTemp("", "pbl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	srv, err := benchtest.Start(filepath.Join(dir, "cri.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Stop)
+	c, err := bench.Dial("unix://"+srv.Socket, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	logs := filepath.Join(dir, "logs")
+	res, err := bench.Run(context.Background(), c, bench.ScenarioPod, bench.Config{N: 4, P: 2, Image: testImage, LogDir: logs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Errors != 0 {
+		t.Fatalf("run had %d errors: %+v", res.Errors, res.Ops)
+	}
+	if entries, _ := os.ReadDir(logs); len(entries) != 0 {
+		t.Errorf("pod log directories left after removal: %d", len(entries))
+	}
+}

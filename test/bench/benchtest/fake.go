@@ -7,6 +7,8 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"sync"
 
 	"google.golang.org/grpc"
@@ -266,6 +268,13 @@ func (s *Server) CreateContainer(_ context.Context, req *runtimeapi.CreateContai
 	}
 	if !s.images[req.GetConfig().GetImage().GetImage()] {
 		return nil, status.Errorf(codes.NotFound, "image %s", req.GetConfig().GetImage().GetImage())
+	}
+	// Like CRI-O (whose conmon creates the log file, not its directory),
+	// the container's log directory must exist: kubelet creates it.
+	if dir, lp := req.GetSandboxConfig().GetLogDirectory(), req.GetConfig().GetLogPath(); dir != "" && lp != "" {
+		if _, err := os.Stat(filepath.Dir(filepath.Join(dir, lp))); err != nil {
+			return nil, status.Errorf(codes.Unknown, "container create failed: exit status 1: %v", err)
+		}
 	}
 	s.nextID++
 	id := fmt.Sprintf("c%d", s.nextID)

@@ -25,6 +25,7 @@ const usage = `usage: pinrt-bench <command> [flags]
 
 commands:
   sandbox    RunPodSandbox → PodSandboxStatus → Stop → Remove
+             (any scenario: --compare ENDPOINT_B runs it on both, A B A B, and prints B/A)
   pod        sandbox + one container to RUNNING and back
   density    start N pods with a sleeping container, report runtime RSS
   restore    N pods, restart the runtime, time until all are Ready again
@@ -82,6 +83,11 @@ func runScenario(ctx context.Context, scenario string, args []string, stdout, st
 	fs.DurationVar(&cfg.Settle, "settle", time.Second, "density: wait this long before reading RSS after start")
 	restartCmd := fs.String("restart-cmd", "", "restore: shell command that restarts the runtime")
 	fs.BoolVar(&cfg.WithContainers, "with-containers", false, "restore: one running container per pod")
+	cgroup := fs.String("cgroup", "", "cgroup directory holding the runtime (v1 cpuacct or v2): report CPU per pod")
+	fs.StringVar(&cfg.DaemonLog, "daemon-log", "", "runtime log file with debug phase timings (phase=, duration_ms=)")
+	compare := fs.String("compare", "", "second CRI endpoint B: run the scenario against --endpoint (A) and B alternately and print B/A ratios")
+	rounds := fs.Int("rounds", 2, "compare: rounds of A then B")
+	cgroupB := fs.String("cgroup-b", "", "compare: cgroup directory holding runtime B, for its CPU per pod")
 	asJSON := fs.Bool("json", false, "print JSON instead of the table")
 	out := fs.String("out", "", "also write the JSON result to this file")
 	if err := fs.Parse(args); err != nil {
@@ -104,6 +110,14 @@ func runScenario(ctx context.Context, scenario string, args []string, stdout, st
 	case *pidFile != "":
 		cfg.PID = bench.PIDFromFile(*pidFile)
 	}
+	if *cgroup != "" {
+		cpu, err := bench.NewCgroupCPU(*cgroup)
+		if err != nil {
+			_, _ = fmt.Fprintln(stderr, err)
+			return 2
+		}
+		cfg.CPU = cpu.Usage
+	}
 	if *restartCmd != "" {
 		rc := *restartCmd
 		cfg.Restart = func(ctx context.Context) error {
@@ -119,6 +133,19 @@ func runScenario(ctx context.Context, scenario string, args []string, stdout, st
 		}
 	}
 
+	if *compare != "" {
+		cfgB := cfg
+		cfgB.CPU, cfgB.DaemonLog = nil, ""
+		if *cgroupB != "" {
+			cpu, err := bench.NewCgroupCPU(*cgroupB)
+			if err != nil {
+				_, _ = fmt.Fprintln(stderr, err)
+				return 2
+			}
+			cfgB.CPU = cpu.Usage
+		}
+		return runCompare(ctx, scenario, []string{*endpoint, *compare}, []bench.Config{cfg, cfgB}, *rounds, stdout, stderr)
+	}
 	c, err := bench.Dial(*endpoint, cfg.RPCTimeout)
 	if err != nil {
 		_, _ = fmt.Fprintln(stderr, err)
@@ -146,6 +173,51 @@ func runScenario(ctx context.Context, scenario string, args []string, stdout, st
 		return 1
 	}
 	return 0
+}
+
+// runCompare runs scenario against endpoints A and B alternately, A, B,
+// A, B, so that a change of the host's load hits both alike, prints every
+// run's table and then the B/A ratios.
+func runCompare(ctx context.Context, scenario string, endpoints []string, cfgs []bench.Config, rounds int, stdout, stderr io.Writer) int {
+	if rounds < 1 {
+		_, _ = fmt.Fprintln(stderr, "--rounds must be at least 1")
+		return 2
+	}
+	clients := make([]*bench.Client, len(endpoints))
+	for i, ep := range endpoints {
+		c, err := bench.Dial(ep, cfgs[i].RPCTimeout)
+		if err != nil {
+			_, _ = fmt.Fprintln(stderr, err)
+			return 2
+		}
+		defer func() { _ = c.Close() }()
+		clients[i] = c
+	}
+	results := make([][]*bench.Result, len(endpoints))
+	code := 0
+	for round := range rounds {
+		for i, c := range clients {
+			res, err := bench.Run(ctx, c, scenario, cfgs[i])
+			if err != nil {
+				_, _ = fmt.Fprintln(stderr, err)
+				return 2
+			}
+			_, _ = fmt.Fprintf(stdout, "-- round %d, %s (%s)\n", round+1, string(rune('A'+i)), endpoints[i])
+			if err := res.WriteTable(stdout); err != nil {
+				_, _ = fmt.Fprintln(stderr, err)
+				return 1
+			}
+			if res.Errors > 0 {
+				code = 1
+			}
+			results[i] = append(results[i], res)
+		}
+	}
+	if err := bench.WriteComparison(stdout, results[0], results[1]); err != nil {
+		_, _ = fmt.Fprintln(stderr, err)
+		return 1
+	}
+	return code
 }
 
 func writeJSONFile(path string, res *bench.Result) error {

@@ -90,3 +90,44 @@ func TestRunJSONOut(t *testing.T) {
 		t.Fatalf("json result %+v", res)
 	}
 }
+
+func TestCompareAlternatesAndPrintsRatios(t *testing.T) {
+	dir, err := os.MkdirTemp("", "pbc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	var srvs []*benchtest.Server
+	for _, name := range []string{"a.sock", "b.sock"} {
+		srv, err := benchtest.Start(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(srv.Stop)
+		srvs = append(srvs, srv)
+	}
+	var out, errOut bytes.Buffer
+	code := run([]string{"sandbox", "--endpoint", "unix://" + srvs[0].Socket, "--compare", "unix://" + srvs[1].Socket,
+		"--rounds", "2", "-n", "3"}, &out, &errOut)
+	if code != 0 {
+		t.Fatalf("exit %d: %s%s", code, out.String(), errOut.String())
+	}
+	for i, srv := range srvs {
+		if n := srv.Calls("RunPodSandbox"); n != 6 {
+			t.Errorf("endpoint %d got %d RunPodSandbox calls, want 6 (2 rounds of 3)", i, n)
+		}
+	}
+	text := out.String()
+	order := []string{"-- round 1, A", "-- round 1, B", "-- round 2, A", "-- round 2, B", "== compare sandbox"}
+	last := -1
+	for _, s := range order {
+		i := strings.Index(text, s)
+		if i < last {
+			t.Fatalf("%q missing or out of order in:\n%s", s, text)
+		}
+		last = i
+	}
+	if !strings.Contains(text, "sandbox end to end") || !strings.Contains(text, "B/A") {
+		t.Errorf("no ratio table:\n%s", text)
+	}
+}

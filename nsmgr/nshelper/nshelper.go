@@ -1,0 +1,47 @@
+// Package nshelper is the body of pinrt's namespace helper: the process
+// nsmgr clones into a pod's new namespaces, which sets the hostname,
+// brings up lo, writes the pod's sysctls and reports on a pipe.
+//
+// It imports nothing beyond the standard library's smallest packages, so
+// that cmd/pinrt-nshelper, a separate static binary built from it, starts
+// in about a millisecond: re-executing the pinrt binary instead pays the
+// package initialisation of everything pinrt links (gRPC, protobuf, the
+// image code) for every pod.
+package nshelper
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+)
+
+// Command is argv[1] of the helper, in the pinrt binary re-executed and in
+// pinrt-nshelper alike.
+const Command = "__pinrt-nshelper"
+
+// HostnameArg prefixes the helper argument that names the pod's host.
+// Sysctl arguments are "path=value" with a path of [a-zA-Z0-9_/.-], so
+// the two never collide.
+const HostnameArg = "--hostname="
+
+// LoArg asks the helper to bring up lo: it is in a new network namespace.
+const LoArg = "--lo-up"
+
+// CheckSysctlPath rejects a sysctl path (relative to /proc/sys) that could
+// escape /proc/sys: an empty, "." or ".." component, or a character other
+// than [a-zA-Z0-9_.-] in a component.
+func CheckSysctlPath(path string) error {
+	for c := range strings.SplitSeq(path, "/") {
+		if c == "" || c == "." || c == ".." {
+			return errors.New("malformed name")
+		}
+		for _, r := range c {
+			ok := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' ||
+				r == '_' || r == '-' || r == '.'
+			if !ok {
+				return errors.New("invalid character " + strconv.QuoteRune(r))
+			}
+		}
+	}
+	return nil
+}
