@@ -92,6 +92,16 @@ func (r *Runtime) ExecSync(ctx context.Context, id string, cmd []string, timeout
 	c.Stdout, c.Stderr = outW, errW
 	c.WaitDelay = execDrain
 	ex := &execProcs{pidFile: filepath.Join(pidDir, "pid"), since: bootTicks(), self: os.Getpid()}
+	// Only asked on the kill path: the container's init is in the cgroups
+	// that runc exec puts its process in.
+	ex.initCgroup = func() []byte {
+		st, err := r.State(context.WithoutCancel(ctx), id)
+		if err != nil || st.Pid <= 0 {
+			return nil
+		}
+		b, _ := os.ReadFile("/proc/" + strconv.Itoa(st.Pid) + "/cgroup")
+		return b
+	}
 	err = c.Start()
 	outW.Close()
 	errW.Close()
@@ -194,6 +204,11 @@ type execProcs struct {
 
 	mu   sync.Mutex
 	main procID
+	// cgroup is /proc/<main>/cgroup: runc exec puts the process in the
+	// container's cgroups, and so every process of this exec is there.
+	// Nothing outside them is ever a victim, whatever pipe it holds.
+	cgroup     []byte
+	initCgroup func() []byte
 }
 
 // procID identifies a process across PID reuse, as runc's hasInit does.
@@ -288,6 +303,7 @@ func (e *execProcs) readPid() bool {
 		return true
 	}
 	e.main = procID{pid: pid, start: st.start}
+	e.cgroup, _ = os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
 	return true
 }
 
@@ -297,9 +313,20 @@ func (e *execProcs) readPid() bool {
 func (e *execProcs) killAll(ctx context.Context) {
 	e.readPid()
 	e.mu.Lock()
-	main := e.main
+	main, cg := e.main, e.cgroup
 	e.mu.Unlock()
+	if len(cg) == 0 && e.initCgroup != nil {
+		cg = e.initCgroup()
+	}
+	if len(cg) == 0 {
+		// Neither the process nor the container is there to tell which
+		// processes are ours: kill nothing rather than a stranger.
+		return
+	}
 	for _, p := range e.victims(main) {
+		if b, err := os.ReadFile("/proc/" + strconv.Itoa(p.pid) + "/cgroup"); err != nil || !bytes.Equal(b, cg) {
+			continue
+		}
 		if err := killIfSame(p); err != nil {
 			log.G(ctx).WithError(err).Debugf("exec: not killing pid %d", p.pid)
 		}
