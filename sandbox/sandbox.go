@@ -123,6 +123,10 @@ type Status struct {
 	StoppedAt time.Time `json:"stoppedAt,omitempty"`
 	// Reason says why a sandbox is NotReady without a Stop (restore).
 	Reason string `json:"reason,omitempty"`
+	// NetworkTornDown records that CNI DEL succeeded: the pod's IPs are
+	// released, so it can never be Ready again, and a later stop or
+	// remove need not run DEL a second time.
+	NetworkTornDown bool `json:"networkTornDown,omitempty"`
 }
 
 // Sandbox is one pod sandbox: metadata plus a locked status, stored in
@@ -134,7 +138,9 @@ type Sandbox struct {
 
 // New returns a Ready sandbox for md stored in dir.
 func New(md Metadata, dir string) *Sandbox {
-	return &Sandbox{Metadata: md, record: record[Metadata, Status]{Dir: dir, status: Status{State: StateReady}}}
+	sb := &Sandbox{Metadata: md, record: record[Metadata, Status]{Dir: dir, status: Status{State: StateReady}}}
+	sb.md = &sb.Metadata
+	return sb
 }
 
 // NameKey is the reservation key of a pod: the same name, namespace, uid

@@ -89,15 +89,19 @@ func TestLoadRefusesBadState(t *testing.T) {
 	}{
 		{"no meta", func(t *testing.T, dir string) {}, errdefs.ErrNotFound},
 		{"unknown version", func(t *testing.T, dir string) {
-			writeFile(t, filepath.Join(dir, metaFile), `{"version": 99, "metadata": {"id": "x1"}}`)
+			writeFile(t, filepath.Join(dir, stateFile), `{"version": 99, "metadata": {"id": "x1"}, "status": {"state": "ready"}}`)
 		}, errdefs.ErrFailedPrecondition},
 		{"id differs from dir", func(t *testing.T, dir string) {
-			writeFile(t, filepath.Join(dir, metaFile), `{"version": 1, "metadata": {"id": "other"}}`)
+			writeFile(t, filepath.Join(dir, legacyMetaFile), `{"version": 1, "metadata": {"id": "other"}}`)
 			writeFile(t, filepath.Join(dir, specFile), `{}`)
 		}, errdefs.ErrFailedPrecondition},
 		{"no config.json", func(t *testing.T, dir string) {
-			writeFile(t, filepath.Join(dir, metaFile), `{"version": 1, "metadata": {"id": "x1"}}`)
+			writeFile(t, filepath.Join(dir, stateFile), `{"version": 2, "metadata": {"id": "x1"}, "status": {"state": "ready"}}`)
 		}, errdefs.ErrNotFound},
+		{"legacy meta without status", func(t *testing.T, dir string) {
+			writeFile(t, filepath.Join(dir, legacyMetaFile), `{"version": 1, "metadata": {"id": "x1"}}`)
+			writeFile(t, filepath.Join(dir, specFile), `{}`)
+		}, errdefs.ErrDataLoss},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -101,6 +101,10 @@ func (s *Server) stopLocked(ctx context.Context, c *sandbox.Container, timeout t
 func (s *Server) removeContainer(ctx context.Context, c *sandbox.Container) error {
 	unlock := c.Lock()
 	defer unlock()
+	// Recorded first, so a start after a crash finishes the removal.
+	if err := sandbox.MarkIntent(c.Dir, sandbox.IntentRemoving, c.ContainerMetadata); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
 	if err := s.stopLocked(ctx, c, 0); err != nil {
 		return err
 	}
@@ -279,49 +283,3 @@ func (s *Server) podContainers(id string) []*sandbox.Container {
 	return out
 }
 
-// restoreContainers loads every container from disk after the pods. Each
-// is loaded on its own; a broken one is logged and skipped.
-func (s *Server) restoreContainers(ctx context.Context) {
-	dirs, err := os.ReadDir(filepath.Join(s.cfg.Root, "containers"))
-	if err != nil {
-		if !errors.Is(err, os.ErrNotExist) {
-			log.G(ctx).WithError(err).Error("restore: listing containers")
-		}
-		return
-	}
-	for _, d := range dirs {
-		if err := s.restoreContainer(ctx, d.Name()); err != nil {
-			log.G(ctx).WithError(err).WithField("container", d.Name()).Error("restore: skipping container")
-		}
-	}
-}
-
-func (s *Server) restoreContainer(ctx context.Context, id string) error {
-	if err := sandbox.ValidateID(id); err != nil {
-		return err
-	}
-	c, err := sandbox.LoadContainer(s.containerDir(id))
-	if err != nil {
-		return err
-	}
-	sb, err := s.sandboxes.Get(c.SandboxID)
-	if err != nil {
-		return fmt.Errorf("its sandbox: %w", err)
-	}
-	if err := s.ctrNames.Reserve(sandbox.ContainerNameKey(c.SandboxID, c.Name, c.Attempt), c.ID); err != nil {
-		return err
-	}
-	// Mounting again is a no-op for a mounted rootfs and rebuilds the
-	// image store's bookkeeping of which pod uses which idmapped tree.
-	if sb.Status().State == sandbox.StateReady {
-		if _, err := s.deps.Images.MountRootfs(ctx, s.mountRequest(sb, c.ID, c.ImageID, c.Dir)); err != nil {
-			log.G(ctx).WithError(err).WithField("container", id).Warn("restore: rootfs not mounted")
-		}
-		if _, err := s.mountImageVolumes(ctx, sb, &c.ContainerMetadata, c.Dir); err != nil {
-			log.G(ctx).WithError(err).WithField("container", id).Warn("restore: image volumes not mounted")
-		}
-	}
-	s.refreshContainer(ctx, c, false)
-	s.containers.Add(c.ID, c)
-	return nil
-}
