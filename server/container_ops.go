@@ -282,4 +282,3 @@ func (s *Server) podContainers(id string) []*sandbox.Container {
 	}
 	return out
 }
-
