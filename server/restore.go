@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/pinrt/pinrt/nsmgr"
 	"github.com/pinrt/pinrt/sandbox"
@@ -315,7 +317,31 @@ func (s *Server) teardownContainer(ctx context.Context, md *sandbox.ContainerMet
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
+	// runc init makes the container's cgroup before runc records its
+	// state; a create killed in between leaves a cgroup that runc delete
+	// does not know of.
+	if cg := specCgroupsPath(dir); cg != "" {
+		removeCgroupDirs(ctx, cg)
+	}
 	return os.RemoveAll(dir)
+}
+
+// specCgroupsPath is the cgroupfs path of a bundle's config.json, or ""
+// (no spec yet, or a systemd slice, which systemd removes itself).
+func specCgroupsPath(bundle string) string {
+	b, err := os.ReadFile(filepath.Join(bundle, "config.json"))
+	if err != nil {
+		return ""
+	}
+	var spec specs.Spec
+	if json.Unmarshal(b, &spec) != nil || spec.Linux == nil {
+		return ""
+	}
+	p := spec.Linux.CgroupsPath
+	if !path.IsAbs(p) || strings.Contains(p, ":") || strings.Contains(p, "..") {
+		return ""
+	}
+	return p
 }
 
 // monitorPid is the pid of a container's conmon if it is still alive:
