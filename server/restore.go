@@ -321,9 +321,49 @@ func (s *Server) teardownContainer(ctx context.Context, md *sandbox.ContainerMet
 	// state; a create killed in between leaves a cgroup that runc delete
 	// does not know of.
 	if cg := specCgroupsPath(dir); cg != "" {
-		removeCgroupDirs(ctx, cg)
+		if err := killCgroup(ctx, cg); err != nil {
+			return err
+		}
 	}
 	return os.RemoveAll(dir)
+}
+
+// cgroupDrainTimeout bounds the wait for killed processes to leave a
+// container's cgroup.
+const cgroupDrainTimeout = 10 * time.Second
+
+// killCgroup SIGKILLs every process left in a container's cgroup (a runc
+// init orphaned by its killed conmon is one) and removes the cgroup from
+// every hierarchy once the kernel lets go of it.
+func killCgroup(ctx context.Context, rel string) error {
+	dirs := []string{filepath.Join(cgroupRoot, rel)}
+	entries, _ := os.ReadDir(cgroupRoot)
+	for _, e := range entries {
+		if e.IsDir() {
+			dirs = append(dirs, filepath.Join(cgroupRoot, e.Name(), rel))
+		}
+	}
+	deadline := time.Now().Add(cgroupDrainTimeout)
+	for _, d := range dirs {
+		for {
+			if b, err := os.ReadFile(filepath.Join(d, "cgroup.procs")); err == nil {
+				for _, f := range strings.Fields(string(b)) {
+					if pid, err := strconv.Atoi(f); err == nil && pid > 0 {
+						_ = syscall.Kill(pid, syscall.SIGKILL)
+					}
+				}
+			}
+			err := os.Remove(d)
+			if err == nil || errors.Is(err, os.ErrNotExist) {
+				break
+			}
+			if time.Now().After(deadline) || ctx.Err() != nil {
+				return fmt.Errorf("removing cgroup %s: %w", d, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return nil
 }
 
 // specCgroupsPath is the cgroupfs path of a bundle's config.json, or ""
