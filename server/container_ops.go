@@ -21,12 +21,17 @@ import (
 	"github.com/pinrt/pinrt/sandbox"
 )
 
-// CRI's exit reasons.
+// CRI's exit reasons; MonitorGone is pinrt's for a container whose
+// conmon died, so its exit code is unknown.
 const (
-	reasonCompleted = "Completed"
-	reasonError     = "Error"
-	reasonOOMKilled = "OOMKilled"
+	reasonCompleted   = "Completed"
+	reasonError       = "Error"
+	reasonOOMKilled   = "OOMKilled"
+	reasonMonitorGone = "MonitorGone"
 )
+
+// stopKillTimeout bounds the wait for a container to die after SIGKILL.
+const stopKillTimeout = 30 * time.Second
 
 func (s *Server) startContainer(ctx context.Context, c *sandbox.Container) error {
 	unlock := c.Lock()
@@ -37,6 +42,12 @@ func (s *Server) startContainer(ctx context.Context, c *sandbox.Container) error
 	rt, err := s.runtimeFor(c.Handler)
 	if err != nil {
 		return err
+	}
+	// Without its monitor a container would run with no log, no stdio
+	// and no exit file, and its stop would wait for an exit code that is
+	// never written.
+	if _, alive, recorded := monitorPid(c.Dir, c.ID); recorded && !alive {
+		return fmt.Errorf("container %s has no live monitor (conmon): %w", c.ID, errdefs.ErrFailedPrecondition)
 	}
 	// Taken before the start: a short-lived container can exit, and conmon
 	// date its exit file, before runc start even returns.
@@ -89,7 +100,11 @@ func (s *Server) stopLocked(ctx context.Context, c *sandbox.Container, timeout t
 		log.G(ctx).WithError(err).WithField("container", c.ID).Warn("using SIGTERM")
 		sig = syscall.SIGTERM
 	}
-	if err := rt.Stop(ctx, c.ID, sig, timeout); err != nil && !errdefs.IsNotFound(err) {
+	// The runtime waits for conmon's exit file after SIGKILL; that wait
+	// has its own bound, whatever the caller's deadline.
+	sctx, cancel := context.WithTimeout(ctx, timeout+stopKillTimeout)
+	defer cancel()
+	if err := rt.Stop(sctx, c.ID, sig, timeout); err != nil && !errdefs.IsNotFound(err) {
 		return fmt.Errorf("stopping container %s: %w", c.ID, err)
 	}
 	s.refreshContainer(ctx, c, false)
@@ -146,6 +161,9 @@ func (s *Server) refreshContainer(ctx context.Context, c *sandbox.Container, che
 	rs, err := rt.State(ctx, c.ID)
 	if err != nil && !errdefs.IsNotFound(err) {
 		log.G(ctx).WithError(err).WithField("container", c.ID).Warn("refreshing container state")
+		return
+	}
+	if err == nil && rs.Status != oci.StatusStopped && s.monitorGone(ctx, rt, c) {
 		return
 	}
 	if err := c.UpdateStatus(func(st *sandbox.ContainerStatus) { applyState(st, rs, err) }); err != nil {

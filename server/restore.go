@@ -420,3 +420,26 @@ func killMonitor(dir, id string) {
 	_ = syscall.Kill(-pid, syscall.SIGKILL)
 	_ = syscall.Kill(pid, syscall.SIGKILL)
 }
+
+// monitorGone handles a live container whose conmon is dead: nothing will
+// ever write its exit file, so its processes are killed and it is
+// recorded Exited with reason MonitorGone. It reports whether it did so.
+func (s *Server) monitorGone(ctx context.Context, rt ContainerRuntime, c *sandbox.Container) bool {
+	if _, alive, recorded := monitorPid(c.Dir, c.ID); !recorded || alive {
+		return false
+	}
+	log.G(ctx).WithField("container", c.ID).Warn("the container's monitor (conmon) is gone; killing the container")
+	if err := rt.Kill(ctx, c.ID, syscall.SIGKILL, true); err != nil && !errdefs.IsNotFound(err) {
+		log.G(ctx).WithError(err).WithField("container", c.ID).Warn("killing a container without its monitor")
+	}
+	if err := c.UpdateStatus(func(st *sandbox.ContainerStatus) {
+		st.State, st.ExitCode, st.Reason = sandbox.ContainerExited, -1, reasonMonitorGone
+		st.Message = "conmon died: the exit code is unknown"
+		if st.FinishedAt.IsZero() {
+			st.FinishedAt = time.Now()
+		}
+	}); err != nil {
+		log.G(ctx).WithError(err).WithField("container", c.ID).Warn("saving container state")
+	}
+	return true
+}

@@ -252,6 +252,10 @@ func cniPod(md *sandbox.Metadata) cni.Pod {
 func (s *Server) stopPod(ctx context.Context, sb *sandbox.Sandbox) error {
 	unlock := sb.Lock()
 	defer unlock()
+	return s.stopPodLocked(ctx, sb)
+}
+
+func (s *Server) stopPodLocked(ctx context.Context, sb *sandbox.Sandbox) error {
 	ctx = log.WithLogger(ctx, log.G(ctx).WithField("sandbox", sb.ID))
 	if err := sb.UpdateStatus(func(st *sandbox.Status) { st.State = sandbox.StateNotReady }); err != nil {
 		return err
@@ -295,14 +299,16 @@ func (s *Server) teardownPodNetwork(ctx context.Context, sb *sandbox.Sandbox) er
 // removePod stops a pod if needed and deletes everything it had. The
 // removal is recorded first, so a start after a crash finishes it.
 func (s *Server) removePod(ctx context.Context, sb *sandbox.Sandbox) error {
+	// One lock for the stop and the removal: a CreateContainer waiting
+	// for the pod then finds it gone, never half-removed.
+	unlock := sb.Lock()
+	defer unlock()
 	if err := sandbox.MarkIntent(sb.Dir, sandbox.IntentRemoving, sb.Metadata); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
-	if err := s.stopPod(ctx, sb); err != nil {
+	if err := s.stopPodLocked(ctx, sb); err != nil {
 		return err
 	}
-	unlock := sb.Lock()
-	defer unlock()
 	if err := s.removePodContainers(ctx, sb); err != nil {
 		return err
 	}
