@@ -12,9 +12,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pinrt/pinrt/test/testimage"
@@ -409,4 +411,104 @@ func removeCgroupTree(rel string) {
 			_ = os.Remove(dirs[i])
 		}
 	}
+}
+
+// TestSimulatedReboot stops the daemon, then does what a reboot does: every
+// process of the test dies, every mount goes, the run directory (tmpfs)
+// is wiped and the cgroups are gone, while the persistent root and the
+// host-local IPAM store stay. After the start, pods are NotReady,
+// containers Exited, and removing them all over CRI releases every IP and
+// leaves nothing.
+func TestSimulatedReboot(t *testing.T) {
+	RequireRoot(t)
+	for _, b := range []string{"/usr/local/bin/runc", "/usr/bin/conmon"} {
+		if _, err := os.Stat(b); err != nil {
+			t.Skipf("the reboot test needs %s (make deps): %v", b, err)
+		}
+	}
+	cg := "/pinrt-reboot-" + randHex(4)
+	d := StartDaemon(t, Options{Network: true, Config: fmt.Sprintf(`[runtime]
+conmon = "/usr/bin/conmon"
+cgroup_parent = %q
+[runtime.runtimes.runc]
+binary = "/usr/local/bin/runc"
+`, cg)})
+	reg := testimage.StartRegistry(t)
+	c := &chaos{t: t, d: d, cgroup: cg, runRoot: filepath.Join(d.RunRoot, "runtime", "runc")}
+	c.image = reg.Push(t, "busybox:1", testimage.Busybox(t))
+	if _, err := d.Image.PullImage(Ctx(t), &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: c.image}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { removeCgroupTree(cg) })
+	var pods, ctrs []string
+	for i, userns := range []bool{false, true} {
+		cfg := PodConfig(fmt.Sprintf("reboot-%d", i))
+		if userns {
+			cfg = UsernsPod(cfg, 0)
+		}
+		cfg.LogDirectory = filepath.Join(d.Dir, "logs", cfg.Metadata.Name)
+		pod := d.RunPod(t, cfg)
+		resp, err := d.Runtime.CreateContainer(Ctx(t), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, SandboxConfig: cfg, Config: &runtimeapi.ContainerConfig{
+			Metadata: &runtimeapi.ContainerMetadata{Name: "c"}, Image: &runtimeapi.ImageSpec{Image: c.image},
+			Command: []string{"sleep", "1000"}, LogPath: "c.log",
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := d.Runtime.StartContainer(Ctx(t), &runtimeapi.StartContainerRequest{ContainerId: resp.ContainerId}); err != nil {
+			t.Fatal(err)
+		}
+		pods, ctrs = append(pods, pod), append(ctrs, resp.ContainerId)
+	}
+	if len(d.LeasedIPs(t)) != 2 {
+		t.Fatalf("leased IPs before the reboot: %v", d.LeasedIPs(t))
+	}
+
+	d.Kill()
+	reboot(t, c)
+	if err := d.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range pods {
+		if st, _ := d.PodStatus(t, id); st.State != runtimeapi.PodSandboxState_SANDBOX_NOTREADY {
+			t.Errorf("pod %s after the reboot is %v, want NOTREADY", id, st.State)
+		}
+	}
+	for _, id := range ctrs {
+		resp, err := d.Runtime.ContainerStatus(Ctx(t), &runtimeapi.ContainerStatusRequest{ContainerId: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Status.State != runtimeapi.ContainerState_CONTAINER_EXITED {
+			t.Errorf("container %s after the reboot is %v, want EXITED", id, resp.Status.State)
+		}
+	}
+	c.removeAll(true)
+	if left := c.leaks(); len(left) > 0 {
+		t.Errorf("left after removing everything:\n%s", strings.Join(left, "\n"))
+	}
+}
+
+// reboot kills the test's processes, drops its mounts, wipes the run dir
+// and the cgroups; the root and the IPAM store stay.
+func reboot(t *testing.T, c *chaos) {
+	t.Helper()
+	for i := 0; i < 50 && len(c.processes()) > 0; i++ {
+		for _, p := range c.processes() {
+			var pid int
+			if _, err := fmt.Sscanf(p, "process %d:", &pid); err == nil {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, m := range MountsUnder(c.d.Dir) {
+		if err := unix.Unmount(m, unix.MNT_DETACH); err != nil {
+			t.Fatalf("unmount %s: %v", m, err)
+		}
+	}
+	if err := os.RemoveAll(c.d.RunRoot); err != nil {
+		t.Fatal(err)
+	}
+	removeCgroupTree(c.cgroup)
 }
