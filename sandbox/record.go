@@ -129,7 +129,7 @@ func loadLegacyRecord[M any, S comparable](dir string, idOf func(*M) string) (*M
 		return nil, zero, err
 	}
 	if err := readJSON(filepath.Join(dir, legacyStatusFile), &st); err != nil || st.Status == nil {
-		return meta.Metadata, zero, fmt.Errorf("%s: metadata without its status (%v): %w", dir, err, errdefs.ErrDataLoss)
+		return meta.Metadata, zero, fmt.Errorf("%s: metadata without its status: %w", dir, errdefs.ErrDataLoss)
 	}
 	return meta.Metadata, *st.Status, nil
 }
