@@ -183,7 +183,6 @@ func TestCrashAtEveryStep(t *testing.T) {
 		net := &cnitest.Fake{}
 		shm := &fakeShm{mounted: map[string]bool{}}
 		c := &crasher{at: at, hit: make(chan struct{}), never: make(chan struct{})}
-		t.Cleanup(func() { close(c.never) })
 		deps := Deps{
 			Network: net, Namespaces: f.ns, IDs: f.srv.deps.IDs, Shm: shm, Images: f.images,
 			Runtimes: map[string]ContainerRuntime{"runc": f.rt},
@@ -195,7 +194,20 @@ func TestCrashAtEveryStep(t *testing.T) {
 		old := New(f.cfg, crashing)
 		old.Restore(context.Background())
 		done := make(chan error, 1)
-		go func() { done <- crashLifecycle(context.Background(), old) }()
+		finished := make(chan struct{})
+		go func() {
+			done <- crashLifecycle(context.Background(), old)
+			close(finished)
+		}()
+		// The frozen request resumes only once the test is over, and is
+		// waited for: its writes must not race the removal of the dirs.
+		t.Cleanup(func() {
+			close(c.never)
+			select {
+			case <-finished:
+			case <-time.After(10 * time.Second):
+			}
+		})
 		select {
 		case err := <-done:
 			if err != nil {

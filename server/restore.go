@@ -18,6 +18,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/pinrt/pinrt/nsmgr"
+	"github.com/pinrt/pinrt/oci"
 	"github.com/pinrt/pinrt/sandbox"
 )
 
@@ -227,7 +228,46 @@ func (s *Server) restoreContainer(ctx context.Context, id string) error {
 	}
 	s.refreshContainer(ctx, c, false)
 	s.containers.Add(c.ID, c)
+	if c.Status().State == sandbox.ContainerCreated {
+		s.settleIfCreating(ctx, c)
+	}
 	return nil
+}
+
+// settleTimeout bounds the re-check of a container that restore found in
+// the runtime's "creating" state.
+const settleTimeout = 30 * time.Second
+
+// settleIfCreating re-examines, in the background, a container whose
+// `runtime create` was still running when restore looked, until the
+// runtime's state settles: a single look would record whatever the
+// runtime said at that instant and never look again.
+func (s *Server) settleIfCreating(ctx context.Context, c *sandbox.Container) {
+	rt, err := s.runtimeFor(c.Handler)
+	if err != nil {
+		return
+	}
+	if st, err := rt.State(ctx, c.ID); err != nil || st.Status != oci.StatusCreating {
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+		defer cancel()
+		tick := time.NewTicker(200 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				log.G(ctx).WithField("container", c.ID).Warnf("restore: the runtime still creates the container after %s", settleTimeout)
+				return
+			case <-tick.C:
+			}
+			if st, err := rt.State(ctx, c.ID); err != nil || st.Status != oci.StatusCreating {
+				s.refreshContainer(ctx, c, false)
+				return
+			}
+		}
+	}()
 }
 
 // teardownPods tears down the pods restore set aside.
