@@ -133,7 +133,7 @@ func (c *chaos) round(i int, seed int64) {
 	c.d.Kill()
 	wg.Wait()
 	start := time.Now()
-	if err := c.d.Start(); err != nil {
+	if err := c.restart(); err != nil {
 		t.Fatalf("round %d: restart: %v", i, err)
 	}
 	t.Logf("round %d: restarted in %v", i, time.Since(start).Round(time.Millisecond))
@@ -144,6 +144,51 @@ func (c *chaos) round(i int, seed int64) {
 	if c.rng.Intn(2) == 0 || len(pods.GetItems()) > 8 {
 		c.removeAll(false)
 	}
+}
+
+// restart starts the daemon again. A killed daemon's run-dir lock can
+// outlive it for a moment (a child between fork and exec still holds the
+// descriptor), so a start refused for the lock is retried, with a bound;
+// if it still fails, the holder is reported.
+func (c *chaos) restart() error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := c.d.Start()
+		if err == nil {
+			return nil
+		}
+		if !strings.Contains(err.Error(), "already running") || time.Now().After(deadline) {
+			return fmt.Errorf("%w\nlock holders: %s", err, lockHolders(filepath.Join(c.d.RunRoot, "pinrt.lock")))
+		}
+		c.t.Logf("restart refused for the run-dir lock; retrying")
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// lockHolders describes the processes holding a flock on path.
+func lockHolders(path string) string {
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		return err.Error()
+	}
+	locks, _ := os.ReadFile("/proc/locks")
+	var out []string
+	for _, l := range strings.Split(string(locks), "\n") {
+		f := strings.Fields(l)
+		if len(f) < 6 || !strings.HasSuffix(f[5], ":"+strconv.FormatUint(st.Ino, 10)) {
+			continue
+		}
+		cmd, _ := os.ReadFile(filepath.Join("/proc", f[4], "cmdline"))
+		status, _ := os.ReadFile(filepath.Join("/proc", f[4], "status"))
+		state := ""
+		for _, sl := range strings.Split(string(status), "\n") {
+			if strings.HasPrefix(sl, "State:") || strings.HasPrefix(sl, "PPid:") {
+				state += strings.TrimSpace(sl) + " "
+			}
+		}
+		out = append(out, fmt.Sprintf("pid %s %s(%s)", f[4], state, bytes.ReplaceAll(cmd, []byte{0}, []byte{' '})))
+	}
+	return strings.Join(out, "; ")
 }
 
 // worker runs whole lifecycles until ctx ends. Errors are expected once
