@@ -100,12 +100,16 @@ func TestLegacyContainerLayout(t *testing.T) {
 		t.Fatalf("LoadContainer without status.json = %v, want ErrDataLoss", err)
 	}
 	writeFile(t, filepath.Join(dir, legacyStatusFile), `{"version":1,"status":{"state":"running","pid":42}}`)
+	writeFile(t, filepath.Join(dir, ".state.json.tmp123"), `{"vers`)
 	c, err := LoadContainer(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if st := c.Status(); st.State != ContainerRunning || st.Pid != 42 {
 		t.Errorf("status = %+v, want running pid 42", st)
+	}
+	if _, err := os.Stat(filepath.Join(dir, ".state.json.tmp123")); !os.IsNotExist(err) {
+		t.Errorf("a crashed write's temp file survived the load: %v", err)
 	}
 	// The next write moves it to the one-file layout.
 	if err := c.UpdateStatus(func(st *ContainerStatus) { st.Pid = 43 }); err != nil {

@@ -99,6 +99,7 @@ func (r *record[M, S]) Lock() func() {
 // refused with ErrDataLoss rather than read as a state it never had.
 func loadRecord[M any, S comparable](dir string, idOf func(*M) string) (*M, S, error) {
 	var zero S
+	removeStaleTemps(dir)
 	var rec versioned[M, S]
 	err := readJSON(filepath.Join(dir, stateFile), &rec)
 	if errdefs.IsNotFound(err) {
@@ -139,4 +140,13 @@ func checkID(dir, id string) error {
 		return fmt.Errorf("%s: ID %q does not match its directory: %w", dir, id, errdefs.ErrFailedPrecondition)
 	}
 	return nil
+}
+
+// removeStaleTemps deletes the temp files of writes a crash interrupted
+// before their rename: they were never part of the state.
+func removeStaleTemps(dir string) {
+	temps, _ := filepath.Glob(filepath.Join(dir, ".*.tmp*"))
+	for _, t := range temps {
+		_ = os.Remove(t)
+	}
 }
