@@ -328,3 +328,64 @@ func TestFailThenRestart(t *testing.T) {
 		})
 	}
 }
+
+// A container whose conmon is gone (conmon.pid names a process that is not
+// its monitor) cannot be started, and a live one is reported Exited with
+// reason MonitorGone and killed, so its stop does not wait for an exit
+// file nobody will write.
+func TestMonitorGone(t *testing.T) {
+	f := newCtrFixture(t)
+	ctx := context.Background()
+	pod, podCfg := f.pod(t, false)
+	create := func(name string) string {
+		resp, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr(name), SandboxConfig: podCfg})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.ContainerId
+	}
+	killMonitor := func(id string) {
+		// This test process is nobody's conmon: its command line does not
+		// name the container, as a recycled pid's would not.
+		if err := os.WriteFile(filepath.Join(f.cfg.Root, "containers", id, "conmon.pid"), []byte(fmt.Sprint(os.Getpid())), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	created := create("created")
+	killMonitor(created)
+	if _, err := f.srv.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: created}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("StartContainer without a monitor = %v, want FailedPrecondition", err)
+	}
+
+	running := create("running")
+	if _, err := f.srv.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: running}); err != nil {
+		t.Fatal(err)
+	}
+	killMonitor(running)
+	st, err := f.srv.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: running})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Status.State != runtimeapi.ContainerState_CONTAINER_EXITED || st.Status.Reason != reasonMonitorGone {
+		t.Errorf("status without a monitor = %v %q, want EXITED %q", st.Status.State, st.Status.Reason, reasonMonitorGone)
+	}
+	if rs, err := f.rt.State(ctx, running); err != nil || rs.Status != oci.StatusStopped {
+		t.Errorf("runtime state = %+v, %v; want the container killed", rs, err)
+	}
+	stopped := make(chan error, 1)
+	go func() {
+		_, err := f.srv.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: pod})
+		stopped <- err
+	}()
+	select {
+	case err := <-stopped:
+		if err != nil {
+			t.Errorf("StopPodSandbox = %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("StopPodSandbox hangs on a container without a monitor")
+	}
+	removeEverything(t, f.srv)
+	f.nothingLeft(t)
+}
