@@ -132,6 +132,12 @@ func NewRuntime(h Handler, stateDir string) (*Runtime, error) {
 			return nil, fmt.Errorf("create runtime state dir: %w", err)
 		}
 	}
+	// A daemon killed in the middle of writing a record leaves its temp
+	// file; nothing else writes here before the daemon serves.
+	temps, _ := filepath.Glob(filepath.Join(stateDir, "containers", ".*.tmp*"))
+	for _, t := range temps {
+		_ = os.Remove(t)
+	}
 	abs, err := filepath.Abs(bin)
 	if err != nil {
 		return nil, err

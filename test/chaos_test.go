@@ -160,7 +160,7 @@ func (c *chaos) restart() error {
 		if !strings.Contains(err.Error(), "already running") || time.Now().After(deadline) {
 			return fmt.Errorf("%w\nlock holders: %s", err, lockHolders(filepath.Join(c.d.RunRoot, "pinrt.lock")))
 		}
-		c.t.Logf("restart refused for the run-dir lock; retrying")
+		c.t.Logf("restart refused for the run-dir lock (held by %s); retrying", lockHolders(filepath.Join(c.d.RunRoot, "pinrt.lock")))
 		time.Sleep(500 * time.Millisecond)
 	}
 }
