@@ -296,8 +296,12 @@ func (s *Server) teardownPod(ctx context.Context, md *sandbox.Metadata) error {
 	}
 	if md.Modes.Network == sandbox.ModePod {
 		pod := cniPod(md)
+		// Open checks the pins as a set (a userns pod's net namespace must
+		// be owned by its pinned user namespace), so it is asked for all
+		// the pod's kinds; a pod pinned only in part is torn down without
+		// its netns, as the CNI spec allows.
 		pod.NetNS = ""
-		if pins, err := s.deps.Namespaces.Open(ctx, md.ID, []nsmgr.Kind{nsmgr.Net}); err == nil {
+		if pins, err := s.deps.Namespaces.Open(ctx, md.ID, podKinds(md.Modes)); err == nil {
 			pod.NetNS = pins[nsmgr.Net]
 		}
 		if err := s.deps.Network.Teardown(ctx, pod); err != nil {
