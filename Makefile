@@ -15,7 +15,7 @@ GOBIN_DIR := $(shell $(GO) env GOPATH)/bin
 VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS  := -X github.com/pinrt/pinrt/version.Version=$(VERSION)
 
-.PHONY: all build test test-unit test-e2e bench lint deps deps-apt deps-runc deps-cni deps-lint run install clean
+.PHONY: all build test test-unit test-e2e chaos bench lint deps deps-apt deps-runc deps-cni deps-lint run install clean
 
 all: build
 
@@ -36,6 +36,13 @@ test-unit:
 
 test-e2e: build
 	$(GO) test -count=1 -timeout 40m -p 1 ./test/...
+
+# chaos SIGKILLs the daemon CHAOS_ITERATIONS times during concurrent pod
+# lifecycles and counts leaks (test/chaos_test.go). `make test` runs a
+# short round of it (30 kills); CHAOS_SEED=<n> replays a run.
+CHAOS_ITERATIONS ?= 200
+chaos: build
+	CHAOS_ITERATIONS=$(CHAOS_ITERATIONS) $(GO) test -count=1 -timeout 0 -v -run '^TestChaos$$' ./test/
 
 bench: build
 	bash test/bench/run.sh

@@ -119,10 +119,24 @@ func NewRuntime(h Handler, stateDir string) (*Runtime, error) {
 	if err != nil {
 		return nil, fmt.Errorf("runtime %q monitor: %w: %w", h.Name, err, errdefs.ErrNotFound)
 	}
-	for _, d := range []string{stateDir, filepath.Join(stateDir, "containers"), filepath.Join(stateDir, "attach")} {
+	dirs := []string{stateDir, filepath.Join(stateDir, "containers"), filepath.Join(stateDir, "attach")}
+	// The runtime's own root lives on tmpfs too. After a reboot it is gone
+	// until the first create, and `runc state` on a missing root fails in
+	// a way that cannot be told from a real error: every container would
+	// stay unknown instead of not found, and could never be removed.
+	if h.Root != "" {
+		dirs = append(dirs, h.Root)
+	}
+	for _, d := range dirs {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("create runtime state dir: %w", err)
 		}
+	}
+	// A daemon killed in the middle of writing a record leaves its temp
+	// file; nothing else writes here before the daemon serves.
+	temps, _ := filepath.Glob(filepath.Join(stateDir, "containers", ".*.tmp*"))
+	for _, t := range temps {
+		_ = os.Remove(t)
 	}
 	abs, err := filepath.Abs(bin)
 	if err != nil {

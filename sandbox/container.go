@@ -93,7 +93,7 @@ type ContainerStatus struct {
 	StartedAt  time.Time      `json:"startedAt,omitempty"`
 	FinishedAt time.Time      `json:"finishedAt,omitempty"`
 	ExitCode   int32          `json:"exitCode"`
-	// Reason is Completed, Error or OOMKilled once exited.
+	// Reason is Completed, Error, OOMKilled or MonitorGone once exited.
 	Reason  string `json:"reason,omitempty"`
 	Message string `json:"message,omitempty"`
 }
@@ -108,27 +108,29 @@ type Container struct {
 
 // NewContainer returns a Created container for md stored in dir.
 func NewContainer(md ContainerMetadata, dir string) *Container {
-	return &Container{ContainerMetadata: md, record: record[ContainerMetadata, ContainerStatus]{Dir: dir, status: ContainerStatus{State: ContainerCreated}}}
+	c := &Container{ContainerMetadata: md, record: record[ContainerMetadata, ContainerStatus]{Dir: dir, status: ContainerStatus{State: ContainerCreated}}}
+	c.md = &c.ContainerMetadata
+	return c
 }
 
-// Save writes meta.json and status.json into c.Dir. config.json, the OCI
-// spec, is written by the runtime driver as part of the bundle.
+// Save writes state.json into c.Dir. config.json, the OCI spec, is written
+// by the runtime driver as part of the bundle.
 func (c *Container) Save() error {
-	return writeJSONSet(c.Dir, c.files(&c.ContainerMetadata))
+	return c.save()
 }
 
-// LoadContainer reads a container from dir. A missing status file means
-// the daemon died between the metadata and status writes: the state is
-// unknown until the runtime is asked.
+// LoadContainer reads a container from dir.
 func LoadContainer(dir string) (*Container, error) {
-	md, st, err := loadRecord(dir, func(m *ContainerMetadata) string { return m.ID }, ContainerStatus{State: ContainerUnknown})
+	md, st, err := loadRecord[ContainerMetadata, ContainerStatus](dir, func(m *ContainerMetadata) string { return m.ID })
 	if err != nil {
 		return nil, err
 	}
 	if err := ValidateID(md.SandboxID); err != nil {
 		return nil, fmt.Errorf("%s: %w", dir, err)
 	}
-	return &Container{ContainerMetadata: *md, record: record[ContainerMetadata, ContainerStatus]{Dir: dir, status: st}}, nil
+	c := &Container{ContainerMetadata: *md, record: record[ContainerMetadata, ContainerStatus]{Dir: dir, status: st}}
+	c.md = &c.ContainerMetadata
+	return c, nil
 }
 
 // ContainerNameKey is the reservation key of a container: one name and

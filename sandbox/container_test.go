@@ -60,7 +60,7 @@ func TestLoadContainerErrors(t *testing.T) {
 	}{
 		{"no metadata", func(string) error { return nil }, errdefs.ErrNotFound},
 		{"wrong version", func(dir string) error {
-			return os.WriteFile(filepath.Join(dir, metaFile), []byte(`{"version":9,"metadata":{"id":"ctr1","sandboxId":"p"}}`), 0o600)
+			return os.WriteFile(filepath.Join(dir, stateFile), []byte(`{"version":9,"metadata":{"id":"ctr1","sandboxId":"p"}}`), 0o600)
 		}, errdefs.ErrFailedPrecondition},
 		{"ID not the dir", func(dir string) error {
 			return NewContainer(testContainerMeta("other"), dir).Save()
@@ -87,23 +87,41 @@ func TestLoadContainerErrors(t *testing.T) {
 	}
 }
 
-func TestContainerWithoutStatusIsUnknown(t *testing.T) {
+// TestLegacyContainerLayout loads the version 1 layout (meta.json and
+// status.json), and refuses metadata without its status instead of
+// reading it as some state: the daemon died between the two renames.
+func TestLegacyContainerLayout(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "ctr1")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := NewContainer(testContainerMeta("ctr1"), dir).Save(); err != nil {
-		t.Fatal(err)
+	writeFile(t, filepath.Join(dir, legacyMetaFile), `{"version":1,"metadata":{"id":"ctr1","sandboxId":"p1","name":"c"}}`)
+	if _, err := LoadContainer(dir); !errors.Is(err, errdefs.ErrDataLoss) {
+		t.Fatalf("LoadContainer without status.json = %v, want ErrDataLoss", err)
 	}
-	if err := os.Remove(filepath.Join(dir, statusFile)); err != nil {
-		t.Fatal(err)
-	}
+	writeFile(t, filepath.Join(dir, legacyStatusFile), `{"version":1,"status":{"state":"running","pid":42}}`)
+	writeFile(t, filepath.Join(dir, ".state.json.tmp123"), `{"vers`)
 	c, err := LoadContainer(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st := c.Status().State; st != ContainerUnknown {
-		t.Errorf("state = %s, want unknown until the runtime is asked", st)
+	if st := c.Status(); st.State != ContainerRunning || st.Pid != 42 {
+		t.Errorf("status = %+v, want running pid 42", st)
+	}
+	if _, err := os.Stat(filepath.Join(dir, ".state.json.tmp123")); !os.IsNotExist(err) {
+		t.Errorf("a crashed write's temp file survived the load: %v", err)
+	}
+	// The next write moves it to the one-file layout.
+	if err := c.UpdateStatus(func(st *ContainerStatus) { st.Pid = 43 }); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{legacyMetaFile, legacyStatusFile} {
+		if _, err := os.Stat(filepath.Join(dir, f)); !os.IsNotExist(err) {
+			t.Errorf("%s still there after a write: %v", f, err)
+		}
+	}
+	if c2, err := LoadContainer(dir); err != nil || c2.Status().Pid != 43 || c2.Name != "c" {
+		t.Errorf("reload = %+v, %v", c2, err)
 	}
 }
 

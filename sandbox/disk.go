@@ -16,12 +16,14 @@ import (
 )
 
 const (
-	specFile   = "config.json"
-	metaFile   = "meta.json"
-	statusFile = "status.json"
+	specFile  = "config.json"
+	stateFile = "state.json"
+	// The version 1 layout, still loaded: metadata and status apart.
+	legacyMetaFile   = "meta.json"
+	legacyStatusFile = "status.json"
 	// stateVersion is bumped when the on-disk format changes; a loader
 	// refuses versions it does not know instead of misreading them.
-	stateVersion = 1
+	stateVersion = 2
 )
 
 // Annotation keys in a sandbox's config.json.
@@ -50,20 +52,6 @@ func writeJSON(dir, name string, v any) error {
 		return err
 	}
 	return WriteFileAtomic(filepath.Join(dir, name), data, 0o600)
-}
-
-// writeJSONSet writes several JSON documents into dir as one durable set:
-// each file atomically, with a single directory sync.
-func writeJSONSet(dir string, docs map[string]any) error {
-	files := make(map[string][]byte, len(docs))
-	for name, v := range docs {
-		b, err := json.MarshalIndent(v, "", "  ")
-		if err != nil {
-			return err
-		}
-		files[name] = b
-	}
-	return atomicfile.WriteFiles(dir, files, 0o600, true)
 }
 
 // WriteFileAtomic replaces path with data so that readers and crashes see
@@ -118,22 +106,24 @@ func (md *Metadata) Spec() *specs.Spec {
 	}
 }
 
-// Save writes config.json, meta.json and status.json into s.Dir, durably
-// and each atomically.
+// Save writes config.json, then state.json, into s.Dir, each atomically
+// and durably. state.json is the commit point: config.json alone is never
+// loaded, and it only restates the metadata.
 func (s *Sandbox) Save() error {
 	if err := os.MkdirAll(s.Dir, 0o700); err != nil {
 		return err
 	}
-	docs := s.files(&s.Metadata)
-	docs[specFile] = s.Spec()
-	return writeJSONSet(s.Dir, docs)
+	if err := writeJSON(s.Dir, specFile, s.Spec()); err != nil {
+		return err
+	}
+	return s.save()
 }
 
 // Load reads a sandbox from dir. The namespace paths come from
-// config.json, which is the record the OCI runtime would join; meta.json
+// config.json, which is the record the OCI runtime would join; state.json
 // gives the rest.
 func Load(dir string) (*Sandbox, error) {
-	mdp, st, err := loadRecord(dir, func(m *Metadata) string { return m.ID }, Status{State: StateNotReady})
+	mdp, st, err := loadRecord[Metadata, Status](dir, func(m *Metadata) string { return m.ID })
 	if err != nil {
 		return nil, err
 	}
@@ -155,7 +145,9 @@ func Load(dir string) (*Sandbox, error) {
 			md.Pins[kind] = ns.Path
 		}
 	}
-	return &Sandbox{Metadata: md, record: record[Metadata, Status]{Dir: dir, status: st}}, nil
+	sb := &Sandbox{Metadata: md, record: record[Metadata, Status]{Dir: dir, status: st}}
+	sb.md = &sb.Metadata
+	return sb, nil
 }
 
 func readJSON(path string, v any) error {

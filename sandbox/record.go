@@ -1,15 +1,21 @@
 package sandbox
 
 import (
+	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sync"
 
 	"github.com/containerd/errdefs"
 )
 
-// versioned is the on-disk envelope of meta.json and status.json: a format
-// version plus either the immutable metadata or the mutable status.
+// versioned is the on-disk envelope of an object's state: a format version
+// plus the immutable metadata and the mutable status. Since version 2 both
+// live in one file, state.json, so a crash between two renames can no
+// longer leave metadata without its status (version 1 kept them in
+// meta.json and status.json, and a missing status.json silently read as
+// another state).
 type versioned[M, S any] struct {
 	Version  int `json:"version"`
 	Metadata *M  `json:"metadata,omitempty"`
@@ -21,6 +27,8 @@ type versioned[M, S any] struct {
 type record[M any, S comparable] struct {
 	// Dir is the persistent directory; "" keeps the status in memory only.
 	Dir string
+	// md is the owner's metadata, written with every status change.
+	md *M
 
 	mu     sync.Mutex
 	status S
@@ -48,11 +56,33 @@ func (r *record[M, S]) UpdateStatus(fn func(*S)) error {
 		return nil
 	}
 	if r.Dir != "" {
-		if err := writeJSON(r.Dir, statusFile, versioned[M, S]{Version: stateVersion, Status: &next}); err != nil {
+		if err := r.write(next); err != nil {
 			return err
 		}
 	}
 	r.status = next
+	return nil
+}
+
+// save writes the whole record with the current status.
+func (r *record[M, S]) save() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.write(r.status)
+}
+
+// write replaces state.json with metadata and st, atomically and durably,
+// and drops the files of the version 1 layout, which would otherwise be
+// read again by an older loader.
+func (r *record[M, S]) write(st S) error {
+	if err := writeJSON(r.Dir, stateFile, versioned[M, S]{Version: stateVersion, Metadata: r.md, Status: &st}); err != nil {
+		return err
+	}
+	for _, f := range []string{legacyMetaFile, legacyStatusFile} {
+		if err := os.Remove(filepath.Join(r.Dir, f)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -62,32 +92,61 @@ func (r *record[M, S]) Lock() func() {
 	return r.opMu.Unlock
 }
 
-// files returns meta.json and status.json as the envelopes to marshal.
-func (r *record[M, S]) files(md *M) map[string]any {
-	st := r.Status()
-	return map[string]any{
-		metaFile:   versioned[M, S]{Version: stateVersion, Metadata: md},
-		statusFile: versioned[M, S]{Version: stateVersion, Status: &st},
+// loadRecord reads dir's state.json, checks its version and that idOf
+// names the directory. A directory in the version 1 layout (meta.json and
+// status.json) is read too; its status must be there, since a missing one
+// cannot be told from a crash between the two writes: the record is then
+// refused with ErrDataLoss rather than read as a state it never had.
+func loadRecord[M any, S comparable](dir string, idOf func(*M) string) (*M, S, error) {
+	var zero S
+	removeStaleTemps(dir)
+	var rec versioned[M, S]
+	err := readJSON(filepath.Join(dir, stateFile), &rec)
+	if errdefs.IsNotFound(err) {
+		return loadLegacyRecord[M, S](dir, idOf)
 	}
+	if err != nil {
+		return nil, zero, err
+	}
+	if rec.Version != stateVersion || rec.Metadata == nil || rec.Status == nil {
+		return nil, zero, fmt.Errorf("%s: unsupported state version %d: %w", dir, rec.Version, errdefs.ErrFailedPrecondition)
+	}
+	if err := checkID(dir, idOf(rec.Metadata)); err != nil {
+		return nil, zero, err
+	}
+	return rec.Metadata, *rec.Status, nil
 }
 
-// loadRecord reads dir's meta.json, checks its version and that idOf names
-// the directory, and reads status.json; a missing or unreadable status
-// gives fallback, since the daemon may have died between the two writes.
-func loadRecord[M any, S comparable](dir string, idOf func(*M) string, fallback S) (*M, S, error) {
-	var meta versioned[M, S]
-	if err := readJSON(filepath.Join(dir, metaFile), &meta); err != nil {
-		return nil, fallback, err
+func loadLegacyRecord[M any, S comparable](dir string, idOf func(*M) string) (*M, S, error) {
+	var zero S
+	var meta, st versioned[M, S]
+	if err := readJSON(filepath.Join(dir, legacyMetaFile), &meta); err != nil {
+		return nil, zero, err
 	}
-	if meta.Version != stateVersion || meta.Metadata == nil {
-		return nil, fallback, fmt.Errorf("%s: unsupported state version %d: %w", dir, meta.Version, errdefs.ErrFailedPrecondition)
+	if meta.Version != 1 || meta.Metadata == nil {
+		return nil, zero, fmt.Errorf("%s: unsupported state version %d: %w", dir, meta.Version, errdefs.ErrFailedPrecondition)
 	}
-	if id := idOf(meta.Metadata); ValidateID(id) != nil || id != filepath.Base(dir) {
-		return nil, fallback, fmt.Errorf("%s: ID %q does not match its directory: %w", dir, id, errdefs.ErrFailedPrecondition)
+	if err := checkID(dir, idOf(meta.Metadata)); err != nil {
+		return nil, zero, err
 	}
-	var st versioned[M, S]
-	if err := readJSON(filepath.Join(dir, statusFile), &st); err == nil && st.Status != nil {
-		return meta.Metadata, *st.Status, nil
+	if err := readJSON(filepath.Join(dir, legacyStatusFile), &st); err != nil || st.Status == nil {
+		return meta.Metadata, zero, fmt.Errorf("%s: metadata without its status: %w", dir, errdefs.ErrDataLoss)
 	}
-	return meta.Metadata, fallback, nil
+	return meta.Metadata, *st.Status, nil
+}
+
+func checkID(dir, id string) error {
+	if ValidateID(id) != nil || id != filepath.Base(dir) {
+		return fmt.Errorf("%s: ID %q does not match its directory: %w", dir, id, errdefs.ErrFailedPrecondition)
+	}
+	return nil
+}
+
+// removeStaleTemps deletes the temp files of writes a crash interrupted
+// before their rename: they were never part of the state.
+func removeStaleTemps(dir string) {
+	temps, _ := filepath.Glob(filepath.Join(dir, ".*.tmp*"))
+	for _, t := range temps {
+		_ = os.Remove(t)
+	}
 }

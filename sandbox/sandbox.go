@@ -123,26 +123,10 @@ type Status struct {
 	StoppedAt time.Time `json:"stoppedAt,omitempty"`
 	// Reason says why a sandbox is NotReady without a Stop (restore).
 	Reason string `json:"reason,omitempty"`
-	// NetworkDown records that StopPodSandbox ran CNI DEL, so Remove need
-	// not run it again. A sandbox found NotReady at restore (its netns
-	// lost in a reboot) does not have it: its DEL is still owed.
-	NetworkDown bool `json:"networkDown,omitempty"`
-}
-
-// NeedsNetworkTeardown says whether stopping the sandbox must run CNI DEL:
-// it has a pod network, and no earlier stop has torn it down.
-func (s *Sandbox) NeedsNetworkTeardown() bool {
-	return s.Modes.Network == ModePod && !s.Status().NetworkDown
-}
-
-// MarkStopped is the status after a successful stop: NotReady, with its
-// network torn down. It keeps the time of the first stop.
-func (st *Status) MarkStopped(now time.Time) {
-	if st.State != StateNotReady || st.StoppedAt.IsZero() {
-		st.StoppedAt = now
-	}
-	st.State = StateNotReady
-	st.NetworkDown = true
+	// NetworkTornDown records that CNI DEL succeeded: the pod's IPs are
+	// released, so it can never be Ready again, and a later stop or
+	// remove need not run DEL a second time.
+	NetworkTornDown bool `json:"networkTornDown,omitempty"`
 }
 
 // Sandbox is one pod sandbox: metadata plus a locked status, stored in
@@ -154,7 +138,9 @@ type Sandbox struct {
 
 // New returns a Ready sandbox for md stored in dir.
 func New(md Metadata, dir string) *Sandbox {
-	return &Sandbox{Metadata: md, record: record[Metadata, Status]{Dir: dir, status: Status{State: StateReady}}}
+	sb := &Sandbox{Metadata: md, record: record[Metadata, Status]{Dir: dir, status: Status{State: StateReady}}}
+	sb.md = &sb.Metadata
+	return sb
 }
 
 // NameKey is the reservation key of a pod: the same name, namespace, uid

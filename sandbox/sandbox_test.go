@@ -89,15 +89,19 @@ func TestLoadRefusesBadState(t *testing.T) {
 	}{
 		{"no meta", func(t *testing.T, dir string) {}, errdefs.ErrNotFound},
 		{"unknown version", func(t *testing.T, dir string) {
-			writeFile(t, filepath.Join(dir, metaFile), `{"version": 99, "metadata": {"id": "x1"}}`)
+			writeFile(t, filepath.Join(dir, stateFile), `{"version": 99, "metadata": {"id": "x1"}, "status": {"state": "ready"}}`)
 		}, errdefs.ErrFailedPrecondition},
 		{"id differs from dir", func(t *testing.T, dir string) {
-			writeFile(t, filepath.Join(dir, metaFile), `{"version": 1, "metadata": {"id": "other"}}`)
+			writeFile(t, filepath.Join(dir, legacyMetaFile), `{"version": 1, "metadata": {"id": "other"}}`)
 			writeFile(t, filepath.Join(dir, specFile), `{}`)
 		}, errdefs.ErrFailedPrecondition},
 		{"no config.json", func(t *testing.T, dir string) {
-			writeFile(t, filepath.Join(dir, metaFile), `{"version": 1, "metadata": {"id": "x1"}}`)
+			writeFile(t, filepath.Join(dir, stateFile), `{"version": 2, "metadata": {"id": "x1"}, "status": {"state": "ready"}}`)
 		}, errdefs.ErrNotFound},
+		{"legacy meta without status", func(t *testing.T, dir string) {
+			writeFile(t, filepath.Join(dir, legacyMetaFile), `{"version": 1, "metadata": {"id": "x1"}}`)
+			writeFile(t, filepath.Join(dir, specFile), `{}`)
+		}, errdefs.ErrDataLoss},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -298,44 +302,5 @@ func TestWritePodFiles(t *testing.T) {
 	}
 	if _, err := WritePodFiles(t.TempDir(), "h", "", &DNS{Servers: []string{"1.1.1.1\nnameserver 6.6.6.6"}}, false); err == nil {
 		t.Error("a DNS server with a newline was accepted")
-	}
-}
-
-func TestMarkStoppedAndNetworkTeardown(t *testing.T) {
-	first := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	later := first.Add(time.Hour)
-	tests := []struct {
-		name     string
-		network  NamespaceMode
-		before   Status
-		wantNeed bool      // before the stop
-		wantAt   time.Time // StoppedAt after MarkStopped(later)
-	}{
-		{"ready pod network", ModePod, Status{State: StateReady}, true, later},
-		{"restored notready, DEL owed", ModePod, Status{State: StateNotReady, Reason: "pin gone"}, true, later},
-		{"stopped before keeps its time", ModePod, Status{State: StateNotReady, StoppedAt: first, NetworkDown: true}, false, first},
-		{"host network never tears down", ModeNode, Status{State: StateReady}, false, later},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			dir := t.TempDir()
-			sb := New(Metadata{ID: "sb", Modes: NamespaceModes{Network: tc.network}}, dir)
-			if err := sb.UpdateStatus(func(st *Status) { *st = tc.before }); err != nil {
-				t.Fatal(err)
-			}
-			if got := sb.NeedsNetworkTeardown(); got != tc.wantNeed {
-				t.Errorf("NeedsNetworkTeardown() before stop = %v, want %v", got, tc.wantNeed)
-			}
-			if err := sb.UpdateStatus(func(st *Status) { st.MarkStopped(later) }); err != nil {
-				t.Fatal(err)
-			}
-			st := sb.Status()
-			if st.State != StateNotReady || !st.NetworkDown || !st.StoppedAt.Equal(tc.wantAt) {
-				t.Errorf("status after stop = %+v, want notready, network down, stopped at %v", st, tc.wantAt)
-			}
-			if sb.NeedsNetworkTeardown() {
-				t.Error("NeedsNetworkTeardown() after stop = true")
-			}
-		})
 	}
 }

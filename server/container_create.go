@@ -343,6 +343,11 @@ func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *run
 	if err := makeContainerDir(dir, sb); err != nil {
 		return nil, err
 	}
+	// Recorded before the first mount: a daemon killed from here until
+	// the intent is cleared leaves a container the next start tears down.
+	if err := sandbox.MarkIntent(dir, sandbox.IntentCreating, md); err != nil {
+		return nil, err
+	}
 	rootfs, err := s.deps.Images.MountRootfs(ctx, s.mountRequest(sb, md.ID, img.ID, dir))
 	if err != nil {
 		return nil, fmt.Errorf("mounting the rootfs: %w", err)
@@ -379,6 +384,9 @@ func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *run
 	undo.add("delete runtime container", func(ctx context.Context) error { return rt.Delete(ctx, md.ID, true) })
 	if err := c.UpdateStatus(func(st *sandbox.ContainerStatus) { st.Pid = pid }); err != nil {
 		return nil, err
+	}
+	if err := sandbox.ClearIntent(dir, sandbox.IntentCreating); err != nil {
+		return nil, fmt.Errorf("completing container state: %w", err)
 	}
 	s.containers.Add(md.ID, c)
 	log.G(ctx).Debug("container created")

@@ -22,12 +22,17 @@ import (
 	"github.com/pinrt/pinrt/sandbox"
 )
 
-// CRI's exit reasons.
+// CRI's exit reasons; MonitorGone is pinrt's for a container whose
+// conmon died, so its exit code is unknown.
 const (
-	reasonCompleted = "Completed"
-	reasonError     = "Error"
-	reasonOOMKilled = "OOMKilled"
+	reasonCompleted   = "Completed"
+	reasonError       = "Error"
+	reasonOOMKilled   = "OOMKilled"
+	reasonMonitorGone = "MonitorGone"
 )
+
+// stopKillTimeout bounds the wait for a container to die after SIGKILL.
+const stopKillTimeout = 30 * time.Second
 
 func (s *Server) startContainer(ctx context.Context, c *sandbox.Container) error {
 	unlock := c.Lock()
@@ -38,6 +43,12 @@ func (s *Server) startContainer(ctx context.Context, c *sandbox.Container) error
 	rt, err := s.runtimeFor(c.Handler)
 	if err != nil {
 		return err
+	}
+	// Without its monitor a container would run with no log, no stdio
+	// and no exit file, and its stop would wait for an exit code that is
+	// never written.
+	if _, alive, recorded := monitorPid(c.Dir, c.ID); recorded && !alive {
+		return fmt.Errorf("container %s has no live monitor (conmon): %w", c.ID, errdefs.ErrFailedPrecondition)
 	}
 	// Taken before the start: a short-lived container can exit, and conmon
 	// date its exit file, before runc start even returns.
@@ -90,7 +101,11 @@ func (s *Server) stopLocked(ctx context.Context, c *sandbox.Container, timeout t
 		log.G(ctx).WithError(err).WithField("container", c.ID).Warn("using SIGTERM")
 		sig = syscall.SIGTERM
 	}
-	if err := rt.Stop(ctx, c.ID, sig, timeout); err != nil && !errdefs.IsNotFound(err) {
+	// The runtime waits for conmon's exit file after SIGKILL; that wait
+	// has its own bound, whatever the caller's deadline.
+	sctx, cancel := context.WithTimeout(ctx, timeout+stopKillTimeout)
+	defer cancel()
+	if err := rt.Stop(sctx, c.ID, sig, timeout); err != nil && !errdefs.IsNotFound(err) {
 		return fmt.Errorf("stopping container %s: %w", c.ID, err)
 	}
 	s.refreshContainer(ctx, c, false)
@@ -102,6 +117,10 @@ func (s *Server) stopLocked(ctx context.Context, c *sandbox.Container, timeout t
 func (s *Server) removeContainer(ctx context.Context, c *sandbox.Container) error {
 	unlock := c.Lock()
 	defer unlock()
+	// Recorded first, so a start after a crash finishes the removal.
+	if err := sandbox.MarkIntent(c.Dir, sandbox.IntentRemoving, c.ContainerMetadata); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
 	if err := s.stopLocked(ctx, c, 0); err != nil {
 		return err
 	}
@@ -144,6 +163,10 @@ func (s *Server) refreshContainer(ctx context.Context, c *sandbox.Container, che
 	rs, err := rt.State(ctx, c.ID)
 	if err != nil && !errdefs.IsNotFound(err) {
 		log.G(ctx).WithError(err).WithField("container", c.ID).Warn("refreshing container state")
+		return
+	}
+	if err == nil && rs.Status != oci.StatusStopped && s.monitorGone(ctx, rt, c) {
+		s.containerEvent(ctx, c, runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT)
 		return
 	}
 	exited := false
@@ -286,54 +309,4 @@ func (s *Server) podContainers(id string) []*sandbox.Container {
 		}
 	}
 	return out
-}
-
-// restoreContainers loads every container from disk after the pods. Each
-// is loaded on its own; a broken one is logged and skipped.
-func (s *Server) restoreContainers(ctx context.Context) {
-	dirs, err := os.ReadDir(filepath.Join(s.cfg.Root, "containers"))
-	if err != nil {
-		if !errors.Is(err, os.ErrNotExist) {
-			log.G(ctx).WithError(err).Error("restore: listing containers")
-		}
-		return
-	}
-	for _, d := range dirs {
-		err := s.restoreContainer(ctx, d.Name())
-		s.deps.Metrics.ObserveRestore("container", err)
-		if err != nil {
-			log.G(ctx).WithError(err).WithField("container", d.Name()).Error("restore: skipping container")
-		}
-	}
-}
-
-func (s *Server) restoreContainer(ctx context.Context, id string) error {
-	if err := sandbox.ValidateID(id); err != nil {
-		return err
-	}
-	c, err := sandbox.LoadContainer(s.containerDir(id))
-	if err != nil {
-		return err
-	}
-	sb, err := s.sandboxes.Get(c.SandboxID)
-	if err != nil {
-		return fmt.Errorf("its sandbox: %w", err)
-	}
-	if err := s.ctrNames.Reserve(sandbox.ContainerNameKey(c.SandboxID, c.Name, c.Attempt), c.ID); err != nil {
-		return err
-	}
-	// Mounting again is a no-op for a mounted rootfs and rebuilds the
-	// image store's bookkeeping of which pod uses which idmapped tree.
-	if sb.Status().State == sandbox.StateReady {
-		if _, err := s.deps.Images.MountRootfs(ctx, s.mountRequest(sb, c.ID, c.ImageID, c.Dir)); err != nil {
-			log.G(ctx).WithError(err).WithField("container", id).Warn("restore: rootfs not mounted")
-		}
-		if _, err := s.mountImageVolumes(ctx, sb, &c.ContainerMetadata, c.Dir); err != nil {
-			log.G(ctx).WithError(err).WithField("container", id).Warn("restore: image volumes not mounted")
-		}
-	}
-	s.refreshContainer(ctx, c, false)
-	s.containers.Add(c.ID, c)
-	s.watchExit(ctx, c)
-	return nil
 }

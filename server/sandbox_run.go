@@ -97,6 +97,19 @@ func (s *Server) runPod(ctx context.Context, req *podRequest) (_ *sandbox.Sandbo
 		undo.add("release ID range", func(context.Context) error { s.deps.IDs.Release(md.ID); return nil })
 	}
 
+	// The intent is on disk before the first side effect: a daemon killed
+	// from here on leaves a record that the next start tears down.
+	dir, runDir := s.sandboxDir(md.ID), s.sandboxRunDir(md.ID)
+	undo.add("remove directories", func(context.Context) error {
+		return errors.Join(os.RemoveAll(dir), os.RemoveAll(runDir))
+	})
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	if err := sandbox.MarkIntent(dir, sandbox.IntentCreating, md); err != nil {
+		return nil, err
+	}
+
 	pins, err := s.deps.Namespaces.Create(ctx, nsmgr.CreateRequest{
 		ID: md.ID, Kinds: podKinds(md.Modes),
 		UIDMappings: md.UIDMappings, GIDMappings: md.GIDMappings,
@@ -111,13 +124,6 @@ func (s *Server) runPod(ctx context.Context, req *podRequest) (_ *sandbox.Sandbo
 		md.Pins[string(k)] = p
 	}
 
-	dir, runDir := s.sandboxDir(md.ID), s.sandboxRunDir(md.ID)
-	undo.add("remove directories", func(context.Context) error {
-		return errors.Join(os.RemoveAll(dir), os.RemoveAll(runDir))
-	})
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, err
-	}
 	// The pod files are bind-mounted into containers whose root may be a
 	// mapped uid: the directory must be traversable.
 	if err := os.MkdirAll(runDir, 0o711); err != nil {
@@ -162,6 +168,9 @@ func (s *Server) runPod(ctx context.Context, req *podRequest) (_ *sandbox.Sandbo
 	sb, saveStart := sandbox.New(md, dir), time.Now()
 	if err := sb.Save(); err != nil {
 		return nil, fmt.Errorf("saving sandbox state: %w", err)
+	}
+	if err := sandbox.ClearIntent(dir, sandbox.IntentCreating); err != nil {
+		return nil, fmt.Errorf("completing sandbox state: %w", err)
 	}
 	s.sandboxes.Add(md.ID, sb)
 	log.G(ctx).WithFields(log.Fields{"ips": md.IPs, "phase": "state", "duration_ms": float64(time.Since(saveStart).Microseconds()) / 1000}).Debug("sandbox ready")
@@ -237,25 +246,26 @@ func cniPod(md *sandbox.Metadata) cni.Pod {
 
 // stopPod tears a pod down to NotReady: containers, network, pins, shm.
 // Every step is idempotent, so Stop works on a half-made, NotReady or
-// already stopped sandbox.
+// already stopped sandbox. NotReady is on disk before anything is torn
+// down, and the network's end as soon as DEL succeeded: a daemon killed
+// in between never restores the pod Ready without its IP.
 func (s *Server) stopPod(ctx context.Context, sb *sandbox.Sandbox) error {
 	unlock := sb.Lock()
 	defer unlock()
+	return s.stopPodLocked(ctx, sb)
+}
+
+func (s *Server) stopPodLocked(ctx context.Context, sb *sandbox.Sandbox) error {
 	ctx = log.WithLogger(ctx, log.G(ctx).WithField("sandbox", sb.ID))
+	if err := sb.UpdateStatus(func(st *sandbox.Status) { st.State = sandbox.StateNotReady }); err != nil {
+		return err
+	}
 	s.closePodStreams(sb.ID) // port-forwards into the pod end with it
 	if err := s.stopPodContainers(ctx, sb); err != nil {
 		return err
 	}
-	if sb.NeedsNetworkTeardown() {
-		pod := cniPod(&sb.Metadata)
-		// After a reboot the pin is gone: DEL runs from the cached result
-		// with no netns, as the CNI spec allows.
-		if _, err := s.deps.Namespaces.Open(ctx, sb.ID, pinnedKinds(sb)); err != nil {
-			pod.NetNS = ""
-		}
-		if err := s.deps.Network.Teardown(ctx, pod); err != nil {
-			return fmt.Errorf("tearing down the pod network: %w", err)
-		}
+	if err := s.teardownPodNetwork(ctx, sb); err != nil {
+		return err
 	}
 	if err := s.deps.Namespaces.Remove(ctx, sb.ID); err != nil {
 		return fmt.Errorf("removing pod namespaces: %w", err)
@@ -263,16 +273,42 @@ func (s *Server) stopPod(ctx context.Context, sb *sandbox.Sandbox) error {
 	if err := s.deps.Shm.Unmount(sb.ShmPath); err != nil {
 		return err
 	}
-	return sb.UpdateStatus(func(st *sandbox.Status) { st.MarkStopped(time.Now()) })
+	if !sb.Status().StoppedAt.IsZero() {
+		return nil
+	}
+	return sb.UpdateStatus(func(st *sandbox.Status) { st.StoppedAt = time.Now() })
 }
 
-// removePod stops a pod if needed and deletes everything it had.
-func (s *Server) removePod(ctx context.Context, sb *sandbox.Sandbox) error {
-	if err := s.stopPod(ctx, sb); err != nil {
-		return err
+// teardownPodNetwork runs CNI DEL once and records that it succeeded.
+func (s *Server) teardownPodNetwork(ctx context.Context, sb *sandbox.Sandbox) error {
+	if sb.Modes.Network != sandbox.ModePod || sb.Status().NetworkTornDown {
+		return nil
 	}
+	pod := cniPod(&sb.Metadata)
+	// After a reboot the pin is gone: DEL runs from the cached result
+	// with no netns, as the CNI spec allows.
+	if _, err := s.deps.Namespaces.Open(ctx, sb.ID, pinnedKinds(sb)); err != nil {
+		pod.NetNS = ""
+	}
+	if err := s.deps.Network.Teardown(ctx, pod); err != nil {
+		return fmt.Errorf("tearing down the pod network: %w", err)
+	}
+	return sb.UpdateStatus(func(st *sandbox.Status) { st.NetworkTornDown = true })
+}
+
+// removePod stops a pod if needed and deletes everything it had. The
+// removal is recorded first, so a start after a crash finishes it.
+func (s *Server) removePod(ctx context.Context, sb *sandbox.Sandbox) error {
+	// One lock for the stop and the removal: a CreateContainer waiting
+	// for the pod then finds it gone, never half-removed.
 	unlock := sb.Lock()
 	defer unlock()
+	if err := sandbox.MarkIntent(sb.Dir, sandbox.IntentRemoving, sb.Metadata); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	if err := s.stopPodLocked(ctx, sb); err != nil {
+		return err
+	}
 	if err := s.removePodContainers(ctx, sb); err != nil {
 		return err
 	}
@@ -282,58 +318,6 @@ func (s *Server) removePod(ctx context.Context, sb *sandbox.Sandbox) error {
 	s.deps.IDs.Release(sb.ID)
 	s.sandboxes.Delete(sb.ID)
 	s.podNames.Release(sandbox.NameKey(sb.Name, sb.Namespace, sb.UID, sb.Attempt), sb.ID)
-	return nil
-}
-
-// restorePods loads every sandbox from disk. A sandbox whose pins are gone
-// or wrong is NotReady; one that does not load at all is logged and
-// skipped, never fatal.
-func (s *Server) restorePods(ctx context.Context) {
-	dirs, err := os.ReadDir(filepath.Join(s.cfg.Root, "sandboxes"))
-	if err != nil {
-		if !errors.Is(err, os.ErrNotExist) {
-			log.G(ctx).WithError(err).Error("restore: listing sandboxes")
-		}
-		return
-	}
-	for _, d := range dirs {
-		err := s.restorePod(ctx, d.Name())
-		s.deps.Metrics.ObserveRestore("pod", err)
-		if err != nil {
-			log.G(ctx).WithError(err).WithField("sandbox", d.Name()).Error("restore: skipping sandbox")
-		}
-	}
-}
-
-func (s *Server) restorePod(ctx context.Context, id string) error {
-	if err := sandbox.ValidateID(id); err != nil {
-		return err
-	}
-	sb, err := sandbox.Load(s.sandboxDir(id))
-	if err != nil {
-		return err
-	}
-	if err := s.podNames.Reserve(sandbox.NameKey(sb.Name, sb.Namespace, sb.UID, sb.Attempt), sb.ID); err != nil {
-		return err
-	}
-	// Allocated and caller-chosen ranges alike: a caller's range left out
-	// could be handed to the next pod.
-	if len(sb.UIDMappings) > 0 || len(sb.GIDMappings) > 0 {
-		if err := s.deps.IDs.Restore(sb.ID, sb.UIDMappings, sb.GIDMappings); err != nil {
-			log.G(ctx).WithError(err).WithField("sandbox", id).Warn("restore: ID range not recorded")
-		}
-	}
-	if sb.Status().State == sandbox.StateReady {
-		if _, err := s.deps.Namespaces.Open(ctx, id, pinnedKinds(sb)); err != nil {
-			log.G(ctx).WithError(err).WithField("sandbox", id).Warn("restore: sandbox is NotReady")
-			if uerr := sb.UpdateStatus(func(st *sandbox.Status) {
-				st.State, st.Reason = sandbox.StateNotReady, err.Error()
-			}); uerr != nil {
-				return uerr
-			}
-		}
-	}
-	s.sandboxes.Add(id, sb)
 	return nil
 }
 

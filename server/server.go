@@ -167,8 +167,9 @@ func New(cfg *conf.Config, deps Deps) *Server {
 // a half-restored runtime.
 func (s *Server) Restore(ctx context.Context) {
 	s.probeRuntimes(ctx)
-	s.restorePods(ctx)
-	s.restoreContainers(ctx)
+	doomed := s.restorePods(ctx)
+	s.restoreContainers(ctx, doomed)
+	s.teardownPods(ctx, doomed)
 }
 
 // Register adds both CRI services to g.

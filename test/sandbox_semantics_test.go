@@ -92,7 +92,7 @@ func TestStopRemoveUnknownSucceed(t *testing.T) {
 func TestSecondDaemonOnSameRootRefused(t *testing.T) {
 	d := StartDaemon(t, Options{Network: true})
 	id := d.RunPod(t, PodConfig("keep"))
-	statusFile := filepath.Join(d.Root, "sandboxes", id, "status.json")
+	statusFile := filepath.Join(d.Root, "sandboxes", id, "state.json")
 	before, err := os.ReadFile(statusFile)
 	if err != nil {
 		t.Fatal(err)
@@ -116,7 +116,7 @@ func TestSecondDaemonOnSameRootRefused(t *testing.T) {
 	}
 	after, err := os.ReadFile(statusFile)
 	if err != nil || string(after) != string(before) {
-		t.Errorf("the pod's status file changed: %v\nbefore %s\nafter  %s", err, before, after)
+		t.Errorf("the pod's state file changed: %v\nbefore %s\nafter  %s", err, before, after)
 	}
 	st, _ := d.PodStatus(t, id)
 	if st.State != runtimeapi.PodSandboxState_SANDBOX_READY {

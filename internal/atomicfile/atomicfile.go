@@ -15,6 +15,8 @@ func WriteFile(path string, data []byte, mode os.FileMode) error {
 }
 
 // WriteFiles replaces several files of one directory, each atomically.
+// The set is not atomic: a crash can leave some files new and others old
+// or missing, so state that must change together belongs in one file.
 // With durable, each temp file is synced before its rename and the
 // directory once after all of them: one directory sync for the set instead
 // of one per file. Without it the files are atomic but may be lost in a

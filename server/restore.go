@@ -1,0 +1,494 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/pinrt/pinrt/nsmgr"
+	"github.com/pinrt/pinrt/oci"
+	"github.com/pinrt/pinrt/sandbox"
+)
+
+// Restart, in the order Restore runs it:
+//
+//  1. Every sandbox directory is read. One whose intent record says its
+//     creation or removal never finished, or that has no state record at
+//     all (the daemon died before writing even the intent), is set aside
+//     to be torn down. The others are loaded; a pod is Ready again only if
+//     its status says Ready, its network was never torn down and its pins
+//     are still live.
+//  2. Every container directory is read the same way. A container set
+//     aside, or whose pod is set aside or gone, is torn down: its monitor
+//     and runtime container killed and deleted, its mounts undone, its
+//     directory removed.
+//  3. The pods set aside are torn down: CNI DEL from the cached result,
+//     pins, shm, the idmapped image tree, the cgroup parent, directories.
+//
+// All of it runs before the socket opens, so kubelet never sees a pod that
+// is about to disappear, and a name is never free while its old pod is
+// still being taken apart.
+
+// restoreTimeout bounds the teardown of one object found half-made.
+const restoreTimeout = time.Minute
+
+// restorePods loads every sandbox from disk and returns the pods found
+// half-made or half-removed, to be torn down after their containers.
+func (s *Server) restorePods(ctx context.Context) []*sandbox.Metadata {
+	dirs, err := os.ReadDir(filepath.Join(s.cfg.Root, "sandboxes"))
+	if err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			log.G(ctx).WithError(err).Error("restore: listing sandboxes")
+		}
+		return nil
+	}
+	var doomed []*sandbox.Metadata
+	for _, d := range dirs {
+		id := d.Name()
+		if err := sandbox.ValidateID(id); err != nil {
+			log.G(ctx).WithError(err).WithField("sandbox", id).Error("restore: skipping sandbox")
+			continue
+		}
+		if md := s.unfinishedPod(ctx, id); md != nil {
+			doomed = append(doomed, md)
+			continue
+		}
+		err := s.restorePod(ctx, id)
+		s.deps.Metrics.ObserveRestore("pod", err)
+		if err != nil {
+			log.G(ctx).WithError(err).WithField("sandbox", id).Error("restore: skipping sandbox")
+		}
+	}
+	return doomed
+}
+
+// unfinishedPod returns the metadata of a pod whose creation or removal
+// was interrupted, or nil for a pod to restore.
+func (s *Server) unfinishedPod(ctx context.Context, id string) *sandbox.Metadata {
+	dir := s.sandboxDir(id)
+	md := &sandbox.Metadata{}
+	intent, err := sandbox.ReadIntent(dir, md)
+	if intent == "" && err == nil {
+		if _, lerr := sandbox.Load(dir); !errdefs.IsNotFound(lerr) && !errdefs.IsDataLoss(lerr) {
+			return nil
+		}
+		intent = "a creation without a record"
+	}
+	if err != nil {
+		log.G(ctx).WithError(err).WithField("sandbox", id).Warn("restore: unreadable intent record")
+	}
+	if md.ID != id {
+		// Unknown modes: tear down everything a pod could have had.
+		*md = sandbox.Metadata{ID: id, Modes: sandbox.NamespaceModes{
+			Network: sandbox.ModePod, IPC: sandbox.ModePod, User: sandbox.ModePod,
+		}}
+	}
+	log.G(ctx).WithField("sandbox", id).Infof("restore: finishing interrupted %s: tearing the pod down", intent)
+	return md
+}
+
+func (s *Server) restorePod(ctx context.Context, id string) error {
+	sb, err := sandbox.Load(s.sandboxDir(id))
+	if err != nil {
+		return err
+	}
+	if err := s.podNames.Reserve(sandbox.NameKey(sb.Name, sb.Namespace, sb.UID, sb.Attempt), sb.ID); err != nil {
+		return err
+	}
+	// Allocated and caller-chosen ranges alike: a caller's range left out
+	// could be handed to the next pod.
+	if len(sb.UIDMappings) > 0 || len(sb.GIDMappings) > 0 {
+		if err := s.deps.IDs.Restore(sb.ID, sb.UIDMappings, sb.GIDMappings); err != nil {
+			log.G(ctx).WithError(err).WithField("sandbox", id).Warn("restore: ID range not recorded")
+		}
+	}
+	if st := sb.Status(); st.State == sandbox.StateReady {
+		reason := ""
+		if st.NetworkTornDown {
+			// The disk must never claim more than is true: a pod whose
+			// IPs were released is not Ready, whatever else it says.
+			reason = "the pod's network was torn down"
+		} else if _, err := s.deps.Namespaces.Open(ctx, id, pinnedKinds(sb)); err != nil {
+			reason = err.Error()
+		}
+		if reason != "" {
+			log.G(ctx).WithField("sandbox", id).Warnf("restore: sandbox is NotReady: %s", reason)
+			if uerr := sb.UpdateStatus(func(st *sandbox.Status) {
+				st.State, st.Reason = sandbox.StateNotReady, reason
+			}); uerr != nil {
+				return uerr
+			}
+		}
+	}
+	s.sandboxes.Add(id, sb)
+	return nil
+}
+
+// restoreContainers loads every container from disk after the pods, and
+// tears down those that were half-made, half-removed, or belong to a pod
+// that is gone or being torn down. Each is handled on its own.
+func (s *Server) restoreContainers(ctx context.Context, doomedPods []*sandbox.Metadata) {
+	dirs, err := os.ReadDir(filepath.Join(s.cfg.Root, "containers"))
+	if err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			log.G(ctx).WithError(err).Error("restore: listing containers")
+		}
+		return
+	}
+	doomed := map[string]bool{}
+	for _, md := range doomedPods {
+		doomed[md.ID] = true
+	}
+	for _, d := range dirs {
+		id := d.Name()
+		if err := sandbox.ValidateID(id); err != nil {
+			log.G(ctx).WithError(err).WithField("container", id).Error("restore: skipping container")
+			continue
+		}
+		if md, why := s.unfinishedContainer(id, doomed); md != nil {
+			log.G(ctx).WithField("container", id).Infof("restore: %s: tearing the container down", why)
+			if err := s.teardownContainer(ctx, md); err != nil {
+				log.G(ctx).WithError(err).WithField("container", id).Error("restore: container teardown")
+			}
+			continue
+		}
+		err := s.restoreContainer(ctx, id)
+		s.deps.Metrics.ObserveRestore("container", err)
+		if err != nil {
+			log.G(ctx).WithError(err).WithField("container", id).Error("restore: skipping container")
+		}
+	}
+}
+
+// unfinishedContainer returns the metadata of a container to tear down
+// and why, or nil for one to restore.
+func (s *Server) unfinishedContainer(id string, doomedPods map[string]bool) (*sandbox.ContainerMetadata, string) {
+	dir := s.containerDir(id)
+	md := &sandbox.ContainerMetadata{}
+	intent, _ := sandbox.ReadIntent(dir, md)
+	why := ""
+	switch {
+	case intent != "":
+		why = "interrupted " + string(intent)
+	default:
+		c, err := sandbox.LoadContainer(dir)
+		switch {
+		case errdefs.IsNotFound(err) || errdefs.IsDataLoss(err):
+			why = "no state record"
+		case err != nil:
+			return nil, ""
+		default:
+			md = &c.ContainerMetadata
+		}
+	}
+	if why == "" {
+		if doomedPods[md.SandboxID] {
+			why = "its pod is being torn down"
+		} else if _, err := s.sandboxes.Get(md.SandboxID); err != nil {
+			why = "its pod is gone"
+		} else {
+			return nil, ""
+		}
+	}
+	if md.ID != id {
+		*md = sandbox.ContainerMetadata{ID: id}
+	}
+	return md, why
+}
+
+func (s *Server) restoreContainer(ctx context.Context, id string) error {
+	c, err := sandbox.LoadContainer(s.containerDir(id))
+	if err != nil {
+		return err
+	}
+	sb, err := s.sandboxes.Get(c.SandboxID)
+	if err != nil {
+		return fmt.Errorf("its sandbox: %w", err)
+	}
+	if err := s.ctrNames.Reserve(sandbox.ContainerNameKey(c.SandboxID, c.Name, c.Attempt), c.ID); err != nil {
+		return err
+	}
+	// Mounting again is a no-op for a mounted rootfs and rebuilds the
+	// image store's bookkeeping of which pod uses which idmapped tree.
+	if sb.Status().State == sandbox.StateReady {
+		if _, err := s.deps.Images.MountRootfs(ctx, s.mountRequest(sb, c.ID, c.ImageID, c.Dir)); err != nil {
+			log.G(ctx).WithError(err).WithField("container", id).Warn("restore: rootfs not mounted")
+		}
+		if _, err := s.mountImageVolumes(ctx, sb, &c.ContainerMetadata, c.Dir); err != nil {
+			log.G(ctx).WithError(err).WithField("container", id).Warn("restore: image volumes not mounted")
+		}
+	}
+	s.refreshContainer(ctx, c, false)
+	s.containers.Add(c.ID, c)
+	s.watchExit(ctx, c)
+	if c.Status().State == sandbox.ContainerCreated {
+		s.settleIfCreating(ctx, c)
+	}
+	return nil
+}
+
+// settleTimeout bounds the re-check of a container that restore found in
+// the runtime's "creating" state.
+const settleTimeout = 30 * time.Second
+
+// settleIfCreating re-examines, in the background, a container whose
+// `runtime create` was still running when restore looked, until the
+// runtime's state settles: a single look would record whatever the
+// runtime said at that instant and never look again.
+func (s *Server) settleIfCreating(ctx context.Context, c *sandbox.Container) {
+	rt, err := s.runtimeFor(c.Handler)
+	if err != nil {
+		return
+	}
+	if st, err := rt.State(ctx, c.ID); err != nil || st.Status != oci.StatusCreating {
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+		defer cancel()
+		tick := time.NewTicker(200 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				log.G(ctx).WithField("container", c.ID).Warnf("restore: the runtime still creates the container after %s", settleTimeout)
+				return
+			case <-tick.C:
+			}
+			if st, err := rt.State(ctx, c.ID); err != nil || st.Status != oci.StatusCreating {
+				s.refreshContainer(ctx, c, false)
+				return
+			}
+		}
+	}()
+}
+
+// teardownPods tears down the pods restore set aside.
+func (s *Server) teardownPods(ctx context.Context, pods []*sandbox.Metadata) {
+	for _, md := range pods {
+		if err := s.teardownPod(ctx, md); err != nil {
+			log.G(ctx).WithError(err).WithField("sandbox", md.ID).Error("restore: pod teardown")
+		}
+	}
+}
+
+// teardownPod removes everything a pod may have had, knowing only its
+// recorded intent: every step is idempotent and runs even when an earlier
+// one failed, so what can go, goes. The directory, and with it the intent
+// record, is removed only when all the rest succeeded: a failure is retried
+// at the next start.
+func (s *Server) teardownPod(ctx context.Context, md *sandbox.Metadata) error {
+	ctx, cancel := context.WithTimeout(ctx, restoreTimeout)
+	defer cancel()
+	ctx = log.WithLogger(ctx, log.G(ctx).WithField("sandbox", md.ID))
+	var errs []error
+	if md.Modes.PID == sandbox.ModePod || md.InfraID != "" {
+		if err := s.removeInfra(ctx, md); err != nil && !errdefs.IsNotFound(err) {
+			errs = append(errs, err)
+		}
+	}
+	if md.Modes.Network == sandbox.ModePod {
+		pod := cniPod(md)
+		// Open checks the pins as a set (a userns pod's net namespace must
+		// be owned by its pinned user namespace), so it is asked for all
+		// the pod's kinds; a pod pinned only in part is torn down without
+		// its netns, as the CNI spec allows.
+		pod.NetNS = ""
+		if pins, err := s.deps.Namespaces.Open(ctx, md.ID, podKinds(md.Modes)); err == nil {
+			pod.NetNS = pins[nsmgr.Net]
+		}
+		if err := s.deps.Network.Teardown(ctx, pod); err != nil {
+			errs = append(errs, fmt.Errorf("tearing down the pod network: %w", err))
+		}
+	}
+	if err := s.deps.Namespaces.Remove(ctx, md.ID); err != nil {
+		errs = append(errs, fmt.Errorf("removing pod namespaces: %w", err))
+	}
+	if err := s.deps.Shm.Unmount(filepath.Join(s.sandboxRunDir(md.ID), "shm")); err != nil {
+		errs = append(errs, err)
+	}
+	if err := s.deps.Images.ReleasePod(ctx, md.ID); err != nil {
+		errs = append(errs, fmt.Errorf("releasing the pod's image mounts: %w", err))
+	}
+	if md.CgroupParent == "" && s.cfg.Runtime.CgroupParent != "" {
+		removeCgroupDirs(ctx, path.Join(s.cfg.Runtime.CgroupParent, md.ID))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	s.deps.IDs.Release(md.ID)
+	return errors.Join(os.RemoveAll(s.sandboxRunDir(md.ID)), os.RemoveAll(s.sandboxDir(md.ID)))
+}
+
+// teardownContainer removes everything a container may have had: its
+// monitor and processes, the runtime's container, its mounts and its
+// directory. Like teardownPod, it leaves the directory for the next start
+// when a step fails.
+func (s *Server) teardownContainer(ctx context.Context, md *sandbox.ContainerMetadata) error {
+	ctx, cancel := context.WithTimeout(ctx, restoreTimeout)
+	defer cancel()
+	dir := s.containerDir(md.ID)
+	var errs []error
+	// A conmon caught before it reported the pid still runs `runtime
+	// create`; it and its children are killed before the runtime deletes
+	// the container, or runc init could be left behind.
+	killMonitor(dir, md.ID)
+	handlers := []string{md.Handler}
+	if md.Handler == "" {
+		// Not recorded: try every runtime; unknown IDs are not an error.
+		handlers = handlers[:0]
+		for h := range s.deps.Runtimes {
+			handlers = append(handlers, h)
+		}
+	}
+	for _, h := range handlers {
+		if rt, err := s.runtimeFor(h); err == nil {
+			if err := rt.Delete(ctx, md.ID, true); err != nil && !errdefs.IsNotFound(err) {
+				errs = append(errs, fmt.Errorf("deleting container %s: %w", md.ID, err))
+			}
+		}
+	}
+	if err := s.deps.Images.UnmountRootfs(ctx, md.ID, md.SandboxID, dir); err != nil {
+		errs = append(errs, fmt.Errorf("unmounting the rootfs of %s: %w", md.ID, err))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	// runc init makes the container's cgroup before runc records its
+	// state; a create killed in between leaves a cgroup that runc delete
+	// does not know of.
+	if cg := specCgroupsPath(dir); cg != "" {
+		if err := killCgroup(ctx, cg); err != nil {
+			return err
+		}
+	}
+	return os.RemoveAll(dir)
+}
+
+// cgroupDrainTimeout bounds the wait for killed processes to leave a
+// container's cgroup.
+const cgroupDrainTimeout = 10 * time.Second
+
+// killCgroup SIGKILLs every process left in a container's cgroup (a runc
+// init orphaned by its killed conmon is one) and removes the cgroup from
+// every hierarchy once the kernel lets go of it.
+func killCgroup(ctx context.Context, rel string) error {
+	dirs := []string{filepath.Join(cgroupRoot, rel)}
+	entries, _ := os.ReadDir(cgroupRoot)
+	for _, e := range entries {
+		if e.IsDir() {
+			dirs = append(dirs, filepath.Join(cgroupRoot, e.Name(), rel))
+		}
+	}
+	deadline := time.Now().Add(cgroupDrainTimeout)
+	for _, d := range dirs {
+		for {
+			if b, err := os.ReadFile(filepath.Join(d, "cgroup.procs")); err == nil {
+				for _, f := range strings.Fields(string(b)) {
+					if pid, err := strconv.Atoi(f); err == nil && pid > 0 {
+						_ = syscall.Kill(pid, syscall.SIGKILL)
+					}
+				}
+			}
+			err := os.Remove(d)
+			if err == nil || errors.Is(err, os.ErrNotExist) {
+				break
+			}
+			if time.Now().After(deadline) || ctx.Err() != nil {
+				return fmt.Errorf("removing cgroup %s: %w", d, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return nil
+}
+
+// specCgroupsPath is the cgroupfs path of a bundle's config.json, or ""
+// (no spec yet, or a systemd slice, which systemd removes itself).
+func specCgroupsPath(bundle string) string {
+	b, err := os.ReadFile(filepath.Join(bundle, "config.json"))
+	if err != nil {
+		return ""
+	}
+	var spec specs.Spec
+	if json.Unmarshal(b, &spec) != nil || spec.Linux == nil {
+		return ""
+	}
+	p := spec.Linux.CgroupsPath
+	if !path.IsAbs(p) || strings.Contains(p, ":") || strings.Contains(p, "..") {
+		return ""
+	}
+	return p
+}
+
+// monitorPid is the pid of a container's conmon if it is still alive:
+// recorded in the bundle's conmon.pid, and the process with that pid
+// names the container on its command line (a recycled pid does not).
+// ok is false when no monitor was recorded (the runtime fakes have none).
+func monitorPid(dir, id string) (pid int, alive, ok bool) {
+	b, err := os.ReadFile(filepath.Join(dir, "conmon.pid"))
+	if err != nil {
+		return 0, false, false
+	}
+	pid, err = strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return 0, false, false
+	}
+	cmdline, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+	if err != nil {
+		return pid, false, true
+	}
+	for _, arg := range strings.Split(string(cmdline), "\x00") {
+		if arg == id {
+			return pid, true, true
+		}
+	}
+	return pid, false, true
+}
+
+// killMonitor SIGKILLs a container's conmon and its process group, which
+// holds `runtime create` and its init while the create is in flight.
+func killMonitor(dir, id string) {
+	pid, alive, _ := monitorPid(dir, id)
+	if !alive {
+		return
+	}
+	// conmon calls setsid: its pid is its process group.
+	_ = syscall.Kill(-pid, syscall.SIGKILL)
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+}
+
+// monitorGone handles a live container whose conmon is dead: nothing will
+// ever write its exit file, so its processes are killed and it is
+// recorded Exited with reason MonitorGone. It reports whether it did so.
+func (s *Server) monitorGone(ctx context.Context, rt ContainerRuntime, c *sandbox.Container) bool {
+	if _, alive, recorded := monitorPid(c.Dir, c.ID); !recorded || alive {
+		return false
+	}
+	log.G(ctx).WithField("container", c.ID).Warn("the container's monitor (conmon) is gone; killing the container")
+	if err := rt.Kill(ctx, c.ID, syscall.SIGKILL, true); err != nil && !errdefs.IsNotFound(err) {
+		log.G(ctx).WithError(err).WithField("container", c.ID).Warn("killing a container without its monitor")
+	}
+	if err := c.UpdateStatus(func(st *sandbox.ContainerStatus) {
+		st.State, st.ExitCode, st.Reason = sandbox.ContainerExited, -1, reasonMonitorGone
+		st.Message = "conmon died: the exit code is unknown"
+		if st.FinishedAt.IsZero() {
+			st.FinishedAt = time.Now()
+		}
+	}); err != nil {
+		log.G(ctx).WithError(err).WithField("container", c.ID).Warn("saving container state")
+	}
+	return true
+}

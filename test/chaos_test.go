@@ -1,0 +1,559 @@
+package test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pinrt/pinrt/test/testimage"
+)
+
+// The chaos test runs pod and container lifecycles concurrently, as
+// kubelet and crictl drive them, SIGKILLs the daemon at a random instant,
+// starts it again and checks after every restart that the disk claims no
+// more than is true. At the end it removes everything over CRI and counts
+// what is left: zero is the only pass.
+//
+// CHAOS_ITERATIONS sets the number of kills (default 30, the short run of
+// `make test`; `make chaos` runs 200). CHAOS_SEED replays a run: the seed
+// is printed at the start and on failure.
+
+const chaosWorkers = 4
+
+type chaos struct {
+	t       *testing.T
+	d       *Daemon
+	image   string
+	cgroup  string // the daemon's cgroup parent, private to the test
+	runRoot string // runc's --root
+	rng     *rand.Rand
+
+	mu         sync.Mutex
+	violations []string
+	ops, okOps int
+	firstErr   error
+}
+
+func (c *chaos) violate(format string, args ...any) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	msg := fmt.Sprintf(format, args...)
+	c.violations = append(c.violations, msg)
+	c.t.Errorf("invariant: %s", msg)
+}
+
+func envInt(name string, def int64) int64 {
+	if v := os.Getenv(name); v != "" {
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+			return n
+		}
+	}
+	return def
+}
+
+func TestChaos(t *testing.T) {
+	RequireRoot(t)
+	for _, b := range []string{"/usr/local/bin/runc", "/usr/bin/conmon"} {
+		if _, err := os.Stat(b); err != nil {
+			t.Skipf("the chaos test needs %s (make deps): %v", b, err)
+		}
+	}
+	iterations := int(envInt("CHAOS_ITERATIONS", 30))
+	seed := envInt("CHAOS_SEED", time.Now().UnixNano())
+	t.Logf("CHAOS_SEED=%d CHAOS_ITERATIONS=%d", seed, iterations)
+	defer func() {
+		if t.Failed() {
+			t.Logf("replay with CHAOS_SEED=%d CHAOS_ITERATIONS=%d", seed, iterations)
+		}
+	}()
+
+	cg := "/pinrt-chaos-" + randHex(4)
+	cfg := fmt.Sprintf(`[runtime]
+conmon = "/usr/bin/conmon"
+cgroup_parent = %q
+[runtime.runtimes.runc]
+binary = "/usr/local/bin/runc"
+`, cg)
+	d := StartDaemon(t, Options{Network: true, Config: cfg})
+	reg := testimage.StartRegistry(t)
+	c := &chaos{t: t, d: d, cgroup: cg, runRoot: filepath.Join(d.RunRoot, "runtime", "runc"), rng: rand.New(rand.NewSource(seed))}
+	c.image = reg.Push(t, "busybox:1", testimage.Busybox(t))
+	if _, err := d.Image.PullImage(Ctx(t), &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: c.image}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { removeCgroupTree(cg) })
+
+	for i := 0; i < iterations; i++ {
+		c.round(i, seed)
+		if len(c.violations) > 20 {
+			t.Fatalf("stopping after %d violations", len(c.violations))
+		}
+	}
+	c.removeAll(true)
+	leaks := c.leaks()
+	t.Logf("chaos: seed %d, %d kills, %d operations (%d succeeded), %d invariant violations, %d leaks", seed, iterations, c.ops, c.okOps, len(c.violations), len(leaks))
+	if c.firstErr != nil {
+		t.Logf("first failed operation while the daemon ran: %v", c.firstErr)
+	}
+	if len(leaks) > 0 {
+		t.Errorf("%d leaks:\n%s", len(leaks), strings.Join(leaks, "\n"))
+	}
+}
+
+// round lets the workers run, kills the daemon at a random instant,
+// restarts it and checks the invariants.
+func (c *chaos) round(i int, seed int64) {
+	t := c.t
+	ctx, cancel := context.WithCancel(context.Background())
+	rt := c.d.Runtime
+	var wg sync.WaitGroup
+	for w := 0; w < chaosWorkers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			c.worker(ctx, rt, w, i, rand.New(rand.NewSource(seed+int64(i*chaosWorkers+w))))
+		}(w)
+	}
+	time.Sleep(time.Duration(50+c.rng.Intn(2500)) * time.Millisecond)
+	cancel()
+	c.d.Kill()
+	wg.Wait()
+	start := time.Now()
+	if err := c.restart(); err != nil {
+		t.Fatalf("round %d: restart: %v", i, err)
+	}
+	t.Logf("round %d: restarted in %v", i, time.Since(start).Round(time.Millisecond))
+	c.checkInvariants(i)
+	// Some pods survive several restarts; too many would only load the
+	// machine.
+	pods, _ := c.d.Runtime.ListPodSandbox(context.Background(), &runtimeapi.ListPodSandboxRequest{})
+	if c.rng.Intn(2) == 0 || len(pods.GetItems()) > 8 {
+		c.removeAll(false)
+	}
+}
+
+// restart starts the daemon again. A killed daemon's run-dir lock can
+// outlive it for a moment (a child between fork and exec still holds the
+// descriptor), so a start refused for the lock is retried, with a bound;
+// if it still fails, the holder is reported.
+func (c *chaos) restart() error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := c.d.Start()
+		if err == nil {
+			return nil
+		}
+		if !strings.Contains(err.Error(), "already running") || time.Now().After(deadline) {
+			return fmt.Errorf("%w\nlock holders: %s", err, lockHolders(filepath.Join(c.d.RunRoot, "pinrt.lock")))
+		}
+		c.t.Logf("restart refused for the run-dir lock (held by %s); retrying", lockHolders(filepath.Join(c.d.RunRoot, "pinrt.lock")))
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// lockHolders describes the processes holding a flock on path.
+func lockHolders(path string) string {
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		return err.Error()
+	}
+	locks, _ := os.ReadFile("/proc/locks")
+	var out []string
+	for _, l := range strings.Split(string(locks), "\n") {
+		f := strings.Fields(l)
+		if len(f) < 6 || !strings.HasSuffix(f[5], ":"+strconv.FormatUint(st.Ino, 10)) {
+			continue
+		}
+		cmd, _ := os.ReadFile(filepath.Join("/proc", f[4], "cmdline"))
+		status, _ := os.ReadFile(filepath.Join("/proc", f[4], "status"))
+		state := ""
+		for _, sl := range strings.Split(string(status), "\n") {
+			if strings.HasPrefix(sl, "State:") || strings.HasPrefix(sl, "PPid:") {
+				state += strings.TrimSpace(sl) + " "
+			}
+		}
+		out = append(out, fmt.Sprintf("pid %s %s(%s)", f[4], state, bytes.ReplaceAll(cmd, []byte{0}, []byte{' '})))
+	}
+	return strings.Join(out, "; ")
+}
+
+// worker runs whole lifecycles until ctx ends. Errors are expected once
+// the daemon is killed; the invariants judge the outcome.
+func (c *chaos) worker(ctx context.Context, rt runtimeapi.RuntimeServiceClient, w, round int, rng *rand.Rand) {
+	for n := 0; ctx.Err() == nil; n++ {
+		name := fmt.Sprintf("chaos-w%d-r%d-%d", w, round, n)
+		pod := PodConfig(name)
+		if w%2 == 0 {
+			pod = UsernsPod(pod, 0)
+		}
+		pod.LogDirectory = filepath.Join(c.d.Dir, "logs", name)
+		call := func(f func(context.Context) error) bool {
+			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			err := f(cctx)
+			c.mu.Lock()
+			c.ops++
+			if err == nil {
+				c.okOps++
+			} else if c.firstErr == nil && ctx.Err() == nil {
+				c.firstErr = err
+			}
+			c.mu.Unlock()
+			return err == nil
+		}
+		var podID, ctrID string
+		ok := call(func(ctx context.Context) error {
+			r, err := rt.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: pod})
+			if err == nil {
+				podID = r.PodSandboxId
+			}
+			return err
+		})
+		ok = ok && call(func(ctx context.Context) error {
+			r, err := rt.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: podID, SandboxConfig: pod, Config: &runtimeapi.ContainerConfig{
+				Metadata: &runtimeapi.ContainerMetadata{Name: "c"},
+				Image:    &runtimeapi.ImageSpec{Image: c.image},
+				Command:  []string{"sleep", "1000"},
+				LogPath:  "c.log",
+			}})
+			if err == nil {
+				ctrID = r.ContainerId
+			}
+			return err
+		})
+		ok = ok && call(func(ctx context.Context) error {
+			_, err := rt.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: ctrID})
+			return err
+		})
+		ok = ok && call(func(ctx context.Context) error {
+			_, err := rt.ExecSync(ctx, &runtimeapi.ExecSyncRequest{ContainerId: ctrID, Cmd: []string{"true"}, Timeout: 10})
+			return err
+		})
+		// Some lifecycles stop early, so kills also land on pods whose
+		// containers are still running.
+		if rng.Intn(4) == 0 {
+			continue
+		}
+		ok = ok && call(func(ctx context.Context) error {
+			_, err := rt.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: ctrID, Timeout: 0})
+			return err
+		})
+		ok = ok && call(func(ctx context.Context) error {
+			_, err := rt.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: ctrID})
+			return err
+		})
+		ok = ok && call(func(ctx context.Context) error {
+			_, err := rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: podID})
+			return err
+		})
+		_ = ok && call(func(ctx context.Context) error {
+			_, err := rt.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: podID})
+			return err
+		})
+	}
+}
+
+// checkInvariants: every Ready pod has live pins and its IP reserved for
+// it; no IP belongs to two live pods; every container's CRI state is
+// runc's.
+func (c *chaos) checkInvariants(round int) {
+	ctx := context.Background()
+	pods, err := c.d.Runtime.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
+	if err != nil {
+		c.violate("round %d: ListPodSandbox: %v", round, err)
+		return
+	}
+	mounts := map[string]bool{}
+	for _, m := range MountsUnder(c.d.RunRoot) {
+		mounts[m] = true
+	}
+	owner := map[string]string{}
+	for _, p := range pods.Items {
+		if p.State != runtimeapi.PodSandboxState_SANDBOX_READY {
+			continue
+		}
+		st, err := c.d.Runtime.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: p.Id, Verbose: true})
+		if err != nil {
+			c.violate("round %d: status of Ready pod %s: %v", round, p.Id, err)
+			continue
+		}
+		var info PodInfo
+		_ = json.Unmarshal([]byte(st.Info["info"]), &info)
+		for kind, pin := range info.Pins {
+			if !mounts[pin] {
+				c.violate("round %d: Ready pod %s: %s pin %s is not mounted", round, p.Id, kind, pin)
+			}
+		}
+		ip := st.Status.GetNetwork().GetIp()
+		if ip == "" {
+			c.violate("round %d: Ready pod %s has no IP", round, p.Id)
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(c.d.IPAMDir, "pinrt-e2e", ip))
+		if err != nil || !strings.HasPrefix(string(b), p.Id) {
+			c.violate("round %d: Ready pod %s: IP %s is not reserved for it (%q, %v)", round, p.Id, ip, b, err)
+		}
+		if o, dup := owner[ip]; dup {
+			c.violate("round %d: IP %s held by pods %s and %s", round, ip, o, p.Id)
+		}
+		owner[ip] = p.Id
+	}
+	ctrs, err := c.d.Runtime.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
+	if err != nil {
+		c.violate("round %d: ListContainers: %v", round, err)
+		return
+	}
+	for _, ct := range ctrs.Containers {
+		st, err := c.d.Runtime.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: ct.Id})
+		if err != nil {
+			c.violate("round %d: ContainerStatus(%s): %v", round, ct.Id, err)
+			continue
+		}
+		got, want := st.Status.State, c.runcState(ct.Id)
+		if got != want {
+			c.violate("round %d: container %s is %v (%s), runc says %v", round, ct.Id, got, st.Status.Reason, want)
+		}
+	}
+}
+
+// runcState maps `runc state` to the CRI state pinrt must report; a
+// container runc does not know has exited.
+func (c *chaos) runcState(id string) runtimeapi.ContainerState {
+	out, err := exec.Command("/usr/local/bin/runc", "--root", c.runRoot, "state", id).Output()
+	if err != nil {
+		return runtimeapi.ContainerState_CONTAINER_EXITED
+	}
+	var st struct {
+		Status string `json:"status"`
+	}
+	_ = json.Unmarshal(out, &st)
+	switch st.Status {
+	case "created", "creating":
+		return runtimeapi.ContainerState_CONTAINER_CREATED
+	case "running", "paused":
+		return runtimeapi.ContainerState_CONTAINER_RUNNING
+	}
+	return runtimeapi.ContainerState_CONTAINER_EXITED
+}
+
+// removeAll removes every pod and container over CRI, as kubelet would.
+func (c *chaos) removeAll(strict bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	report := func(what string, err error) {
+		if err != nil && strict {
+			c.t.Errorf("final cleanup: %s: %v", what, err)
+		}
+	}
+	ctrs, err := c.d.Runtime.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
+	report("ListContainers", err)
+	for _, ct := range ctrs.GetContainers() {
+		_, err := c.d.Runtime.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: ct.Id})
+		report("RemoveContainer "+ct.Id, err)
+	}
+	pods, err := c.d.Runtime.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
+	report("ListPodSandbox", err)
+	for _, p := range pods.GetItems() {
+		_, err := c.d.Runtime.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: p.Id})
+		report("StopPodSandbox "+p.Id, err)
+		_, err = c.d.Runtime.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: p.Id})
+		report("RemovePodSandbox "+p.Id, err)
+	}
+}
+
+// leaks lists everything the test's pods and containers could have left.
+func (c *chaos) leaks() []string {
+	d := c.d
+	left := d.Leftovers() // pins, sandbox dirs (root and run), mounts
+	for _, dir := range []string{
+		filepath.Join(d.Root, "containers"),
+		c.runRoot,
+		filepath.Join(d.RunRoot, "oci", "runc", "containers"),
+		filepath.Join(d.Root, "cni", "cache", "results"),
+	} {
+		entries, _ := os.ReadDir(dir)
+		for _, e := range entries {
+			left = append(left, "file "+filepath.Join(dir, e.Name()))
+		}
+	}
+	for ip := range d.LeasedIPs(c.t) {
+		left = append(left, "host-local reservation "+ip)
+	}
+	if out, err := exec.Command("ip", "-o", "link", "show", "master", d.Bridge).Output(); err == nil {
+		for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+			if l != "" {
+				left = append(left, "veth "+l)
+			}
+		}
+	}
+	for _, h := range cgroupHierarchies() {
+		_ = filepath.WalkDir(filepath.Join(h, c.cgroup), func(p string, e os.DirEntry, err error) error {
+			if err == nil && e.IsDir() && p != filepath.Join(h, c.cgroup) {
+				left = append(left, "cgroup "+p)
+			}
+			return nil
+		})
+	}
+	left = append(left, c.processes()...)
+	return left
+}
+
+// processes lists conmon, runc and container processes of this test: a
+// command line naming the test's directory, or a cgroup under its parent.
+func (c *chaos) processes() []string {
+	var out []string
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		cmd, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		cg, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
+		if bytes.Contains(cg, []byte(c.cgroup+"/")) || (bytes.Contains(cmd, []byte(c.d.Dir)) && !bytes.Contains(cmd, []byte("--listen"))) {
+			out = append(out, fmt.Sprintf("process %d: %s", pid, bytes.ReplaceAll(cmd, []byte{0}, []byte{' '})))
+		}
+	}
+	return out
+}
+
+func cgroupHierarchies() []string {
+	out := []string{"/sys/fs/cgroup"}
+	entries, _ := os.ReadDir("/sys/fs/cgroup")
+	for _, e := range entries {
+		if e.IsDir() {
+			out = append(out, filepath.Join("/sys/fs/cgroup", e.Name()))
+		}
+	}
+	return out
+}
+
+// removeCgroupTree removes the test's cgroup parent, deepest first.
+func removeCgroupTree(rel string) {
+	for _, h := range cgroupHierarchies() {
+		var dirs []string
+		_ = filepath.WalkDir(filepath.Join(h, rel), func(p string, e os.DirEntry, err error) error {
+			if err == nil && e.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+		for i := len(dirs) - 1; i >= 0; i-- {
+			_ = os.Remove(dirs[i])
+		}
+	}
+}
+
+// TestSimulatedReboot stops the daemon, then does what a reboot does: every
+// process of the test dies, every mount goes, the run directory (tmpfs)
+// is wiped and the cgroups are gone, while the persistent root and the
+// host-local IPAM store stay. After the start, pods are NotReady,
+// containers Exited, and removing them all over CRI releases every IP and
+// leaves nothing.
+func TestSimulatedReboot(t *testing.T) {
+	RequireRoot(t)
+	for _, b := range []string{"/usr/local/bin/runc", "/usr/bin/conmon"} {
+		if _, err := os.Stat(b); err != nil {
+			t.Skipf("the reboot test needs %s (make deps): %v", b, err)
+		}
+	}
+	cg := "/pinrt-reboot-" + randHex(4)
+	d := StartDaemon(t, Options{Network: true, Config: fmt.Sprintf(`[runtime]
+conmon = "/usr/bin/conmon"
+cgroup_parent = %q
+[runtime.runtimes.runc]
+binary = "/usr/local/bin/runc"
+`, cg)})
+	reg := testimage.StartRegistry(t)
+	c := &chaos{t: t, d: d, cgroup: cg, runRoot: filepath.Join(d.RunRoot, "runtime", "runc")}
+	c.image = reg.Push(t, "busybox:1", testimage.Busybox(t))
+	if _, err := d.Image.PullImage(Ctx(t), &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: c.image}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { removeCgroupTree(cg) })
+	var pods, ctrs []string
+	for i, userns := range []bool{false, true} {
+		cfg := PodConfig(fmt.Sprintf("reboot-%d", i))
+		if userns {
+			cfg = UsernsPod(cfg, 0)
+		}
+		cfg.LogDirectory = filepath.Join(d.Dir, "logs", cfg.Metadata.Name)
+		pod := d.RunPod(t, cfg)
+		resp, err := d.Runtime.CreateContainer(Ctx(t), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, SandboxConfig: cfg, Config: &runtimeapi.ContainerConfig{
+			Metadata: &runtimeapi.ContainerMetadata{Name: "c"}, Image: &runtimeapi.ImageSpec{Image: c.image},
+			Command: []string{"sleep", "1000"}, LogPath: "c.log",
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := d.Runtime.StartContainer(Ctx(t), &runtimeapi.StartContainerRequest{ContainerId: resp.ContainerId}); err != nil {
+			t.Fatal(err)
+		}
+		pods, ctrs = append(pods, pod), append(ctrs, resp.ContainerId)
+	}
+	if len(d.LeasedIPs(t)) != 2 {
+		t.Fatalf("leased IPs before the reboot: %v", d.LeasedIPs(t))
+	}
+
+	d.Kill()
+	reboot(t, c)
+	if err := d.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range pods {
+		if st, _ := d.PodStatus(t, id); st.State != runtimeapi.PodSandboxState_SANDBOX_NOTREADY {
+			t.Errorf("pod %s after the reboot is %v, want NOTREADY", id, st.State)
+		}
+	}
+	for _, id := range ctrs {
+		resp, err := d.Runtime.ContainerStatus(Ctx(t), &runtimeapi.ContainerStatusRequest{ContainerId: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Status.State != runtimeapi.ContainerState_CONTAINER_EXITED {
+			t.Errorf("container %s after the reboot is %v, want EXITED", id, resp.Status.State)
+		}
+	}
+	c.removeAll(true)
+	if left := c.leaks(); len(left) > 0 {
+		t.Errorf("left after removing everything:\n%s", strings.Join(left, "\n"))
+	}
+}
+
+// reboot kills the test's processes, drops its mounts, wipes the run dir
+// and the cgroups; the root and the IPAM store stay.
+func reboot(t *testing.T, c *chaos) {
+	t.Helper()
+	for i := 0; i < 50 && len(c.processes()) > 0; i++ {
+		for _, p := range c.processes() {
+			var pid int
+			if _, err := fmt.Sscanf(p, "process %d:", &pid); err == nil {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, m := range MountsUnder(c.d.Dir) {
+		if err := unix.Unmount(m, unix.MNT_DETACH); err != nil {
+			t.Fatalf("unmount %s: %v", m, err)
+		}
+	}
+	if err := os.RemoveAll(c.d.RunRoot); err != nil {
+		t.Fatal(err)
+	}
+	removeCgroupTree(c.cgroup)
+}
