@@ -9,12 +9,14 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"sync"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"google.golang.org/grpc"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pinrt/pinrt/cgroups"
 	"github.com/pinrt/pinrt/cni"
 	"github.com/pinrt/pinrt/conf"
 	"github.com/pinrt/pinrt/image"
@@ -83,6 +85,9 @@ type Deps struct {
 	Runtimes map[string]ContainerRuntime
 	// Shm defaults to sandbox.Tmpfs.
 	Shm Shm
+	// Cgroups places pods and containers in cgroups; nil means cgroupfs
+	// under runtime.cgroup_parent.
+	Cgroups cgroups.Driver
 }
 
 // Server serves CRI. RPCs not built yet answer Unimplemented through the
@@ -110,6 +115,10 @@ type Server struct {
 func New(cfg *conf.Config, deps Deps) *Server {
 	if deps.Shm == nil {
 		deps.Shm = sandbox.Tmpfs{}
+	}
+	if deps.Cgroups == nil {
+		// cgroupfs takes any parent: New cannot fail for it.
+		deps.Cgroups, _ = cgroups.New(cgroups.DriverCgroupfs, cfg.Runtime.CgroupParent)
 	}
 	return &Server{
 		cfg: cfg, deps: deps,
@@ -139,3 +148,16 @@ func (s *Server) Register(g *grpc.Server) {
 // Close releases what the server holds. It leaves pods and containers
 // running: they outlive the daemon by design.
 func (s *Server) Close(ctx context.Context) error { return nil }
+
+// containerCgroup is the cgroupsPath of container id in the pod, from the
+// cgroup driver, after making sure the pod's parent exists.
+func (s *Server) containerCgroup(ctx context.Context, kubeletParent, sandboxID, id string) (string, error) {
+	parent, err := s.deps.Cgroups.PodParent(kubeletParent, sandboxID)
+	if err != nil {
+		return "", err
+	}
+	if err := s.deps.Cgroups.EnsurePod(ctx, parent); err != nil {
+		return "", fmt.Errorf("creating the pod cgroup %s: %w", parent, err)
+	}
+	return s.deps.Cgroups.ContainerPath(parent, id), nil
+}
