@@ -1,9 +1,6 @@
 package cgroups
 
 import (
-	"os"
-	"strings"
-
 	"golang.org/x/sys/unix"
 )
 
@@ -57,30 +54,4 @@ func fsType(p string) (int64, error) {
 		return 0, err
 	}
 	return int64(st.Type), nil //nolint:unconvert // Statfs_t.Type is int32 on some arches.
-}
-
-// V2Controllers are the controllers a child of dir may use on cgroup v2:
-// those listed in dir's cgroup.subtree_control, or, when that is empty
-// (the root before anything delegated), in cgroup.controllers. A
-// controller missing here cannot be limited in containers placed below
-// dir, and spec generation drops its settings rather than letting runc fail.
-func V2Controllers(dir string) map[string]bool {
-	for _, f := range []string{"cgroup.subtree_control", "cgroup.controllers"} {
-		b, err := os.ReadFile(dir + "/" + f)
-		if err != nil {
-			continue
-		}
-		if out := parseControllers(string(b)); len(out) > 0 {
-			return out
-		}
-	}
-	return map[string]bool{}
-}
-
-func parseControllers(s string) map[string]bool {
-	out := map[string]bool{}
-	for _, c := range strings.Fields(s) {
-		out[c] = true
-	}
-	return out
 }

@@ -44,8 +44,15 @@ func ProbeHost() HostInfo {
 		h := HostInfo{OOMFloor: OOMScoreAdjFloor()}
 		if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
 			h.CgroupV2 = true
-			b, _ := os.ReadFile("/sys/fs/cgroup/cgroup.controllers")
-			h.Controllers = parseV2Controllers(string(b))
+			// A v2 controller reaches containers only when the root
+			// delegates it (cgroup.subtree_control; systemd enables
+			// cpu, io, memory and pids, not hugetlb). An empty list
+			// means nothing delegated yet: runc enables what exists.
+			b, _ := os.ReadFile("/sys/fs/cgroup/cgroup.subtree_control")
+			if h.Controllers = parseV2Controllers(string(b)); len(h.Controllers) == 0 {
+				b, _ = os.ReadFile("/sys/fs/cgroup/cgroup.controllers")
+				h.Controllers = parseV2Controllers(string(b))
+			}
 		} else if f, err := os.Open("/proc/cgroups"); err == nil {
 			h.Controllers = parseProcCgroups(f)
 			f.Close()
