@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-
 	"github.com/pinrt/pinrt/sandbox"
 )
 
@@ -56,4 +55,3 @@ func (s *Server) removePodContainers(ctx context.Context, sb *sandbox.Sandbox) e
 	}
 	return nil
 }
-

@@ -13,10 +13,10 @@ import (
 	"time"
 
 	"github.com/containerd/log"
+	"github.com/coreos/go-systemd/v22/daemon"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 
-	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/pinrt/pinrt/cgroups"
 	"github.com/pinrt/pinrt/cni"
 	"github.com/pinrt/pinrt/conf"
