@@ -44,15 +44,14 @@ func ProbeHost() HostInfo {
 		h := HostInfo{OOMFloor: OOMScoreAdjFloor()}
 		if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
 			h.CgroupV2 = true
-			// A v2 controller reaches containers only when the root
-			// delegates it (cgroup.subtree_control; systemd enables
-			// cpu, io, memory and pids, not hugetlb). An empty list
-			// means nothing delegated yet: runc enables what exists.
-			b, _ := os.ReadFile("/sys/fs/cgroup/cgroup.subtree_control")
-			if h.Controllers = parseV2Controllers(string(b)); len(h.Controllers) == 0 {
-				b, _ = os.ReadFile("/sys/fs/cgroup/cgroup.controllers")
-				h.Controllers = parseV2Controllers(string(b))
-			}
+			// The root's cgroup.controllers, not its subtree_control:
+			// systemd enables cpu (and others) in subtree_control only
+			// once some unit asks for it, and runc (cgroupfs) or systemd
+			// (for a scope with limits) enable what a container needs on
+			// the way down. A controller the kernel lacks or that is
+			// bound to v1 is absent here, and its settings are dropped.
+			b, _ := os.ReadFile("/sys/fs/cgroup/cgroup.controllers")
+			h.Controllers = parseV2Controllers(string(b))
 		} else if f, err := os.Open("/proc/cgroups"); err == nil {
 			h.Controllers = parseProcCgroups(f)
 			f.Close()
