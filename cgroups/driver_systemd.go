@@ -110,27 +110,27 @@ func (d *systemdDriver) RemovePod(ctx context.Context, kubeletParent, sandboxID 
 	return err
 }
 
-// job runs one systemd job and waits, bounded, for its result. A failed
-// call drops the connection, so the next one redials (systemd restarted,
-// or dbus did).
+// job runs one systemd job and waits, bounded, for its result. A call
+// that fails other than with a D-Bus error reply (systemd or dbus
+// restarted, the socket closed) drops the connection and is tried once
+// more on a fresh one.
 func (d *systemdDriver) job(ctx context.Context, what string, call func(unitManager, chan<- string) (int, error)) error {
-	d.mu.Lock()
-	if d.conn == nil {
-		c, err := d.dial(ctx)
-		if err != nil {
-			d.mu.Unlock()
+	ch := make(chan string, 1)
+	var err error
+	for attempt := 0; attempt < 2; attempt++ {
+		var conn unitManager
+		if conn, err = d.connect(ctx); err != nil {
 			return fmt.Errorf("connecting to systemd: %w: %w", err, errdefs.ErrUnavailable)
 		}
-		d.conn = c
-	}
-	conn := d.conn
-	d.mu.Unlock()
-
-	ch := make(chan string, 1)
-	if _, err := call(conn, ch); err != nil {
-		if dbusErrorName(err) == "" {
-			d.drop(conn)
+		if _, err = call(conn, ch); err == nil {
+			break
 		}
+		if dbusErrorName(err) != "" {
+			return fmt.Errorf("systemd %s: %w", what, err)
+		}
+		d.drop(conn)
+	}
+	if err != nil {
 		return fmt.Errorf("systemd %s: %w", what, err)
 	}
 	t := time.NewTimer(jobTimeout)
@@ -146,6 +146,23 @@ func (d *systemdDriver) job(ctx context.Context, what string, call func(unitMana
 	case <-ctx.Done():
 		return fmt.Errorf("systemd %s: %w", what, ctx.Err())
 	}
+}
+
+// connect returns the shared connection, dialling it when there is none.
+// It is dialled without the caller's deadline: godbus closes a connection
+// when the context it was made with ends, and this one outlives the
+// request that happened to open it.
+func (d *systemdDriver) connect(ctx context.Context) (unitManager, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.conn == nil {
+		c, err := d.dial(context.WithoutCancel(ctx))
+		if err != nil {
+			return nil, err
+		}
+		d.conn = c
+	}
+	return d.conn, nil
 }
 
 func (d *systemdDriver) drop(c unitManager) {

@@ -152,3 +152,31 @@ func TestCgroupfsRemovePod(t *testing.T) {
 		}
 	}
 }
+
+// A closed bus (systemd or dbus restarted) costs one redial, not a failed
+// request; in the VM the first connection was closed under a call when
+// it was still tied to the request that dialled it.
+func TestSystemdRedialsOnce(t *testing.T) {
+	broken := &fakeManager{stopErr: errors.New("dbus: connection closed by user")}
+	good := &fakeManager{}
+	dials := 0
+	d := newSystemd("pinrt.slice")
+	d.dial = func(ctx context.Context) (unitManager, error) {
+		if ctx.Done() != nil {
+			t.Error("dialled with a cancellable context: godbus would close the connection with it")
+		}
+		dials++
+		if dials == 1 {
+			return broken, nil
+		}
+		return good, nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := d.RemovePod(ctx, "", "sb"); err != nil {
+		t.Fatalf("RemovePod: %v", err)
+	}
+	if dials != 2 || !broken.closed || len(good.stopped) != 1 {
+		t.Errorf("dials %d, broken closed %v, stopped on the new connection %v", dials, broken.closed, good.stopped)
+	}
+}
