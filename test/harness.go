@@ -402,20 +402,25 @@ func (d *Daemon) cleanup() {
 	}
 }
 
+// removeAllPods stops and removes every pod, each with its own minute:
+// under qemu TCG (test/vm) one CNI DEL alone takes over ten seconds, and a
+// shared budget ran out halfway through a test's pods.
 func (d *Daemon) removeAllPods() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
 	pods, err := d.Runtime.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
+	cancel()
 	if err != nil {
 		return // Unimplemented before the sandbox issue.
 	}
 	for _, p := range pods.Items {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		if _, err := d.Runtime.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: p.Id}); err != nil {
 			d.t.Errorf("cleanup: stop pod %s: %v", p.Id, err)
 		}
 		if _, err := d.Runtime.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: p.Id}); err != nil {
 			d.t.Errorf("cleanup: remove pod %s: %v", p.Id, err)
 		}
+		cancel()
 	}
 }
 
