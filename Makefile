@@ -15,7 +15,7 @@ GOBIN_DIR := $(shell $(GO) env GOPATH)/bin
 VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS  := -X github.com/pinrt/pinrt/version.Version=$(VERSION)
 
-.PHONY: all build test test-unit test-e2e chaos bench lint deps deps-apt deps-runc deps-cni deps-lint run install clean
+.PHONY: all build test test-unit test-e2e test-vm chaos bench lint deps deps-apt deps-runc deps-cni deps-lint deps-vm run install clean
 
 all: build
 
@@ -44,6 +44,12 @@ CHAOS_ITERATIONS ?= 200
 chaos: build
 	CHAOS_ITERATIONS=$(CHAOS_ITERATIONS) $(GO) test -count=1 -timeout 0 -v -run '^TestChaos$$' ./test/
 
+# test-vm boots a Debian VM (qemu TCG, systemd, cgroup v2) and runs the
+# cgroup and daemon e2e tests inside it with each cgroup driver. The first
+# run builds and caches the VM image (see test/vm/run.sh).
+test-vm: deps-vm deps-runc deps-cni
+	bash test/vm/run.sh
+
 bench: build
 	bash test/bench/run.sh
 
@@ -61,6 +67,11 @@ deps-apt:
 	@need=""; for p in conmon libseccomp-dev busybox-static iproute2 iptables crun tar gzip zstd; do \
 		dpkg -s $$p >/dev/null 2>&1 || need="$$need $$p"; done; \
 	if [ -n "$$need" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$need; fi
+
+deps-vm:
+	@need=""; for p in qemu-system-x86 debootstrap e2fsprogs; do \
+		dpkg -s $$p >/dev/null 2>&1 || need="$$need $$p"; done; \
+	if [ -n "$$need" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$need; fi
 
 deps-runc: deps-apt
 	@if ! runc --version 2>/dev/null | grep -q "runc version $(RUNC_VERSION:v%=%)$$"; then \

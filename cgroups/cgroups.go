@@ -30,27 +30,41 @@ import (
 // DefaultRoot is where the cgroup hierarchies are mounted.
 const DefaultRoot = "/sys/fs/cgroup"
 
-// Mode is the cgroup hierarchy the host uses for containers.
+// Mode is how the host mounts its cgroup hierarchies.
 type Mode int
 
-// The hierarchies. Hybrid hosts count as Legacy: their controllers are v1.
+// The hierarchies. Hybrid hosts have their controllers on v1, so they are
+// read as Legacy; only the log tells them apart.
 const (
+	// Legacy is cgroup v1 only: every controller in its own hierarchy.
 	Legacy Mode = iota + 1
+	// Hybrid is v1 controllers with a controller-less v2 hierarchy on
+	// <root>/unified, systemd's old default.
+	Hybrid
+	// Unified is cgroup v2 only, what kubelet expects today.
 	Unified
 )
 
 func (m Mode) String() string {
-	if m == Unified {
-		return "v2"
+	switch m {
+	case Unified:
+		return "unified (v2)"
+	case Hybrid:
+		return "hybrid (v1 + v2)"
+	default:
+		return "legacy (v1)"
 	}
-	return "v1"
 }
 
-// Detect tells the hierarchy mounted at root. Only a v2 root has
-// cgroup.controllers; a v1 or hybrid root is a tmpfs of controller mounts.
+// Detect tells the hierarchy mounted at root. Only a v2 mount has
+// cgroup.controllers; a v1 or hybrid root is a tmpfs of controller mounts,
+// and a hybrid one has a v2 mount at unified.
 func Detect(root string) Mode {
 	if _, err := os.Stat(filepath.Join(root, "cgroup.controllers")); err == nil {
 		return Unified
+	}
+	if _, err := os.Stat(filepath.Join(root, "unified", "cgroup.controllers")); err == nil {
+		return Hybrid
 	}
 	return Legacy
 }

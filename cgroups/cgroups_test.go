@@ -276,3 +276,32 @@ func TestUpdate(t *testing.T) {
 		})
 	}
 }
+
+func TestDetect(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		files []string
+		want  Mode
+	}{
+		{"unified", []string{"cgroup.controllers"}, Unified},
+		{"hybrid", []string{"unified/cgroup.controllers", "memory/memory.limit_in_bytes"}, Hybrid},
+		{"legacy", []string{"memory/memory.limit_in_bytes"}, Legacy},
+		{"nothing mounted", nil, Legacy},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			for _, f := range tc.files {
+				p := filepath.Join(root, f)
+				if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(p, nil, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := Detect(root); got != tc.want {
+				t.Errorf("Detect = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}

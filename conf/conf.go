@@ -99,10 +99,14 @@ type RuntimeConfig struct {
 	DefaultRuntime string `toml:"default_runtime" comment:"Handler used when a pod names none."`
 	// Conmon is the container monitor binary.
 	Conmon string `toml:"conmon" comment:"Container monitor binary."`
-	// CgroupDriver is cgroupfs; systemd is not supported yet.
-	CgroupDriver string `toml:"cgroup_driver" comment:"cgroupfs (systemd is not supported yet)."`
-	// CgroupParent is the cgroup under which pods go when kubelet names none.
-	CgroupParent string `toml:"cgroup_parent" comment:"Cgroup parent for pods when kubelet names none."`
+	// CgroupDriver is cgroupfs (pinrt writes the cgroup tree through
+	// runc) or systemd (pods get slices and containers scopes from
+	// systemd, as kubelet's systemd driver expects).
+	CgroupDriver string `toml:"cgroup_driver" comment:"cgroupfs, or systemd on a host whose init is systemd (must match kubelet's cgroupDriver)."`
+	// CgroupParent is the cgroup under which pods go when kubelet names
+	// none: a path for cgroupfs, a slice name for systemd (the default
+	// "/pinrt" means pinrt.slice there).
+	CgroupParent string `toml:"cgroup_parent" comment:"Cgroup parent for pods when kubelet names none: a path (cgroupfs) or a slice name (systemd; the default /pinrt means pinrt.slice)."`
 	// Runtimes are the handlers, by the name a RuntimeClass uses.
 	Runtimes map[string]Handler `toml:"runtimes" comment:"Runtime handlers by RuntimeClass handler name."`
 	// SeccompDefaultWhenUnset gives containers whose security context names
@@ -190,6 +194,9 @@ func (d Duration) MarshalText() ([]byte, error) {
 func (d Duration) Std() time.Duration { return time.Duration(d) }
 
 // Default returns the built-in configuration.
+// DefaultCgroupParent is runtime.cgroup_parent's default.
+const DefaultCgroupParent = "/pinrt"
+
 func Default() *Config {
 	return &Config{
 		Root:            DefaultRoot,
@@ -206,7 +213,7 @@ func Default() *Config {
 			DefaultRuntime: "runc",
 			Conmon:         "conmon",
 			CgroupDriver:   "cgroupfs",
-			CgroupParent:   "/pinrt",
+			CgroupParent:   DefaultCgroupParent,
 			Runtimes: map[string]Handler{
 				// Only runc: Debian's crun 1.8.1 refuses the spec version
 				// pinrt writes. The README shows how to add crun.
@@ -379,13 +386,17 @@ func validPinPattern(p string) error {
 func (r *RuntimeConfig) validate() error {
 	switch r.CgroupDriver {
 	case "cgroupfs":
+		if !strings.HasPrefix(r.CgroupParent, "/") || strings.Contains(r.CgroupParent, "..") {
+			return &FieldError{"runtime.cgroup_parent", fmt.Sprintf("must be an absolute cgroup path without '..', got %q", r.CgroupParent)}
+		}
 	case "systemd":
-		return &FieldError{"runtime.cgroup_driver", "the systemd cgroup driver is not supported yet; use cgroupfs"}
+		// The default "/pinrt" stands for pinrt.slice; anything else must
+		// be a slice name (cgroups.New checks it in full at start).
+		if r.CgroupParent != DefaultCgroupParent && (!strings.HasSuffix(r.CgroupParent, ".slice") || strings.ContainsAny(r.CgroupParent, "/ ")) {
+			return &FieldError{"runtime.cgroup_parent", fmt.Sprintf("the systemd driver needs a slice name like pinrt.slice, got %q", r.CgroupParent)}
+		}
 	default:
-		return &FieldError{"runtime.cgroup_driver", fmt.Sprintf("unknown driver %q (cgroupfs)", r.CgroupDriver)}
-	}
-	if !strings.HasPrefix(r.CgroupParent, "/") || strings.Contains(r.CgroupParent, "..") {
-		return &FieldError{"runtime.cgroup_parent", fmt.Sprintf("must be an absolute cgroup path without '..', got %q", r.CgroupParent)}
+		return &FieldError{"runtime.cgroup_driver", fmt.Sprintf("unknown driver %q (cgroupfs or systemd)", r.CgroupDriver)}
 	}
 	if r.Conmon == "" {
 		return &FieldError{"runtime.conmon", "must not be empty"}

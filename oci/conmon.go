@@ -168,6 +168,9 @@ func (r *Runtime) conmonArgs(o CreateOptions) []string {
 	if r.h.Root != "" {
 		args = append(args, "--runtime-arg", "--root="+r.h.Root)
 	}
+	for _, a := range r.h.ExtraArgs {
+		args = append(args, "--runtime-arg", a)
+	}
 	if o.LogPath != "" {
 		args = append(args, "-l", "k8s-file:"+o.LogPath)
 	} else {

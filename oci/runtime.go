@@ -31,6 +31,9 @@ type Handler struct {
 	Type string
 	// MonitorPath is conmon; empty means "conmon" from PATH.
 	MonitorPath string
+	// ExtraArgs are global flags on every runtime call, from the cgroup
+	// driver (runc's --systemd-cgroup).
+	ExtraArgs []string
 }
 
 // Runtime drives one OCI runtime binary through its CLI, with conmon as the
@@ -149,10 +152,11 @@ func NewRuntime(h Handler, stateDir string) (*Runtime, error) {
 func (r *Runtime) Binary() string { return r.binary }
 
 func (r *Runtime) globalArgs() []string {
+	var args []string
 	if r.h.Root != "" {
-		return []string{"--root", r.h.Root}
+		args = []string{"--root", r.h.Root}
 	}
-	return nil
+	return append(args, r.h.ExtraArgs...)
 }
 
 // run runs the runtime with args and returns stdout. A failure carries

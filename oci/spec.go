@@ -179,9 +179,12 @@ type ContainerSpec struct {
 	// CgroupParent, when set, is the parent cgroup; otherwise containers go
 	// under /pinrt/<sandbox-id>.
 	CgroupParent string
-	Annotations  map[string]string
-	Sysctls      map[string]string
-	Tty, Stdin   bool
+	// CgroupsPath, when set, is linux.cgroupsPath as the cgroup driver
+	// names it (systemd: "slice:pinrt:id"); it wins over CgroupParent.
+	CgroupsPath string
+	Annotations map[string]string
+	Sysctls     map[string]string
+	Tty, Stdin  bool
 
 	// Host describes the host; nil means probe the real one.
 	Host *HostInfo
@@ -250,6 +253,7 @@ func BuildContainerSpec(ctx context.Context, c *ContainerSpec) (*specs.Spec, err
 		WithResources(c.Resources, host),
 		WithOOMScoreAdj(resOOM(c.Resources), host.OOMFloor),
 		WithCgroupsPath(c.CgroupParent, c.SandboxID, c.ID),
+		WithFixedCgroupsPath(c.CgroupsPath),
 		WithSysctls(c.Sysctls),
 		WithAnnotations(c.Annotations),
 	}

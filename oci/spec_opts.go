@@ -426,6 +426,17 @@ func WithDevices(devs []Device, privileged bool) SpecOpt {
 	}
 }
 
+// WithFixedCgroupsPath sets linux.cgroupsPath as the cgroup driver named
+// it; "" leaves what an earlier option set.
+func WithFixedCgroupsPath(p string) SpecOpt {
+	return func(g *Generator) error {
+		if p != "" {
+			g.Config.Linux.CgroupsPath = p
+		}
+		return nil
+	}
+}
+
 // WithCgroupsPath places the container's cgroup (cgroupfs driver):
 // <parent>/pinrt-<id> when a parent is given, else /pinrt/<sandbox>/<id>.
 func WithCgroupsPath(parent, sandboxID, id string) SpecOpt {

@@ -44,6 +44,12 @@ func ProbeHost() HostInfo {
 		h := HostInfo{OOMFloor: OOMScoreAdjFloor()}
 		if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
 			h.CgroupV2 = true
+			// The root's cgroup.controllers, not its subtree_control:
+			// systemd enables cpu (and others) in subtree_control only
+			// once some unit asks for it, and runc (cgroupfs) or systemd
+			// (for a scope with limits) enable what a container needs on
+			// the way down. A controller the kernel lacks or that is
+			// bound to v1 is absent here, and its settings are dropped.
 			b, _ := os.ReadFile("/sys/fs/cgroup/cgroup.controllers")
 			h.Controllers = parseV2Controllers(string(b))
 		} else if f, err := os.Open("/proc/cgroups"); err == nil {

@@ -77,11 +77,7 @@ func (s *Server) containerRequest(sb *sandbox.Sandbox, cfg *runtimeapi.Container
 			HostsPath: sb.HostsPath, ResolvPath: sb.ResolvPath, HostnamePath: sb.HostnamePath, ShmPath: sb.ShmPath,
 			Command: cfg.Command, Args: cfg.Args, WorkingDir: cfg.WorkingDir,
 			Tty: cfg.Tty, Stdin: cfg.Stdin,
-			CgroupParent: sb.CgroupParent,
 		},
-	}
-	if r.spec.CgroupParent == "" && s.cfg.Runtime.CgroupParent != "" {
-		r.spec.CgroupParent = path.Join(s.cfg.Runtime.CgroupParent, sb.ID)
 	}
 	for _, kv := range cfg.Envs {
 		r.spec.Env = append(r.spec.Env, kv.Key+"="+string(kv.Value))
@@ -359,6 +355,9 @@ func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *run
 		return nil, err
 	}
 
+	if req.spec.CgroupsPath, err = s.placeContainerCgroup(ctx, sb.CgroupParent, sb.ID, md.ID); err != nil {
+		return nil, err
+	}
 	spec, err := s.buildSpec(ctx, rt, sb, req, md.ID, rootfs, img)
 	if err != nil {
 		return nil, err

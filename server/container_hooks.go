@@ -4,12 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path"
-	"path/filepath"
 	"time"
-
-	"github.com/containerd/log"
 
 	"github.com/pinrt/pinrt/sandbox"
 )
@@ -55,31 +50,8 @@ func (s *Server) removePodContainers(ctx context.Context, sb *sandbox.Sandbox) e
 	if err := s.deps.Images.ReleasePod(ctx, sb.ID); err != nil {
 		return fmt.Errorf("releasing the pod's image mounts: %w", err)
 	}
-	if sb.CgroupParent == "" && s.cfg.Runtime.CgroupParent != "" {
-		removeCgroupDirs(ctx, path.Join(s.cfg.Runtime.CgroupParent, sb.ID))
+	if err := s.deps.CgroupDriver.RemovePod(ctx, sb.CgroupParent, sb.ID); err != nil {
+		return fmt.Errorf("removing the pod's cgroup: %w", err)
 	}
 	return nil
-}
-
-// cgroupRoot is where the cgroup hierarchies are mounted; a variable for
-// tests.
-var cgroupRoot = "/sys/fs/cgroup"
-
-// removeCgroupDirs removes the pod's cgroup directory from every
-// hierarchy. runc removes each container's own cgroup on delete but not
-// the parent pinrt named for the pod. Failures only leave an empty
-// directory behind, so they are logged.
-func removeCgroupDirs(ctx context.Context, rel string) {
-	dirs := []string{filepath.Join(cgroupRoot, rel)}
-	entries, _ := os.ReadDir(cgroupRoot)
-	for _, e := range entries {
-		if e.IsDir() {
-			dirs = append(dirs, filepath.Join(cgroupRoot, e.Name(), rel))
-		}
-	}
-	for _, d := range dirs {
-		if err := os.Remove(d); err != nil && !errors.Is(err, os.ErrNotExist) {
-			log.G(ctx).WithError(err).Debugf("removing pod cgroup %s", d)
-		}
-	}
 }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path"
 	"path/filepath"
 	"sync"
 	"syscall"
@@ -127,9 +126,9 @@ func (s *Server) startInfra(ctx context.Context, md *sandbox.Metadata) (retErr e
 		return err
 	}
 	host := oci.ProbeHost()
-	parent := md.CgroupParent
-	if parent == "" && s.cfg.Runtime.CgroupParent != "" {
-		parent = path.Join(s.cfg.Runtime.CgroupParent, md.ID)
+	cgPath, err := s.placeContainerCgroup(ctx, md.CgroupParent, md.ID, md.ID)
+	if err != nil {
+		return err
 	}
 	ns := oci.Namespaces{User: md.Pins["user"], Net: md.Pins["net"], IPC: md.Pins["ipc"], UTS: md.Pins["uts"], PIDMode: oci.PIDContainer}
 	spec, err := oci.GenerateSpec(ctx,
@@ -142,7 +141,7 @@ func (s *Server) startInfra(ctx context.Context, md *sandbox.Metadata) (retErr e
 		oci.WithSeccomp(false, oci.SecurityProfile{Type: oci.ProfileRuntimeDefault}),
 		oci.WithSysfs(ns.User != "", ns.Net != "", false),
 		oci.WithOOMScoreAdj(-998, host.OOMFloor),
-		oci.WithCgroupsPath(parent, md.ID, md.ID),
+		oci.WithFixedCgroupsPath(cgPath),
 		oci.WithAnnotations(map[string]string{annContainerType: "sandbox", annSandboxID: md.ID}),
 	)
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/pinrt/pinrt/cgroups"
 	"github.com/pinrt/pinrt/nsmgr"
 	"github.com/pinrt/pinrt/oci"
 	"github.com/pinrt/pinrt/sandbox"
@@ -322,8 +323,8 @@ func (s *Server) teardownPod(ctx context.Context, md *sandbox.Metadata) error {
 	if err := s.deps.Images.ReleasePod(ctx, md.ID); err != nil {
 		errs = append(errs, fmt.Errorf("releasing the pod's image mounts: %w", err))
 	}
-	if md.CgroupParent == "" && s.cfg.Runtime.CgroupParent != "" {
-		removeCgroupDirs(ctx, path.Join(s.cfg.Runtime.CgroupParent, md.ID))
+	if err := s.deps.CgroupDriver.RemovePod(ctx, md.CgroupParent, md.ID); err != nil {
+		errs = append(errs, fmt.Errorf("removing the pod's cgroup: %w", err))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err
@@ -377,6 +378,9 @@ func (s *Server) teardownContainer(ctx context.Context, md *sandbox.ContainerMet
 	return os.RemoveAll(dir)
 }
 
+// cgroupRoot is where the cgroup hierarchies are mounted.
+var cgroupRoot = cgroups.DefaultRoot
+
 // cgroupDrainTimeout bounds the wait for killed processes to leave a
 // container's cgroup.
 const cgroupDrainTimeout = 10 * time.Second
@@ -385,6 +389,11 @@ const cgroupDrainTimeout = 10 * time.Second
 // init orphaned by its killed conmon is one) and removes the cgroup from
 // every hierarchy once the kernel lets go of it.
 func killCgroup(ctx context.Context, rel string) error {
+	if c := path.Clean("/" + rel); c == "/" || strings.Contains(rel, ":") {
+		// The root holds every process of the host, and a systemd
+		// "slice:prefix:name" path is not a directory: kill nothing.
+		return nil
+	}
 	dirs := []string{filepath.Join(cgroupRoot, rel)}
 	entries, _ := os.ReadDir(cgroupRoot)
 	for _, e := range entries {

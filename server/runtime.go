@@ -13,6 +13,7 @@ import (
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pinrt/pinrt/cgroups"
 	"github.com/pinrt/pinrt/cni"
 	"github.com/pinrt/pinrt/version"
 )
@@ -125,7 +126,7 @@ func (s *Server) runtimeReady() error {
 // RuntimeConfig reports the cgroup driver so kubelet can match it.
 func (s *Server) RuntimeConfig(ctx context.Context, req *runtimeapi.RuntimeConfigRequest) (*runtimeapi.RuntimeConfigResponse, error) {
 	driver := runtimeapi.CgroupDriver_CGROUPFS
-	if s.cfg.Runtime.CgroupDriver == "systemd" {
+	if s.deps.CgroupDriver.Name() == cgroups.DriverSystemd {
 		driver = runtimeapi.CgroupDriver_SYSTEMD
 	}
 	return &runtimeapi.RuntimeConfigResponse{

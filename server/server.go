@@ -9,6 +9,7 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 
@@ -91,6 +92,9 @@ type Deps struct {
 	NetCounters NetCounters
 	// Metrics records pinrt's operations; nil records nothing.
 	Metrics Recorder
+	// CgroupDriver places pods and containers in cgroups; nil means
+	// cgroupfs under runtime.cgroup_parent.
+	CgroupDriver cgroups.Driver
 }
 
 // Server serves CRI. RPCs not built yet answer Unimplemented through the
@@ -133,6 +137,10 @@ func New(cfg *conf.Config, deps Deps) *Server {
 	}
 	if deps.Cgroups == nil {
 		deps.Cgroups = cgroups.NewReader(cgroups.DefaultRoot)
+	}
+	if deps.CgroupDriver == nil {
+		// cgroupfs takes any parent: New cannot fail for it.
+		deps.CgroupDriver, _ = cgroups.New(cgroups.DriverCgroupfs, cfg.Runtime.CgroupParent)
 	}
 	if deps.NetCounters == nil {
 		deps.NetCounters = nsmgr.Counters{}
@@ -191,4 +199,17 @@ func (s *Server) Close(ctx context.Context) error {
 		_ = s.exits.w.Close()
 	}
 	return nil
+}
+
+// placeContainerCgroup is the cgroupsPath of container id in the pod, from the
+// cgroup driver, after making sure the pod's parent exists.
+func (s *Server) placeContainerCgroup(ctx context.Context, kubeletParent, sandboxID, id string) (string, error) {
+	parent, err := s.deps.CgroupDriver.PodParent(kubeletParent, sandboxID)
+	if err != nil {
+		return "", err
+	}
+	if err := s.deps.CgroupDriver.EnsurePod(ctx, parent); err != nil {
+		return "", fmt.Errorf("creating the pod cgroup %s: %w", parent, err)
+	}
+	return s.deps.CgroupDriver.ContainerPath(parent, id), nil
 }

@@ -702,7 +702,10 @@ func (e *ctrEnv) testUpdateResources(t *testing.T) {
 	cfg := e.ctr("c", "sleep", "1000")
 	cfg.Linux.Resources = &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 64 << 20}
 	id := e.run(t, pod, podCfg, cfg)
-	limitFile := filepath.Join("/sys/fs/cgroup/memory", e.info(t, id).RuntimeSpec.Linux.CgroupsPath, "memory.limit_in_bytes")
+	limitFile := filepath.Join(CgroupDir(t, e.info(t, id).Pid, "memory"), "memory.limit_in_bytes")
+	if CgroupV2() {
+		limitFile = filepath.Join(filepath.Dir(limitFile), "memory.max")
+	}
 	read := func() string {
 		b, err := os.ReadFile(limitFile)
 		if err != nil {

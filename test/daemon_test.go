@@ -44,8 +44,8 @@ func TestVersionAndStatus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rc.GetLinux().GetCgroupDriver() != runtimeapi.CgroupDriver_CGROUPFS {
-		t.Errorf("cgroup driver = %v, want CGROUPFS", rc.GetLinux().GetCgroupDriver())
+	if got, want := rc.GetLinux().GetCgroupDriver().String(), strings.ToUpper(CgroupDriver()); got != want {
+		t.Errorf("cgroup driver = %v, want %s", got, want)
 	}
 }
 

@@ -60,9 +60,13 @@ func RepoRoot() string {
 
 // Binary builds bin/pinrt once per test process and returns its path. It
 // is built static, so the pause process can run from a rootfs holding only
-// this one file.
+// this one file. PINRT_E2E_BINARY names a prebuilt binary instead, for a
+// test binary run where there is no Go toolchain (test/vm).
 func Binary(t testing.TB) string {
 	t.Helper()
+	if p := os.Getenv("PINRT_E2E_BINARY"); p != "" {
+		return p
+	}
 	buildOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "pinrt-bin-")
 		if err != nil {
@@ -161,7 +165,13 @@ func NewDaemon(t testing.TB, opts Options) *Daemon {
 	}
 	// The harness's own setting goes in a drop-in, so a test's config may
 	// start with top-level keys.
-	if err := os.WriteFile(filepath.Join(d.ConfigDir, "00-harness.toml"), []byte("[cni]\ndefault_network = false\n"), 0o644); err != nil {
+	harness := "[cni]\ndefault_network = false\n"
+	// PINRT_E2E_CGROUP_DRIVER runs every test under another cgroup driver
+	// (test/vm runs them with both on cgroup v2).
+	if drv := CgroupDriver(); drv != "cgroupfs" {
+		harness += fmt.Sprintf("[runtime]\ncgroup_driver = %q\n", drv)
+	}
+	if err := os.WriteFile(filepath.Join(d.ConfigDir, "00-harness.toml"), []byte(harness), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(d.ConfigFile, []byte(opts.Config), 0o644); err != nil {
@@ -171,6 +181,15 @@ func NewDaemon(t testing.TB, opts Options) *Daemon {
 		d.writeNetwork()
 	}
 	return d
+}
+
+// CgroupDriver is the cgroup driver the tests run the daemon with:
+// $PINRT_E2E_CGROUP_DRIVER, cgroupfs by default.
+func CgroupDriver() string {
+	if d := os.Getenv("PINRT_E2E_CGROUP_DRIVER"); d != "" {
+		return d
+	}
+	return "cgroupfs"
 }
 
 // StartDaemon prepares and starts a daemon, and connects the CRI clients.
@@ -387,20 +406,25 @@ func (d *Daemon) cleanup() {
 	}
 }
 
+// removeAllPods stops and removes every pod, each with its own minute:
+// under qemu TCG (test/vm) one CNI DEL alone takes over ten seconds, and a
+// shared budget ran out halfway through a test's pods.
 func (d *Daemon) removeAllPods() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
 	pods, err := d.Runtime.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
+	cancel()
 	if err != nil {
 		return // Unimplemented before the sandbox issue.
 	}
 	for _, p := range pods.Items {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		if _, err := d.Runtime.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: p.Id}); err != nil {
 			d.t.Errorf("cleanup: stop pod %s: %v", p.Id, err)
 		}
 		if _, err := d.Runtime.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: p.Id}); err != nil {
 			d.t.Errorf("cleanup: remove pod %s: %v", p.Id, err)
 		}
+		cancel()
 	}
 }
 

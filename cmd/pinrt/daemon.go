@@ -13,9 +13,11 @@ import (
 	"time"
 
 	"github.com/containerd/log"
+	"github.com/coreos/go-systemd/v22/daemon"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 
+	"github.com/pinrt/pinrt/cgroups"
 	"github.com/pinrt/pinrt/cni"
 	"github.com/pinrt/pinrt/conf"
 	"github.com/pinrt/pinrt/image"
@@ -175,6 +177,12 @@ func runDaemon(o *options, cfg *conf.Config) error {
 	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT, unix.SIGHUP)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- g.Serve(l) }()
+	// The socket is bound, so kubelet's first dial queues until Serve
+	// picks it up: tell systemd (Type=notify) we are up. Without
+	// NOTIFY_SOCKET this does nothing.
+	if _, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
+		log.G(ctx).WithError(err).Warn("notifying systemd")
+	}
 	log.G(ctx).WithFields(log.Fields{"socket": cfg.SocketPath(), "version": version.Version, "root": cfg.Root, "runroot": cfg.RunRoot}).Info("pinrt is serving")
 
 	for {
@@ -290,10 +298,17 @@ func newServer(ctx context.Context, cfg *conf.Config, m *metrics.Metrics) (*serv
 	if err != nil {
 		return nil, err
 	}
+	// The one place the cgroup driver is chosen.
+	cg, err := cgroups.New(cfg.Runtime.CgroupDriver, cfg.Runtime.CgroupParent)
+	if err != nil {
+		return nil, err
+	}
+	log.G(ctx).WithFields(log.Fields{"driver": cg.Name(), "hierarchy": cgroups.Detect(cgroups.DefaultRoot).String()}).Info("cgroups")
 	runtimes := map[string]server.ContainerRuntime{}
 	for name, h := range cfg.Runtime.Runtimes {
 		rt, err := oci.NewRuntime(oci.Handler{
 			Name: name, Binary: h.Binary, Root: cfg.RuntimeRoot(name), Type: h.Type, MonitorPath: cfg.Runtime.Conmon,
+			ExtraArgs: cg.RuntimeArgs(),
 		}, filepath.Join(cfg.RunRoot, "oci", name))
 		if err != nil {
 			// A handler may name a runtime this node lacks (crun by
@@ -303,7 +318,7 @@ func newServer(ctx context.Context, cfg *conf.Config, m *metrics.Metrics) (*serv
 		}
 		runtimes[name] = rt
 	}
-	srv := server.New(cfg, server.Deps{Network: network, Namespaces: nsm, IDs: ids, Images: images, Runtimes: runtimes, Metrics: m})
+	srv := server.New(cfg, server.Deps{Network: network, Namespaces: nsm, IDs: ids, Images: images, Runtimes: runtimes, Metrics: m, CgroupDriver: cg})
 	srv.Restore(ctx)
 	return srv, nil
 }

@@ -1,0 +1,98 @@
+#!/bin/bash
+# run.sh: boots a Debian VM with systemd as PID 1 on cgroup v2 and runs
+# pinrt's e2e tests inside it, once per cgroup driver. `make test-vm` calls
+# it; it exits with the tests' exit code.
+#
+# The disk image, kernel and initrd are cached in $PINRT_VM_CACHE, keyed by
+# a hash of build-rootfs.sh, so only the first run (or an edit to that
+# script) pays for debootstrap. The binaries under test reach the guest
+# through a 9p share, together with inside.sh, which the guest's one
+# oneshot unit runs before it powers the VM off.
+#
+# Environment:
+#   PINRT_VM_TESTS    -test.run pattern (default: the cgroup and daemon tests)
+#   PINRT_VM_SKIP     -test.skip pattern (default: subtests that need a Go
+#                     toolchain or crun, which the guest lacks, and those
+#                     that do not touch cgroups, to keep TCG time down)
+#   PINRT_VM_DRIVERS  cgroup drivers to run the tests with (default "cgroupfs systemd")
+#   PINRT_VM_CACHE    image cache (default /var/cache/pinrt-vm)
+#   PINRT_VM_TIMEOUT  seconds before the VM is killed (default 3600)
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+cache=${PINRT_VM_CACHE:-/var/cache/pinrt-vm}
+tests=${PINRT_VM_TESTS:-'^(TestVersionAndStatus|TestRestore|TestContainers|TestCgroupV2)$'}
+skip=${PINRT_VM_SKIP:-'^TestContainers$/^(ReopenLog|UsernsPod|IDMappedVolume|RuntimeWithoutIDMap|RuntimeHandlers|Stop|ExecSync|Security|Seccomp|SharedPID|List|BadInput)$'}
+drivers=${PINRT_VM_DRIVERS:-cgroupfs systemd}
+timeout=${PINRT_VM_TIMEOUT:-3600}
+
+now() { date +%s.%N; }
+secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
+
+key=$(sha256sum "$here/build-rootfs.sh" | cut -c1-16)
+img=$cache/$key
+mkdir -p "$cache"
+t0=$(now)
+(
+	flock 9
+	if [ ! -f "$img/rootfs.img" ]; then
+		echo "vm: no cached image $img; building it (debootstrap, several minutes)"
+		bash "$here/build-rootfs.sh" "$img"
+	fi
+) 9>"$cache/.lock"
+t1=$(now)
+echo "vm: image ready after $(secs "$t0" "$t1")s ($img)"
+
+share=$(mktemp -d /var/tmp/pinrt-vm-share.XXXXXX)
+trap 'rm -rf "$share"' EXIT
+mkdir -p "$share/bin" "$share/cni" "$share/out"
+(cd "$repo" &&
+	CGO_ENABLED=0 go build -o "$share/bin/pinrt" ./cmd/pinrt &&
+	go test -c -o "$share/bin/pinrt-e2e.test" ./test/)
+cp "$(command -v runc)" "$share/bin/runc"
+cp /opt/cni/bin/* "$share/cni/"
+cp "$here/inside.sh" "$share/inside.sh"
+{
+	printf 'TESTS=%q\n' "$tests"
+	printf 'SKIP=%q\n' "$skip"
+	printf 'DRIVERS=%q\n' "$drivers"
+} >"$share/env"
+t2=$(now)
+echo "vm: binaries built in $(secs "$t1" "$t2")s; booting (TCG, 2 vCPUs, 3 GiB)"
+
+# -nic none: the guest has no network at all; the tests' registry and CNI
+# bridges live inside it. snapshot=on keeps the cached image pristine.
+rc=0
+timeout --foreground -k 10 "$timeout" qemu-system-x86_64 \
+	-accel tcg -cpu max -smp 2 -m 3072 -nographic -no-reboot -nic none \
+	-kernel "$img/vmlinuz" -initrd "$img/initrd.img" \
+	-append "console=ttyS0 root=/dev/vda rw systemd.unified_cgroup_hierarchy=1 panic=-1 loglevel=4 systemd.show_status=0" \
+	-drive "file=$img/rootfs.img,if=virtio,format=raw,snapshot=on" \
+	-virtfs "local,path=$share,mount_tag=share,security_model=none,id=share" \
+	>"$share/console.log" 2>&1 || rc=$?
+t3=$(now)
+if [ "$rc" -ne 0 ]; then
+	echo "vm: qemu exited with $rc after $(secs "$t2" "$t3")s; console:"
+	tail -100 "$share/console.log"
+	exit 1
+fi
+
+status=0
+booted=$(cat "$share/out/booted" 2>/dev/null || echo "?")
+echo "vm: guest userspace up ${booted}s after kernel start; VM ran $(secs "$t2" "$t3")s in all"
+for d in $drivers; do
+	if [ ! -f "$share/out/$d.rc" ]; then
+		echo "vm: no result for driver $d; console:"
+		tail -100 "$share/console.log"
+		exit 1
+	fi
+	echo "===== cgroup_driver=$d (cgroup v2): exit $(cat "$share/out/$d.rc"), $(cat "$share/out/$d.time")s"
+	cat "$share/out/$d.log"
+	[ "$(cat "$share/out/$d.rc")" = 0 ] || status=1
+done
+for d in $drivers; do
+	echo "vm: $d: exit $(cat "$share/out/$d.rc") in $(cat "$share/out/$d.time")s"
+done
+echo "vm: total $(secs "$t0" "$(now)")s"
+exit $status
