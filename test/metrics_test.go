@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -102,16 +104,25 @@ func TestMetricsEndpoint(t *testing.T) {
 
 func TestMetricsOffByDefault(t *testing.T) {
 	d := StartDaemon(t, Options{})
-	if n := listeningTCP(t, d.Pid()); n != 0 {
-		t.Errorf("the daemon listens on %d TCP sockets without a metrics address", n)
+	// The streaming server (exec, attach, port-forward) is the one TCP
+	// listener a default daemon has.
+	m := regexp.MustCompile(`streaming server is serving" url="http://127\.0\.0\.1:(\d+)"`).FindStringSubmatch(d.Log())
+	if m == nil {
+		t.Fatalf("no streaming server URL in the log")
+	}
+	streamPort, _ := strconv.Atoi(m[1])
+	ports := listeningTCP(t, d.Pid())
+	if len(ports) != 1 || ports[0] != streamPort {
+		t.Errorf("the daemon listens on TCP ports %v without a metrics address, want only the streaming port %d", ports, streamPort)
 	}
 	if strings.Contains(d.Log(), "serving metrics") {
 		t.Error("the daemon log says it serves metrics")
 	}
 }
 
-// listeningTCP counts the TCP sockets in LISTEN state that pid holds.
-func listeningTCP(t *testing.T, pid int) int {
+// listeningTCP lists the ports of the TCP sockets in LISTEN state that
+// pid holds.
+func listeningTCP(t *testing.T, pid int) []int {
 	t.Helper()
 	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
 	if err != nil {
@@ -124,7 +135,7 @@ func listeningTCP(t *testing.T, pid int) int {
 			inodes[strings.TrimSuffix(strings.TrimPrefix(link, "socket:["), "]")] = true
 		}
 	}
-	n := 0
+	var ports []int
 	for _, f := range []string{"tcp", "tcp6"} {
 		file, err := os.Open(fmt.Sprintf("/proc/%d/net/%s", pid, f))
 		if err != nil {
@@ -135,10 +146,14 @@ func listeningTCP(t *testing.T, pid int) int {
 			fields := strings.Fields(s.Text())
 			// st 0A is LISTEN; field 9 is the inode.
 			if len(fields) > 9 && fields[3] == "0A" && inodes[fields[9]] {
-				n++
+				// local_address is hex IP:hex port.
+				if i := strings.LastIndexByte(fields[1], ':'); i >= 0 {
+					p, _ := strconv.ParseInt(fields[1][i+1:], 16, 32)
+					ports = append(ports, int(p))
+				}
 			}
 		}
 		file.Close()
 	}
-	return n
+	return ports
 }
