@@ -2,100 +2,18 @@ package server
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
-	"syscall"
-	"time"
 
-	"github.com/containerd/log"
+	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/pinrt/pinrt/internal/validate"
-	"github.com/pinrt/pinrt/oci"
 	"github.com/pinrt/pinrt/sandbox"
 )
-
-// ContainerRuntime is one OCI runtime handler (package oci, *oci.Runtime).
-type ContainerRuntime interface {
-	Create(ctx context.Context, o oci.CreateOptions) (int, error)
-	Start(ctx context.Context, id string) error
-	Kill(ctx context.Context, id string, sig syscall.Signal, all bool) error
-	Stop(ctx context.Context, id string, sig syscall.Signal, timeout time.Duration) error
-	Delete(ctx context.Context, id string, force bool) error
-	State(ctx context.Context, id string) (*oci.State, error)
-	ExecSync(ctx context.Context, id string, cmd []string, timeout time.Duration) ([]byte, []byte, int32, error)
-	Update(ctx context.Context, id string, res *specs.LinuxResources) error
-	ReopenLog(ctx context.Context, id string) error
-	Features(ctx context.Context) (*oci.Features, error)
-	CheckIDMap(ctx context.Context) error
-	// Probe fails when the runtime cannot run the containers pinrt makes.
-	Probe(ctx context.Context) error
-}
-
-var _ ContainerRuntime = (*oci.Runtime)(nil)
-
-// CreateContainer creates a container in a Ready pod; it does not start it.
-func (s *Server) CreateContainer(ctx context.Context, req *runtimeapi.CreateContainerRequest) (*runtimeapi.CreateContainerResponse, error) {
-	// Labels and annotations come back in every ListContainers response.
-	if err := validate.LabelsAndAnnotations("container", req.GetConfig().GetLabels(), req.GetConfig().GetAnnotations()); err != nil {
-		return nil, err
-	}
-	c, err := s.createContainer(ctx, req.PodSandboxId, req.GetConfig())
-	if err != nil {
-		return nil, err
-	}
-	s.containerEvent(ctx, c, runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT)
-	return &runtimeapi.CreateContainerResponse{ContainerId: c.ID}, nil
-}
-
-// StartContainer starts a created container.
-func (s *Server) StartContainer(ctx context.Context, req *runtimeapi.StartContainerRequest) (*runtimeapi.StartContainerResponse, error) {
-	c, err := s.containers.Get(req.ContainerId)
-	if err != nil {
-		return nil, err
-	}
-	if err := s.startContainer(ctx, c); err != nil {
-		return nil, err
-	}
-	s.containerEvent(ctx, c, runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT)
-	return &runtimeapi.StartContainerResponse{}, nil
-}
-
-// StopContainer stops a container with its stop signal, then SIGKILL after
-// the timeout. Stopping a stopped container is not an error.
-func (s *Server) StopContainer(ctx context.Context, req *runtimeapi.StopContainerRequest) (*runtimeapi.StopContainerResponse, error) {
-	c, gone, err := lookupForRemoval(s.containers, req.ContainerId)
-	if err != nil {
-		return nil, err
-	}
-	if gone {
-		return &runtimeapi.StopContainerResponse{}, nil
-	}
-	wasLive := c.Status().State != sandbox.ContainerExited // kubelet repeats stops
-	if err := s.stopContainer(ctx, c, time.Duration(req.Timeout)*time.Second); err != nil {
-		return nil, err
-	}
-	if wasLive {
-		log.G(ctx).WithFields(s.containerFields(c)).Info("container stopped")
-	}
-	return &runtimeapi.StopContainerResponse{}, nil
-}
-
-// RemoveContainer kills a live container and deletes everything it had.
-// Removing a container that is already gone succeeds (api.proto).
-func (s *Server) RemoveContainer(ctx context.Context, req *runtimeapi.RemoveContainerRequest) (*runtimeapi.RemoveContainerResponse, error) {
-	c, gone, err := lookupForRemoval(s.containers, req.ContainerId)
-	if err != nil {
-		return nil, err
-	}
-	if gone {
-		return &runtimeapi.RemoveContainerResponse{}, nil
-	}
-	if err := s.removeContainer(ctx, c); err != nil {
-		return nil, err
-	}
-	return &runtimeapi.RemoveContainerResponse{}, nil
-}
 
 // ContainerStatus reports a container's state, refreshed from the runtime.
 func (s *Server) ContainerStatus(ctx context.Context, req *runtimeapi.ContainerStatusRequest) (*runtimeapi.ContainerStatusResponse, error) {
@@ -143,46 +61,6 @@ func (s *Server) ListContainers(ctx context.Context, req *runtimeapi.ListContain
 		})
 	}
 	return &runtimeapi.ListContainersResponse{Containers: items}, nil
-}
-
-// UpdateContainerResources changes a live container's cgroup limits.
-func (s *Server) UpdateContainerResources(ctx context.Context, req *runtimeapi.UpdateContainerResourcesRequest) (*runtimeapi.UpdateContainerResourcesResponse, error) {
-	c, err := s.containers.Get(req.ContainerId)
-	if err != nil {
-		return nil, err
-	}
-	if err := validResources(req.Linux); err != nil {
-		return nil, err
-	}
-	if err := s.updateContainer(ctx, c, toResources(req.Linux)); err != nil {
-		return nil, err
-	}
-	return &runtimeapi.UpdateContainerResourcesResponse{}, nil
-}
-
-// ReopenContainerLog makes conmon reopen the log after kubelet rotated it.
-func (s *Server) ReopenContainerLog(ctx context.Context, req *runtimeapi.ReopenContainerLogRequest) (*runtimeapi.ReopenContainerLogResponse, error) {
-	c, err := s.containers.Get(req.ContainerId)
-	if err != nil {
-		return nil, err
-	}
-	if err := s.reopenLog(ctx, c); err != nil {
-		return nil, err
-	}
-	return &runtimeapi.ReopenContainerLogResponse{}, nil
-}
-
-// ExecSync runs a command in a running container and returns its output.
-func (s *Server) ExecSync(ctx context.Context, req *runtimeapi.ExecSyncRequest) (*runtimeapi.ExecSyncResponse, error) {
-	c, err := s.containers.Get(req.ContainerId)
-	if err != nil {
-		return nil, err
-	}
-	stdout, stderr, code, err := s.execSync(ctx, c, req.Cmd, time.Duration(req.Timeout)*time.Second)
-	if err != nil {
-		return nil, err
-	}
-	return &runtimeapi.ExecSyncResponse{Stdout: stdout, Stderr: stderr, ExitCode: code}, nil
 }
 
 func containerState(st sandbox.ContainerState) runtimeapi.ContainerState {
@@ -239,4 +117,25 @@ func containerStatus(c *sandbox.Container) *runtimeapi.ContainerStatus {
 		out.Mounts = append(out.Mounts, cm)
 	}
 	return out
+}
+
+// containerInfo is the verbose ContainerStatus info: the pid and the OCI
+// spec the runtime was given.
+func containerInfo(c *sandbox.Container) (map[string]string, error) {
+	var spec *specs.Spec
+	if b, err := os.ReadFile(filepath.Join(c.Dir, "config.json")); err == nil {
+		spec = &specs.Spec{}
+		if err := json.Unmarshal(b, spec); err != nil {
+			spec = nil
+		}
+	}
+	st := c.Status()
+	b, err := json.Marshal(map[string]any{
+		"pid": st.Pid, "sandboxID": c.SandboxID, "runtimeHandler": c.Handler,
+		"runtimeSpec": spec, "status": st,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("encoding container info: %w", errdefs.ErrInternal)
+	}
+	return map[string]string{"info": string(b)}, nil
 }
