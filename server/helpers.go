@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"time"
 
@@ -165,11 +166,10 @@ func podKinds(m sandbox.NamespaceModes) []nsmgr.Kind {
 
 func cniPod(md *sandbox.Metadata) cni.Pod {
 	p := cni.Pod{ID: md.ID, Name: md.Name, Namespace: md.Namespace, UID: md.UID, NetNS: md.Pins[string(nsmgr.Net)]}
-	for _, pm := range md.PortMappings {
-		p.PortMappings = append(p.PortMappings, cni.PortMapping{HostPort: pm.HostPort, ContainerPort: pm.ContainerPort, Protocol: pm.Protocol, HostIP: pm.HostIP})
-	}
+	p.PortMappings = slices.Clone(md.PortMappings)
 	if b := md.Bandwidth; b != nil {
-		p.Bandwidth = &cni.Bandwidth{IngressRate: b.IngressRate, IngressBurst: b.IngressBurst, EgressRate: b.EgressRate, EgressBurst: b.EgressBurst}
+		bw := *b
+		p.Bandwidth = &bw
 	}
 	return p
 }
