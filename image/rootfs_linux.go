@@ -37,6 +37,24 @@ type mountedRootfs struct {
 	chainIDs []string
 }
 
+// checkMountTarget checks what MountRootfs and MountImageVolume build
+// paths from: the container ID, the pod ID when there is one or a user
+// namespace needs it, and the container's directory.
+func checkMountTarget(containerID, podID, usernsPath, dir string) error {
+	if err := validate.ID("container", containerID); err != nil {
+		return err
+	}
+	if usernsPath != "" || podID != "" {
+		if err := validate.ID("pod", podID); err != nil {
+			return err
+		}
+	}
+	if dir == "" || !filepath.IsAbs(dir) {
+		return fmt.Errorf("container dir %q must be absolute: %w", dir, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
 // MountRootfs mounts the container's overlay rootfs and returns its path.
 //
 // For a userns pod the whole layers directory is idmapped once per pod
@@ -50,16 +68,8 @@ type mountedRootfs struct {
 // whether a pod's idmapped tree is still needed is decided from
 // /proc/self/mountinfo, so it is never dropped under a live container.
 func (s *Store) MountRootfs(ctx context.Context, req MountRequest) (_ string, retErr error) {
-	if err := validate.ID("container", req.ContainerID); err != nil {
+	if err := checkMountTarget(req.ContainerID, req.PodID, req.UsernsPath, req.Dir); err != nil {
 		return "", err
-	}
-	if req.UsernsPath != "" || req.PodID != "" {
-		if err := validate.ID("pod", req.PodID); err != nil {
-			return "", err
-		}
-	}
-	if req.Dir == "" || !filepath.IsAbs(req.Dir) {
-		return "", fmt.Errorf("container dir %q must be absolute: %w", req.Dir, errdefs.ErrInvalidArgument)
 	}
 	if done := s.rememberMounted(req.ContainerID, req.PodID, filepath.Join(req.Dir, "rootfs")); done {
 		return filepath.Join(req.Dir, "rootfs"), nil
@@ -338,16 +348,8 @@ type VolumeRequest struct {
 // in use until the container's UnmountRootfs, so RemoveImage keeps them.
 // Mounting a mounted volume again (restore) only rebuilds bookkeeping.
 func (s *Store) MountImageVolume(ctx context.Context, req VolumeRequest) (_ string, retErr error) {
-	if err := validate.ID("container", req.ContainerID); err != nil {
+	if err := checkMountTarget(req.ContainerID, req.PodID, req.UsernsPath, req.Dir); err != nil {
 		return "", err
-	}
-	if req.UsernsPath != "" || req.PodID != "" {
-		if err := validate.ID("pod", req.PodID); err != nil {
-			return "", err
-		}
-	}
-	if req.Dir == "" || !filepath.IsAbs(req.Dir) {
-		return "", fmt.Errorf("container dir %q must be absolute: %w", req.Dir, errdefs.ErrInvalidArgument)
 	}
 	if req.Index < 0 {
 		return "", fmt.Errorf("image volume index %d: %w", req.Index, errdefs.ErrInvalidArgument)
