@@ -27,6 +27,8 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
+
+	"github.com/pinrt/pinrt/internal/podnet"
 )
 
 // Config configures a Manager.
@@ -45,16 +47,10 @@ type Config struct {
 }
 
 // PortMapping is one host port forwarded to the pod.
-type PortMapping struct {
-	HostPort, ContainerPort int32
-	Protocol                string // tcp, udp or sctp, in any case
-	HostIP                  string
-}
+type PortMapping = podnet.PortMapping
 
 // Bandwidth is the pod's traffic shaping, in bits per second and bits.
-type Bandwidth struct {
-	IngressRate, IngressBurst, EgressRate, EgressBurst uint64
-}
+type Bandwidth = podnet.Bandwidth
 
 // Pod is what the network needs to know about a sandbox.
 type Pod struct {

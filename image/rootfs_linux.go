@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 
@@ -14,6 +13,8 @@ import (
 	"github.com/containerd/log"
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
+
+	"github.com/pinrt/pinrt/internal/validate"
 )
 
 // MountRequest describes one container's rootfs.
@@ -36,11 +37,20 @@ type mountedRootfs struct {
 	chainIDs []string
 }
 
-var idRe = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}$`)
-
-func validateID(kind, id string) error {
-	if !idRe.MatchString(id) {
-		return fmt.Errorf("%s %q: %w", kind, id, errdefs.ErrInvalidArgument)
+// checkMountTarget checks what MountRootfs and MountImageVolume build
+// paths from: the container ID, the pod ID when there is one or a user
+// namespace needs it, and the container's directory.
+func checkMountTarget(containerID, podID, usernsPath, dir string) error {
+	if err := validate.ID("container", containerID); err != nil {
+		return err
+	}
+	if usernsPath != "" || podID != "" {
+		if err := validate.ID("pod", podID); err != nil {
+			return err
+		}
+	}
+	if dir == "" || !filepath.IsAbs(dir) {
+		return fmt.Errorf("container dir %q must be absolute: %w", dir, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }
@@ -58,16 +68,8 @@ func validateID(kind, id string) error {
 // whether a pod's idmapped tree is still needed is decided from
 // /proc/self/mountinfo, so it is never dropped under a live container.
 func (s *Store) MountRootfs(ctx context.Context, req MountRequest) (_ string, retErr error) {
-	if err := validateID("container ID", req.ContainerID); err != nil {
+	if err := checkMountTarget(req.ContainerID, req.PodID, req.UsernsPath, req.Dir); err != nil {
 		return "", err
-	}
-	if req.UsernsPath != "" || req.PodID != "" {
-		if err := validateID("pod ID", req.PodID); err != nil {
-			return "", err
-		}
-	}
-	if req.Dir == "" || !filepath.IsAbs(req.Dir) {
-		return "", fmt.Errorf("container dir %q must be absolute: %w", req.Dir, errdefs.ErrInvalidArgument)
 	}
 	if done := s.rememberMounted(req.ContainerID, req.PodID, filepath.Join(req.Dir, "rootfs")); done {
 		return filepath.Join(req.Dir, "rootfs"), nil
@@ -222,11 +224,11 @@ func (s *Store) idmapLayers(ctx context.Context, podID, usernsPath string) (_ st
 // with the pod's last container, the pod's idmapped layers. It is
 // idempotent.
 func (s *Store) UnmountRootfs(ctx context.Context, containerID, podID, dir string) error {
-	if err := validateID("container ID", containerID); err != nil {
+	if err := validate.ID("container", containerID); err != nil {
 		return err
 	}
 	if podID != "" {
-		if err := validateID("pod ID", podID); err != nil {
+		if err := validate.ID("pod", podID); err != nil {
 			return err
 		}
 	}
@@ -273,7 +275,7 @@ func (s *Store) maybeReleasePodLocked(ctx context.Context, podID string) error {
 // them keep working (overlayfs holds its own clones of its layers), so
 // call it when the pod is gone. It is idempotent.
 func (s *Store) ReleasePod(ctx context.Context, podID string) error {
-	if err := validateID("pod ID", podID); err != nil {
+	if err := validate.ID("pod", podID); err != nil {
 		return err
 	}
 	s.mountMu.Lock()
@@ -346,16 +348,8 @@ type VolumeRequest struct {
 // in use until the container's UnmountRootfs, so RemoveImage keeps them.
 // Mounting a mounted volume again (restore) only rebuilds bookkeeping.
 func (s *Store) MountImageVolume(ctx context.Context, req VolumeRequest) (_ string, retErr error) {
-	if err := validateID("container ID", req.ContainerID); err != nil {
+	if err := checkMountTarget(req.ContainerID, req.PodID, req.UsernsPath, req.Dir); err != nil {
 		return "", err
-	}
-	if req.UsernsPath != "" || req.PodID != "" {
-		if err := validateID("pod ID", req.PodID); err != nil {
-			return "", err
-		}
-	}
-	if req.Dir == "" || !filepath.IsAbs(req.Dir) {
-		return "", fmt.Errorf("container dir %q must be absolute: %w", req.Dir, errdefs.ErrInvalidArgument)
 	}
 	if req.Index < 0 {
 		return "", fmt.Errorf("image volume index %d: %w", req.Index, errdefs.ErrInvalidArgument)

@@ -1,7 +1,6 @@
 package nsmgr
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -19,6 +18,8 @@ import (
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+
+	"github.com/pinrt/pinrt/internal/limitbuf"
 )
 
 // cloneFlag is the clone(2) flag, and the NS_GET_NSTYPE answer, per kind.
@@ -227,9 +228,9 @@ func checkRootMapped(what string, ms []specs.LinuxIDMapping) error {
 // helper is a running helper process sitting in the new namespaces.
 type helper struct {
 	cmd    *exec.Cmd
-	status *os.File // read end: the helper's "ok" or error
-	hold   *os.File // write end of its stdin: EOF tells it to exit
-	stderr bytes.Buffer
+	status *os.File        // read end: the helper's "ok" or error
+	hold   *os.File        // write end of its stdin: EOF tells it to exit
+	stderr limitbuf.Buffer // the first 4 KiB of its stderr
 	once   sync.Once
 }
 
@@ -278,13 +279,13 @@ func (m *Manager) startHelper(req CreateRequest, kinds map[Kind]bool) (*helper, 
 		statusW.Close()
 		return nil, fmt.Errorf("namespace helper stdin pipe: %w", err)
 	}
-	h := &helper{status: statusR, hold: holdW}
+	h := &helper{status: statusR, hold: holdW, stderr: limitbuf.Buffer{Max: 4096}}
 	h.cmd = &exec.Cmd{
 		Path:        m.helperPath,
 		Args:        args,
 		Env:         []string{},
 		Stdin:       holdR,
-		Stderr:      &limitedBuffer{buf: &h.stderr, max: 4096},
+		Stderr:      &h.stderr,
 		ExtraFiles:  []*os.File{statusW},
 		SysProcAttr: attr,
 	}
@@ -358,20 +359,6 @@ func toSysProcIDMap(ms []specs.LinuxIDMapping) []syscall.SysProcIDMap {
 		out[i] = syscall.SysProcIDMap{ContainerID: int(mp.ContainerID), HostID: int(mp.HostID), Size: int(mp.Size)}
 	}
 	return out
-}
-
-// limitedBuffer keeps the first max bytes of the helper's stderr and
-// discards the rest, so a runaway helper can't grow the daemon's memory.
-type limitedBuffer struct {
-	buf *bytes.Buffer
-	max int
-}
-
-func (l *limitedBuffer) Write(p []byte) (int, error) {
-	if room := l.max - l.buf.Len(); room > 0 {
-		l.buf.Write(p[:min(room, len(p))])
-	}
-	return len(p), nil
 }
 
 // Remove unpins every namespace of sandbox id. It is idempotent: missing

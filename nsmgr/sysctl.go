@@ -21,23 +21,11 @@ func NormalizeSysctl(name string) string {
 	if i < 0 || name[i] == '.' {
 		return name
 	}
-	return swapSeparators(name)
+	return nshelper.SwapSeparators(name)
 }
 
 // sysctlPath turns a canonical dotted name into the path under /proc/sys.
-func sysctlPath(name string) string { return swapSeparators(name) }
-
-func swapSeparators(s string) string {
-	return strings.Map(func(r rune) rune {
-		switch r {
-		case '.':
-			return '/'
-		case '/':
-			return '.'
-		}
-		return r
-	}, s)
-}
+func sysctlPath(name string) string { return nshelper.SwapSeparators(name) }
 
 // sysctlNamespace reports which pod namespace makes a sysctl safe to set,
 // following the namespaced set that Kubernetes allows. It returns "" for

@@ -15,6 +15,8 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
+
+	"github.com/pinrt/pinrt/internal/atomicfile"
 )
 
 // createTimeout bounds how long conmon may take to report the container
@@ -66,11 +68,11 @@ func (r *Runtime) Create(ctx context.Context, o CreateOptions) (pid int, retErr 
 	if err != nil {
 		return 0, fmt.Errorf("marshal spec: %w", err)
 	}
-	if err := writeFileAtomic(filepath.Join(o.Bundle, "config.json"), specJSON, 0o600); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(o.Bundle, "config.json"), specJSON, 0o600); err != nil {
 		return 0, fmt.Errorf("write config.json: %w", err)
 	}
 	rec, _ := json.Marshal(record{Version: recordVersion, ID: o.ID, Bundle: o.Bundle, ExitDir: o.ExitDir, LogPath: o.LogPath, StdinOnce: o.Stdin && o.StdinOnce, Tty: o.Tty})
-	if err := writeFileAtomic(r.recordPath(o.ID), rec, 0o600); err != nil {
+	if err := atomicfile.WriteFile(r.recordPath(o.ID), rec, 0o600); err != nil {
 		return 0, fmt.Errorf("write container record: %w", err)
 	}
 	defer func() {

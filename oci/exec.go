@@ -18,6 +18,8 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
+
+	"github.com/pinrt/pinrt/internal/limitbuf"
 )
 
 // maxExecOutput bounds what ExecSync buffers per stream.
@@ -35,20 +37,6 @@ const execDrain = time.Second
 // execKillWait bounds the wait for `runc exec` to exit after the process it
 // started was killed.
 const execKillWait = 5 * time.Second
-
-type limitedBuffer struct {
-	bytes.Buffer
-}
-
-func (l *limitedBuffer) Write(p []byte) (int, error) {
-	if room := maxExecOutput - l.Len(); room < len(p) {
-		if room > 0 {
-			l.Buffer.Write(p[:room])
-		}
-		return len(p), nil
-	}
-	return l.Buffer.Write(p)
-}
 
 // ExecSync runs cmd in the container and collects its output. Past timeout
 // (0 = none) the exec'd process and its children are killed, not just
@@ -114,7 +102,7 @@ func (r *Runtime) ExecSync(ctx context.Context, id string, cmd []string, timeout
 	}
 	ex.pipes = pipeInodes(outR, errR)
 
-	var outBuf, errBuf limitedBuffer
+	outBuf, errBuf := limitbuf.Buffer{Max: maxExecOutput}, limitbuf.Buffer{Max: maxExecOutput}
 	var copiers sync.WaitGroup
 	drained := make(chan struct{})
 	copiers.Add(2)

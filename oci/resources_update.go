@@ -11,6 +11,8 @@ import (
 
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/pinrt/pinrt/internal/atomicfile"
 )
 
 // Limits runc and the kernel enforce, checked before runc sees a value so
@@ -114,5 +116,5 @@ func UpdateBundleResources(bundle string, res *specs.LinuxResources) error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(p, out, 0o600)
+	return atomicfile.WriteFile(p, out, 0o600)
 }

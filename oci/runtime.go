@@ -498,39 +498,3 @@ func (r *Runtime) CheckIDMap(ctx context.Context) error {
 	}
 	return nil
 }
-
-// writeFileAtomic writes via a temp file, fsync and rename, then fsyncs
-// the directory, so a crash leaves the old or the new file, never a mix.
-func writeFileAtomic(p string, data []byte, mode os.FileMode) error {
-	dir := filepath.Dir(p)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(p)+".tmp-")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp)
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Chmod(mode); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, p); err != nil {
-		return err
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
-}

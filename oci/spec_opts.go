@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"path"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"strings"
 
@@ -12,17 +11,13 @@ import (
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+
+	"github.com/pinrt/pinrt/internal/validate"
 )
 
-// validID matches runc's rule for container IDs; IDs become paths.
-var validID = regexp.MustCompile(`^[\w+-][\w+.-]*$`)
-
-func validateID(id string) error {
-	if id == "" || len(id) > 1024 || !validID.MatchString(id) {
-		return fmt.Errorf("invalid container id %q: %w", id, errdefs.ErrInvalidArgument)
-	}
-	return nil
-}
+// validateID refuses an ID that is unsafe as a path component; the rule
+// is internal/validate's, the one every package uses.
+func validateID(id string) error { return validate.ID("container", id) }
 
 // WithRootfs sets the root filesystem path.
 func WithRootfs(rootfs string, readonly bool) SpecOpt {

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/pinrt/pinrt/internal/podnet"
 )
 
 // State of a sandbox.
@@ -102,20 +104,10 @@ type Metadata struct {
 }
 
 // PortMapping is one CRI port mapping, kept for CNI DEL.
-type PortMapping struct {
-	HostPort      int32  `json:"hostPort"`
-	ContainerPort int32  `json:"containerPort"`
-	Protocol      string `json:"protocol"`
-	HostIP        string `json:"hostIP,omitempty"`
-}
+type PortMapping = podnet.PortMapping
 
 // Bandwidth is the pod's traffic shaping, kept for CNI DEL.
-type Bandwidth struct {
-	IngressRate  uint64 `json:"ingressRate,omitempty"`
-	IngressBurst uint64 `json:"ingressBurst,omitempty"`
-	EgressRate   uint64 `json:"egressRate,omitempty"`
-	EgressBurst  uint64 `json:"egressBurst,omitempty"`
-}
+type Bandwidth = podnet.Bandwidth
 
 // Status is what changes during a sandbox's life.
 type Status struct {

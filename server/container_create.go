@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path"
@@ -17,6 +16,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pinrt/pinrt/image"
+	"github.com/pinrt/pinrt/internal/validate"
 	"github.com/pinrt/pinrt/oci"
 	"github.com/pinrt/pinrt/sandbox"
 )
@@ -29,8 +29,6 @@ const (
 	annContainerName = "io.kubernetes.cri.container-name"
 	annImageName     = "io.kubernetes.cri.image-name"
 )
-
-func (s *Server) containerDir(id string) string { return filepath.Join(s.cfg.Root, "containers", id) }
 
 // containerRequest is a validated CreateContainer request: the metadata to
 // record and the spec input, still without anything that needs the image,
@@ -507,16 +505,16 @@ func (s *Server) pidNamespaceOf(ctx context.Context, handler, id string) (string
 	return fmt.Sprintf("/proc/%d/ns/pid", st.Pid), nil
 }
 
-// runtimeFor is the runtime of a handler. A configured handler whose
-// binary was missing at start has no runtime.
-func (s *Server) runtimeFor(handler string) (ContainerRuntime, error) {
-	if rt, ok := s.deps.Runtimes[handler]; ok && rt != nil {
-		return rt, nil
+// CreateContainer creates a container in a Ready pod; it does not start it.
+func (s *Server) CreateContainer(ctx context.Context, req *runtimeapi.CreateContainerRequest) (*runtimeapi.CreateContainerResponse, error) {
+	// Labels and annotations come back in every ListContainers response.
+	if err := validate.LabelsAndAnnotations("container", req.GetConfig().GetLabels(), req.GetConfig().GetAnnotations()); err != nil {
+		return nil, err
 	}
-	if _, ok := s.cfg.Runtime.Runtimes[handler]; ok {
-		return nil, fmt.Errorf("runtime handler %q is configured but its binary was not found at start: %w", handler, errdefs.ErrFailedPrecondition)
+	c, err := s.createContainer(ctx, req.PodSandboxId, req.GetConfig())
+	if err != nil {
+		return nil, err
 	}
-	return nil, fmt.Errorf("unknown runtime handler %q: %w", handler, errdefs.ErrInvalidArgument)
+	s.containerEvent(ctx, c, runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT)
+	return &runtimeapi.CreateContainerResponse{ContainerId: c.ID}, nil
 }
-
-var errGone = errors.New("container is gone from the runtime")

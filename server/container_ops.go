@@ -2,11 +2,9 @@ package server
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -14,7 +12,6 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -141,101 +138,6 @@ func (s *Server) removeContainer(ctx context.Context, c *sandbox.Container) erro
 	return nil
 }
 
-// refreshContainer brings the recorded status in line with the runtime
-// and conmon's exit file. cheap skips the runtime call for a running
-// container whose exit file is not there yet: conmon writes it when the
-// container dies, so ListContainers need not exec runc for every
-// container on every kubelet relist.
-func (s *Server) refreshContainer(ctx context.Context, c *sandbox.Container, cheap bool) {
-	st := c.Status()
-	if st.State == sandbox.ContainerExited {
-		return
-	}
-	if cheap && st.State == sandbox.ContainerRunning {
-		if _, err := os.Stat(filepath.Join(c.Dir, c.ID)); errors.Is(err, os.ErrNotExist) {
-			return
-		}
-	}
-	rt, err := s.runtimeFor(c.Handler)
-	if err != nil {
-		return
-	}
-	rs, err := rt.State(ctx, c.ID)
-	if err != nil && !errdefs.IsNotFound(err) {
-		log.G(ctx).WithError(err).WithField("container", c.ID).Warn("refreshing container state")
-		return
-	}
-	if err == nil && rs.Status != oci.StatusStopped && s.monitorGone(ctx, rt, c) {
-		s.containerEvent(ctx, c, runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT)
-		return
-	}
-	exited := false
-	if err := c.UpdateStatus(func(st *sandbox.ContainerStatus) {
-		was := st.State
-		applyState(st, rs, err)
-		exited = was != sandbox.ContainerExited && st.State == sandbox.ContainerExited
-	}); err != nil {
-		log.G(ctx).WithError(err).WithField("container", c.ID).Warn("saving container state")
-	} else if exited {
-		s.containerEvent(ctx, c, runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT)
-	}
-}
-
-// applyState folds the runtime's view into st. A container the runtime no
-// longer knows (after a reboot) is exited with an unknown code.
-func applyState(st *sandbox.ContainerStatus, rs *oci.State, err error) {
-	if err != nil {
-		st.State, st.ExitCode, st.Reason, st.Message = sandbox.ContainerExited, -1, reasonError, errGone.Error()
-		if st.FinishedAt.IsZero() {
-			st.FinishedAt = time.Now()
-		}
-		return
-	}
-	switch rs.Status {
-	case oci.StatusCreated, oci.StatusCreating:
-		// runc start's success already made the container running; runc
-		// state can still say created for a few tens of milliseconds
-		// after it, and the state never goes back.
-		if st.State != sandbox.ContainerRunning {
-			st.State = sandbox.ContainerCreated
-		}
-		st.Pid = rs.Pid
-	case oci.StatusRunning, oci.StatusPaused:
-		st.State, st.Pid = sandbox.ContainerRunning, rs.Pid
-	case oci.StatusStopped:
-		st.State, st.ExitCode, st.FinishedAt = sandbox.ContainerExited, rs.ExitCode, rs.FinishedAt
-		if st.FinishedAt.IsZero() {
-			st.FinishedAt = time.Now()
-		}
-		switch {
-		case rs.OOMKilled:
-			st.Reason = reasonOOMKilled
-		case rs.ExitCode == 0:
-			st.Reason = reasonCompleted
-		default:
-			st.Reason = reasonError
-		}
-		if rs.ExitCode == -1 {
-			st.Message = "conmon recorded no exit code"
-		}
-	}
-}
-
-func (s *Server) execSync(ctx context.Context, c *sandbox.Container, cmd []string, timeout time.Duration) ([]byte, []byte, int32, error) {
-	if len(cmd) == 0 {
-		return nil, nil, -1, invalid("exec: empty command")
-	}
-	s.refreshContainer(ctx, c, false)
-	if st := c.Status().State; st != sandbox.ContainerRunning {
-		return nil, nil, -1, fmt.Errorf("container %s is %s, not running: %w", c.ID, st, errdefs.ErrFailedPrecondition)
-	}
-	rt, err := s.runtimeFor(c.Handler)
-	if err != nil {
-		return nil, nil, -1, err
-	}
-	return rt.ExecSync(ctx, c.ID, cmd, timeout)
-}
-
 // updateContainer applies new cgroup limits to a live container. The
 // limits go through the same option as at create, so controllers the host
 // lacks are dropped the same way.
@@ -279,34 +181,78 @@ func (s *Server) reopenLog(ctx context.Context, c *sandbox.Container) error {
 	return rt.ReopenLog(ctx, c.ID)
 }
 
-// containerInfo is the verbose ContainerStatus info: the pid and the OCI
-// spec the runtime was given.
-func containerInfo(c *sandbox.Container) (map[string]string, error) {
-	var spec *specs.Spec
-	if b, err := os.ReadFile(filepath.Join(c.Dir, "config.json")); err == nil {
-		spec = &specs.Spec{}
-		if err := json.Unmarshal(b, spec); err != nil {
-			spec = nil
-		}
-	}
-	st := c.Status()
-	b, err := json.Marshal(map[string]any{
-		"pid": st.Pid, "sandboxID": c.SandboxID, "runtimeHandler": c.Handler,
-		"runtimeSpec": spec, "status": st,
-	})
+// StartContainer starts a created container.
+func (s *Server) StartContainer(ctx context.Context, req *runtimeapi.StartContainerRequest) (*runtimeapi.StartContainerResponse, error) {
+	c, err := s.containers.Get(req.ContainerId)
 	if err != nil {
-		return nil, fmt.Errorf("encoding container info: %w", errdefs.ErrInternal)
+		return nil, err
 	}
-	return map[string]string{"info": string(b)}, nil
+	if err := s.startContainer(ctx, c); err != nil {
+		return nil, err
+	}
+	s.containerEvent(ctx, c, runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT)
+	return &runtimeapi.StartContainerResponse{}, nil
 }
 
-// podContainers lists a pod's containers.
-func (s *Server) podContainers(id string) []*sandbox.Container {
-	var out []*sandbox.Container
-	for _, c := range s.containers.List() {
-		if c.SandboxID == id {
-			out = append(out, c)
-		}
+// StopContainer stops a container with its stop signal, then SIGKILL after
+// the timeout. Stopping a stopped container is not an error.
+func (s *Server) StopContainer(ctx context.Context, req *runtimeapi.StopContainerRequest) (*runtimeapi.StopContainerResponse, error) {
+	c, gone, err := lookupForRemoval(s.containers, req.ContainerId)
+	if err != nil {
+		return nil, err
 	}
-	return out
+	if gone {
+		return &runtimeapi.StopContainerResponse{}, nil
+	}
+	wasLive := c.Status().State != sandbox.ContainerExited // kubelet repeats stops
+	if err := s.stopContainer(ctx, c, time.Duration(req.Timeout)*time.Second); err != nil {
+		return nil, err
+	}
+	if wasLive {
+		log.G(ctx).WithFields(s.containerFields(c)).Info("container stopped")
+	}
+	return &runtimeapi.StopContainerResponse{}, nil
+}
+
+// RemoveContainer kills a live container and deletes everything it had.
+// Removing a container that is already gone succeeds (api.proto).
+func (s *Server) RemoveContainer(ctx context.Context, req *runtimeapi.RemoveContainerRequest) (*runtimeapi.RemoveContainerResponse, error) {
+	c, gone, err := lookupForRemoval(s.containers, req.ContainerId)
+	if err != nil {
+		return nil, err
+	}
+	if gone {
+		return &runtimeapi.RemoveContainerResponse{}, nil
+	}
+	if err := s.removeContainer(ctx, c); err != nil {
+		return nil, err
+	}
+	return &runtimeapi.RemoveContainerResponse{}, nil
+}
+
+// UpdateContainerResources changes a live container's cgroup limits.
+func (s *Server) UpdateContainerResources(ctx context.Context, req *runtimeapi.UpdateContainerResourcesRequest) (*runtimeapi.UpdateContainerResourcesResponse, error) {
+	c, err := s.containers.Get(req.ContainerId)
+	if err != nil {
+		return nil, err
+	}
+	if err := validResources(req.Linux); err != nil {
+		return nil, err
+	}
+	if err := s.updateContainer(ctx, c, toResources(req.Linux)); err != nil {
+		return nil, err
+	}
+	return &runtimeapi.UpdateContainerResourcesResponse{}, nil
+}
+
+// ReopenContainerLog makes conmon reopen the log after kubelet rotated it.
+func (s *Server) ReopenContainerLog(ctx context.Context, req *runtimeapi.ReopenContainerLogRequest) (*runtimeapi.ReopenContainerLogResponse, error) {
+	c, err := s.containers.Get(req.ContainerId)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.reopenLog(ctx, c); err != nil {
+		return nil, err
+	}
+	return &runtimeapi.ReopenContainerLogResponse{}, nil
 }

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/containerd/errdefs"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -137,4 +138,32 @@ func (t streamTargets) Container(ctx context.Context, id string) (streaming.Cont
 
 func (t streamTargets) PodNetNS(_ context.Context, id string) (string, error) {
 	return t.s.podNetNS(id)
+}
+
+// ExecSync runs a command in a running container and returns its output.
+func (s *Server) ExecSync(ctx context.Context, req *runtimeapi.ExecSyncRequest) (*runtimeapi.ExecSyncResponse, error) {
+	c, err := s.containers.Get(req.ContainerId)
+	if err != nil {
+		return nil, err
+	}
+	stdout, stderr, code, err := s.execSync(ctx, c, req.Cmd, time.Duration(req.Timeout)*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	return &runtimeapi.ExecSyncResponse{Stdout: stdout, Stderr: stderr, ExitCode: code}, nil
+}
+
+func (s *Server) execSync(ctx context.Context, c *sandbox.Container, cmd []string, timeout time.Duration) ([]byte, []byte, int32, error) {
+	if len(cmd) == 0 {
+		return nil, nil, -1, invalid("exec: empty command")
+	}
+	s.refreshContainer(ctx, c, false)
+	if st := c.Status().State; st != sandbox.ContainerRunning {
+		return nil, nil, -1, fmt.Errorf("container %s is %s, not running: %w", c.ID, st, errdefs.ErrFailedPrecondition)
+	}
+	rt, err := s.runtimeFor(c.Handler)
+	if err != nil {
+		return nil, nil, -1, err
+	}
+	return rt.ExecSync(ctx, c.ID, cmd, timeout)
 }

@@ -1,13 +1,26 @@
 package server
 
 import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"syscall"
+	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pinrt/pinrt/cni"
 	"github.com/pinrt/pinrt/internal/validate"
+	"github.com/pinrt/pinrt/nsmgr"
+	"github.com/pinrt/pinrt/oci"
 	"github.com/pinrt/pinrt/sandbox"
 )
 
@@ -79,4 +92,220 @@ func makeContainerDir(dir string, sb *sandbox.Sandbox) error {
 		return fmt.Errorf("giving the pod's root access to %s: %w", dir, err)
 	}
 	return os.Chmod(dir, 0o710)
+}
+
+func labelsMatch(labels, selector map[string]string) bool {
+	for k, v := range selector {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf(format+": %w", append(args, errdefs.ErrInvalidArgument)...)
+}
+
+// cleanupTimeout bounds a rollback or teardown; it runs on a fresh
+// context so a cancelled request still undoes what it did.
+const cleanupTimeout = 2 * time.Minute
+
+// cleanups is a LIFO list of undo steps, each with a description for the
+// log when it fails.
+type cleanups []struct {
+	what string
+	fn   func(context.Context) error
+}
+
+func (c *cleanups) add(what string, fn func(context.Context) error) {
+	*c = append(*c, struct {
+		what string
+		fn   func(context.Context) error
+	}{what, fn})
+}
+
+// run undoes everything in reverse order on a fresh, bounded context.
+func (c cleanups) run(ctx context.Context) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	for i := len(c) - 1; i >= 0; i-- {
+		if err := c[i].fn(cctx); err != nil {
+			log.G(ctx).WithError(err).Warnf("rollback: %s", c[i].what)
+		}
+	}
+}
+
+func newID() string {
+	var b [32]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func (s *Server) sandboxDir(id string) string { return filepath.Join(s.cfg.Root, "sandboxes", id) }
+
+func (s *Server) sandboxRunDir(id string) string {
+	return filepath.Join(s.cfg.RunRoot, "sandboxes", id)
+}
+
+func podKinds(m sandbox.NamespaceModes) []nsmgr.Kind {
+	var kinds []nsmgr.Kind
+	if m.User == sandbox.ModePod {
+		kinds = append(kinds, nsmgr.User)
+	}
+	if m.Network == sandbox.ModePod {
+		// A pod on the host network also keeps the host's UTS namespace,
+		// as kubelet expects (hostNetwork implies the node's hostname).
+		kinds = append(kinds, nsmgr.Net, nsmgr.UTS)
+	}
+	if m.IPC == sandbox.ModePod {
+		kinds = append(kinds, nsmgr.IPC)
+	}
+	return kinds
+}
+
+func cniPod(md *sandbox.Metadata) cni.Pod {
+	p := cni.Pod{ID: md.ID, Name: md.Name, Namespace: md.Namespace, UID: md.UID, NetNS: md.Pins[string(nsmgr.Net)]}
+	p.PortMappings = slices.Clone(md.PortMappings)
+	if b := md.Bandwidth; b != nil {
+		bw := *b
+		p.Bandwidth = &bw
+	}
+	return p
+}
+
+// pinnedKinds are the namespaces a sandbox pinned. Open checks them as a
+// set: net, ipc and uts must be owned by the pinned user namespace.
+func pinnedKinds(sb *sandbox.Sandbox) []nsmgr.Kind {
+	kinds := make([]nsmgr.Kind, 0, len(sb.Pins))
+	for k := range sb.Pins {
+		kinds = append(kinds, nsmgr.Kind(k))
+	}
+	return kinds
+}
+
+// ContainerRuntime is one OCI runtime handler (package oci, *oci.Runtime).
+type ContainerRuntime interface {
+	Create(ctx context.Context, o oci.CreateOptions) (int, error)
+	Start(ctx context.Context, id string) error
+	Kill(ctx context.Context, id string, sig syscall.Signal, all bool) error
+	Stop(ctx context.Context, id string, sig syscall.Signal, timeout time.Duration) error
+	Delete(ctx context.Context, id string, force bool) error
+	State(ctx context.Context, id string) (*oci.State, error)
+	ExecSync(ctx context.Context, id string, cmd []string, timeout time.Duration) ([]byte, []byte, int32, error)
+	Update(ctx context.Context, id string, res *specs.LinuxResources) error
+	ReopenLog(ctx context.Context, id string) error
+	Features(ctx context.Context) (*oci.Features, error)
+	CheckIDMap(ctx context.Context) error
+	// Probe fails when the runtime cannot run the containers pinrt makes.
+	Probe(ctx context.Context) error
+}
+
+var _ ContainerRuntime = (*oci.Runtime)(nil)
+
+// podContainers lists a pod's containers.
+func (s *Server) podContainers(id string) []*sandbox.Container {
+	var out []*sandbox.Container
+	for _, c := range s.containers.List() {
+		if c.SandboxID == id {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func (s *Server) containerDir(id string) string { return filepath.Join(s.cfg.Root, "containers", id) }
+
+// runtimeFor is the runtime of a handler. A configured handler whose
+// binary was missing at start has no runtime.
+func (s *Server) runtimeFor(handler string) (ContainerRuntime, error) {
+	if rt, ok := s.deps.Runtimes[handler]; ok && rt != nil {
+		return rt, nil
+	}
+	if _, ok := s.cfg.Runtime.Runtimes[handler]; ok {
+		return nil, fmt.Errorf("runtime handler %q is configured but its binary was not found at start: %w", handler, errdefs.ErrFailedPrecondition)
+	}
+	return nil, fmt.Errorf("unknown runtime handler %q: %w", handler, errdefs.ErrInvalidArgument)
+}
+
+var errGone = errors.New("container is gone from the runtime")
+
+// refreshContainer brings the recorded status in line with the runtime
+// and conmon's exit file. cheap skips the runtime call for a running
+// container whose exit file is not there yet: conmon writes it when the
+// container dies, so ListContainers need not exec runc for every
+// container on every kubelet relist.
+func (s *Server) refreshContainer(ctx context.Context, c *sandbox.Container, cheap bool) {
+	st := c.Status()
+	if st.State == sandbox.ContainerExited {
+		return
+	}
+	if cheap && st.State == sandbox.ContainerRunning {
+		if _, err := os.Stat(filepath.Join(c.Dir, c.ID)); errors.Is(err, os.ErrNotExist) {
+			return
+		}
+	}
+	rt, err := s.runtimeFor(c.Handler)
+	if err != nil {
+		return
+	}
+	rs, err := rt.State(ctx, c.ID)
+	if err != nil && !errdefs.IsNotFound(err) {
+		log.G(ctx).WithError(err).WithField("container", c.ID).Warn("refreshing container state")
+		return
+	}
+	if err == nil && rs.Status != oci.StatusStopped && s.monitorGone(ctx, rt, c) {
+		s.containerEvent(ctx, c, runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT)
+		return
+	}
+	exited := false
+	if err := c.UpdateStatus(func(st *sandbox.ContainerStatus) {
+		was := st.State
+		applyState(st, rs, err)
+		exited = was != sandbox.ContainerExited && st.State == sandbox.ContainerExited
+	}); err != nil {
+		log.G(ctx).WithError(err).WithField("container", c.ID).Warn("saving container state")
+	} else if exited {
+		s.containerEvent(ctx, c, runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT)
+	}
+}
+
+// applyState folds the runtime's view into st. A container the runtime no
+// longer knows (after a reboot) is exited with an unknown code.
+func applyState(st *sandbox.ContainerStatus, rs *oci.State, err error) {
+	if err != nil {
+		st.State, st.ExitCode, st.Reason, st.Message = sandbox.ContainerExited, -1, reasonError, errGone.Error()
+		if st.FinishedAt.IsZero() {
+			st.FinishedAt = time.Now()
+		}
+		return
+	}
+	switch rs.Status {
+	case oci.StatusCreated, oci.StatusCreating:
+		// runc start's success already made the container running; runc
+		// state can still say created for a few tens of milliseconds
+		// after it, and the state never goes back.
+		if st.State != sandbox.ContainerRunning {
+			st.State = sandbox.ContainerCreated
+		}
+		st.Pid = rs.Pid
+	case oci.StatusRunning, oci.StatusPaused:
+		st.State, st.Pid = sandbox.ContainerRunning, rs.Pid
+	case oci.StatusStopped:
+		st.State, st.ExitCode, st.FinishedAt = sandbox.ContainerExited, rs.ExitCode, rs.FinishedAt
+		if st.FinishedAt.IsZero() {
+			st.FinishedAt = time.Now()
+		}
+		switch {
+		case rs.OOMKilled:
+			st.Reason = reasonOOMKilled
+		case rs.ExitCode == 0:
+			st.Reason = reasonCompleted
+		default:
+			st.Reason = reasonError
+		}
+		if rs.ExitCode == -1 {
+			st.Message = "conmon recorded no exit code"
+		}
+	}
 }

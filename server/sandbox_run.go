@@ -2,58 +2,21 @@ package server
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
-	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/pinrt/pinrt/cni"
+	"github.com/pinrt/pinrt/internal/validate"
 	"github.com/pinrt/pinrt/nsmgr"
 	"github.com/pinrt/pinrt/sandbox"
 )
-
-// cleanupTimeout bounds a rollback or teardown; it runs on a fresh
-// context so a cancelled request still undoes what it did.
-const cleanupTimeout = 2 * time.Minute
-
-// cleanups is a LIFO list of undo steps, each with a description for the
-// log when it fails.
-type cleanups []struct {
-	what string
-	fn   func(context.Context) error
-}
-
-func (c *cleanups) add(what string, fn func(context.Context) error) {
-	*c = append(*c, struct {
-		what string
-		fn   func(context.Context) error
-	}{what, fn})
-}
-
-// run undoes everything in reverse order on a fresh, bounded context.
-func (c cleanups) run(ctx context.Context) {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-	defer cancel()
-	for i := len(c) - 1; i >= 0; i-- {
-		if err := c[i].fn(cctx); err != nil {
-			log.G(ctx).WithError(err).Warnf("rollback: %s", c[i].what)
-		}
-	}
-}
-
-func newID() string {
-	var b [32]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
 
 // podRequest is a validated RunPodSandbox request in pinrt's own terms.
 type podRequest struct {
@@ -62,11 +25,6 @@ type podRequest struct {
 	sysctls map[string]string
 	uids    []specs.LinuxIDMapping // from kubelet; empty means allocate
 	gids    []specs.LinuxIDMapping
-}
-
-func (s *Server) sandboxDir(id string) string { return filepath.Join(s.cfg.Root, "sandboxes", id) }
-func (s *Server) sandboxRunDir(id string) string {
-	return filepath.Join(s.cfg.RunRoot, "sandboxes", id)
 }
 
 // runPod creates a pod's namespaces, its network and its state, in that
@@ -217,139 +175,165 @@ func podHostname(md sandbox.Metadata) string {
 	return md.Hostname
 }
 
-func podKinds(m sandbox.NamespaceModes) []nsmgr.Kind {
-	var kinds []nsmgr.Kind
-	if m.User == sandbox.ModePod {
-		kinds = append(kinds, nsmgr.User)
-	}
-	if m.Network == sandbox.ModePod {
-		// A pod on the host network also keeps the host's UTS namespace,
-		// as kubelet expects (hostNetwork implies the node's hostname).
-		kinds = append(kinds, nsmgr.Net, nsmgr.UTS)
-	}
-	if m.IPC == sandbox.ModePod {
-		kinds = append(kinds, nsmgr.IPC)
-	}
-	return kinds
-}
-
-func cniPod(md *sandbox.Metadata) cni.Pod {
-	p := cni.Pod{ID: md.ID, Name: md.Name, Namespace: md.Namespace, UID: md.UID, NetNS: md.Pins[string(nsmgr.Net)]}
-	for _, pm := range md.PortMappings {
-		p.PortMappings = append(p.PortMappings, cni.PortMapping{HostPort: pm.HostPort, ContainerPort: pm.ContainerPort, Protocol: pm.Protocol, HostIP: pm.HostIP})
-	}
-	if b := md.Bandwidth; b != nil {
-		p.Bandwidth = &cni.Bandwidth{IngressRate: b.IngressRate, IngressBurst: b.IngressBurst, EgressRate: b.EgressRate, EgressBurst: b.EgressBurst}
-	}
-	return p
-}
-
-// stopPod tears a pod down to NotReady: containers, network, pins, shm.
-// Every step is idempotent, so Stop works on a half-made, NotReady or
-// already stopped sandbox. NotReady is on disk before anything is torn
-// down, and the network's end as soon as DEL succeeded: a daemon killed
-// in between never restores the pod Ready without its IP.
-func (s *Server) stopPod(ctx context.Context, sb *sandbox.Sandbox) error {
-	unlock := sb.Lock()
-	defer unlock()
-	return s.stopPodLocked(ctx, sb)
-}
-
-func (s *Server) stopPodLocked(ctx context.Context, sb *sandbox.Sandbox) error {
-	ctx = log.WithLogger(ctx, log.G(ctx).WithField("sandbox", sb.ID))
-	if err := sb.UpdateStatus(func(st *sandbox.Status) { st.State = sandbox.StateNotReady }); err != nil {
-		return err
-	}
-	s.closePodStreams(sb.ID) // port-forwards into the pod end with it
-	if err := s.stopPodContainers(ctx, sb); err != nil {
-		return err
-	}
-	if err := s.teardownPodNetwork(ctx, sb); err != nil {
-		return err
-	}
-	if err := s.deps.Namespaces.Remove(ctx, sb.ID); err != nil {
-		return fmt.Errorf("removing pod namespaces: %w", err)
-	}
-	if err := s.deps.Shm.Unmount(sb.ShmPath); err != nil {
-		return err
-	}
-	if !sb.Status().StoppedAt.IsZero() {
-		return nil
-	}
-	return sb.UpdateStatus(func(st *sandbox.Status) { st.StoppedAt = time.Now() })
-}
-
-// teardownPodNetwork runs CNI DEL once and records that it succeeded.
-func (s *Server) teardownPodNetwork(ctx context.Context, sb *sandbox.Sandbox) error {
-	if sb.Modes.Network != sandbox.ModePod || sb.Status().NetworkTornDown {
-		return nil
-	}
-	pod := cniPod(&sb.Metadata)
-	// After a reboot the pin is gone: DEL runs from the cached result
-	// with no netns, as the CNI spec allows.
-	if _, err := s.deps.Namespaces.Open(ctx, sb.ID, pinnedKinds(sb)); err != nil {
-		pod.NetNS = ""
-	}
-	if err := s.deps.Network.Teardown(ctx, pod); err != nil {
-		return fmt.Errorf("tearing down the pod network: %w", err)
-	}
-	return sb.UpdateStatus(func(st *sandbox.Status) { st.NetworkTornDown = true })
-}
-
-// removePod stops a pod if needed and deletes everything it had. The
-// removal is recorded first, so a start after a crash finishes it.
-func (s *Server) removePod(ctx context.Context, sb *sandbox.Sandbox) error {
-	// One lock for the stop and the removal: a CreateContainer waiting
-	// for the pod then finds it gone, never half-removed.
-	unlock := sb.Lock()
-	defer unlock()
-	if err := sandbox.MarkIntent(sb.Dir, sandbox.IntentRemoving, sb.Metadata); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	if err := s.stopPodLocked(ctx, sb); err != nil {
-		return err
-	}
-	if err := s.removePodContainers(ctx, sb); err != nil {
-		return err
-	}
-	if err := errors.Join(os.RemoveAll(s.sandboxRunDir(sb.ID)), os.RemoveAll(sb.Dir)); err != nil {
-		return fmt.Errorf("removing sandbox directories: %w", err)
-	}
-	s.deps.IDs.Release(sb.ID)
-	s.sandboxes.Delete(sb.ID)
-	s.podNames.Release(sandbox.NameKey(sb.Name, sb.Namespace, sb.UID, sb.Attempt), sb.ID)
-	return nil
-}
-
-// pinnedKinds are the namespaces a sandbox pinned. Open checks them as a
-// set: net, ipc and uts must be owned by the pinned user namespace.
-func pinnedKinds(sb *sandbox.Sandbox) []nsmgr.Kind {
-	kinds := make([]nsmgr.Kind, 0, len(sb.Pins))
-	for k := range sb.Pins {
-		kinds = append(kinds, nsmgr.Kind(k))
-	}
-	return kinds
-}
-
-// podInfo is the verbose PodSandboxStatus info.
-func (s *Server) podInfo(sb *sandbox.Sandbox) (map[string]string, error) {
-	info := map[string]any{
-		"pins":        sb.Pins,
-		"uidMappings": sb.UIDMappings,
-		"gidMappings": sb.GIDMappings,
-		"allocated":   sb.Allocated,
-		"configPath":  filepath.Join(sb.Dir, "config.json"),
-		"status":      sb.Status(),
-	}
-	if len(sb.CNIResult) > 0 {
-		info["cniResult"] = sb.CNIResult
-	}
-	if r, ok := s.podResources.Load(sb.ID); ok {
-		info["resources"] = r
-	}
-	b, err := json.Marshal(info)
+// RunPodSandbox creates a pod: its pinned namespaces, its network and its
+// state on disk.
+func (s *Server) RunPodSandbox(ctx context.Context, req *runtimeapi.RunPodSandboxRequest) (*runtimeapi.RunPodSandboxResponse, error) {
+	pr, err := s.podRequest(req)
 	if err != nil {
-		return nil, fmt.Errorf("encoding sandbox info: %w", errdefs.ErrInternal)
+		return nil, err
 	}
-	return map[string]string{"info": string(b)}, nil
+	sb, err := s.runPod(ctx, pr)
+	if err != nil {
+		return nil, err
+	}
+	podEvent(ctx, sb, "created")
+	return &runtimeapi.RunPodSandboxResponse{PodSandboxId: sb.ID}, nil
+}
+
+// podRequest validates a RunPodSandbox request and converts it into
+// pinrt's own terms. Nothing has been created when it fails.
+func (s *Server) podRequest(req *runtimeapi.RunPodSandboxRequest) (*podRequest, error) {
+	cfg := req.GetConfig()
+	m := cfg.GetMetadata()
+	if m == nil {
+		return nil, invalid("sandbox config metadata is missing")
+	}
+	for _, f := range []struct{ what, v string }{{"pod name", m.Name}, {"pod namespace", m.Namespace}, {"pod uid", m.Uid}} {
+		if err := validName(f.what, f.v); err != nil {
+			return nil, err
+		}
+	}
+	if err := validate.LabelsAndAnnotations("pod", cfg.Labels, cfg.Annotations); err != nil {
+		return nil, err
+	}
+	if d := cfg.LogDirectory; d != "" && (!filepath.IsAbs(d) || filepath.Clean(d) != d) {
+		return nil, invalid("log directory %q must be a clean absolute path", d)
+	}
+	handler := req.RuntimeHandler
+	if handler == "" {
+		handler = s.cfg.Runtime.DefaultRuntime
+	}
+	if _, ok := s.cfg.Runtime.Runtimes[handler]; !ok {
+		return nil, invalid("unknown runtime handler %q", handler)
+	}
+	hostname := cfg.Hostname
+	if hostname == "" {
+		hostname = hostnameFromName(m.Name)
+	}
+	if err := validate.Hostname(hostname); err != nil {
+		return nil, err
+	}
+	linux := cfg.GetLinux()
+	if sc := linux.GetSecurityContext(); sc != nil {
+		if err := validRunAs("pod", sc.RunAsUser, "", sc.RunAsGroup); err != nil {
+			return nil, err
+		}
+	}
+	modes, err := namespaceModes(linux.GetSecurityContext().GetNamespaceOptions())
+	if err != nil {
+		return nil, err
+	}
+	if err := nsmgr.ValidateSysctls(linux.GetSysctls(), modes.Network == sandbox.ModePod, modes.IPC == sandbox.ModePod); err != nil {
+		return nil, err
+	}
+	pr := &podRequest{
+		md: sandbox.Metadata{
+			Name: m.Name, Namespace: m.Namespace, UID: m.Uid, Attempt: m.Attempt,
+			Labels: cfg.Labels, Annotations: cfg.Annotations, LogDirectory: cfg.LogDirectory,
+			Handler: handler, Hostname: hostname, CgroupParent: linux.GetCgroupParent(), Modes: modes,
+		},
+		sysctls: linux.GetSysctls(),
+	}
+	if dns := cfg.DnsConfig; dns != nil {
+		if err := validate.DNS(dns.Servers, dns.Searches, dns.Options); err != nil {
+			return nil, err
+		}
+		pr.dns = &sandbox.DNS{Servers: dns.Servers, Searches: dns.Searches, Options: dns.Options}
+	}
+	if len(cfg.PortMappings) > maxPortMappings {
+		return nil, invalid("%d port mappings, at most %d allowed", len(cfg.PortMappings), maxPortMappings)
+	}
+	for _, pm := range cfg.PortMappings {
+		// An unknown enum value's String() is its number, which the
+		// validator refuses along with the names it does not know.
+		proto := strings.ToLower(pm.Protocol.String())
+		if err := validate.PortMapping(proto, pm.ContainerPort, pm.HostPort, pm.HostIp); err != nil {
+			return nil, err
+		}
+		pr.md.PortMappings = append(pr.md.PortMappings, sandbox.PortMapping{
+			HostPort: pm.HostPort, ContainerPort: pm.ContainerPort, Protocol: proto, HostIP: pm.HostIp,
+		})
+	}
+	bw, err := podBandwidth(cfg.Annotations)
+	if err != nil {
+		return nil, err
+	}
+	if bw != nil && modes.Network == sandbox.ModeNode {
+		return nil, invalid("bandwidth annotations need a pod network, not the host's")
+	}
+	pr.md.Bandwidth = bw
+	userns := linux.GetSecurityContext().GetNamespaceOptions().GetUsernsOptions()
+	for _, u := range userns.GetUids() {
+		pr.uids = append(pr.uids, specs.LinuxIDMapping{ContainerID: u.ContainerId, HostID: u.HostId, Size: u.Length})
+	}
+	for _, g := range userns.GetGids() {
+		pr.gids = append(pr.gids, specs.LinuxIDMapping{ContainerID: g.ContainerId, HostID: g.HostId, Size: g.Length})
+	}
+	if modes.User != sandbox.ModePod && (len(pr.uids) > 0 || len(pr.gids) > 0) {
+		return nil, invalid("user namespace mappings given without user namespace mode POD")
+	}
+	return pr, nil
+}
+
+// maxPortMappings bounds a pod's port mappings; kubelet sends one per
+// container port, and a pod has far fewer.
+const maxPortMappings = 1024
+
+// hostnameFromName derives a hostname from the pod name when kubelet sends
+// none: characters a DNS name can't hold become '-', and the result is cut
+// to 63 characters.
+func hostnameFromName(name string) string {
+	h := strings.Map(func(r rune) rune {
+		if validate.HostnameChar(r) {
+			return r
+		}
+		return '-'
+	}, name)
+	// 63, not the kernel's 64: kubelet cuts pod hostnames there, and a
+	// single label may not be longer.
+	if len(h) > 63 {
+		h = h[:63]
+	}
+	return strings.Trim(strings.ReplaceAll(h, "..", "-"), "-.")
+}
+
+func namespaceModes(o *runtimeapi.NamespaceOption) (sandbox.NamespaceModes, error) {
+	m := sandbox.NamespaceModes{Network: sandbox.ModePod, IPC: sandbox.ModePod, PID: sandbox.ModeContainer, User: sandbox.ModeNode}
+	if o.GetNetwork() == runtimeapi.NamespaceMode_NODE {
+		m.Network = sandbox.ModeNode
+	}
+	if o.GetIpc() == runtimeapi.NamespaceMode_NODE {
+		m.IPC = sandbox.ModeNode
+	}
+	switch o.GetPid() {
+	case runtimeapi.NamespaceMode_POD:
+		m.PID = sandbox.ModePod
+	case runtimeapi.NamespaceMode_NODE:
+		m.PID = sandbox.ModeNode
+	case runtimeapi.NamespaceMode_TARGET:
+		return m, invalid("pid namespace mode TARGET is only valid for containers")
+	}
+	// No user namespace options at all means the host's, as for kubelet
+	// before user namespaces existed; the enum's zero value is POD.
+	switch u := o.GetUsernsOptions(); {
+	case u == nil || u.Mode == runtimeapi.NamespaceMode_NODE:
+	case u.Mode == runtimeapi.NamespaceMode_POD:
+		m.User = sandbox.ModePod
+	default:
+		return m, invalid("user namespace mode %v is not supported (POD or NODE)", o.GetUsernsOptions().GetMode())
+	}
+	if m.User == sandbox.ModePod && (m.Network == sandbox.ModeNode || m.IPC == sandbox.ModeNode || m.PID == sandbox.ModeNode) {
+		return m, invalid("a pod with its own user namespace cannot share the host's network, IPC or PID namespace")
+	}
+	return m, nil
 }

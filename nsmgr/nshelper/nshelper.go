@@ -45,3 +45,18 @@ func CheckSysctlPath(path string) error {
 	}
 	return nil
 }
+
+// SwapSeparators swaps '/' and '.' in a sysctl name or its path under
+// /proc/sys: "net.ipv4.conf.eth0/100.rp_filter" and
+// "net/ipv4/conf/eth0.100/rp_filter" are the same sysctl.
+func SwapSeparators(s string) string {
+	return strings.Map(func(r rune) rune {
+		switch r {
+		case '.':
+			return '/'
+		case '/':
+			return '.'
+		}
+		return r
+	}, s)
+}

@@ -93,29 +93,15 @@ func applySysctls(args []string) error {
 		}
 		f, err := os.OpenFile("/proc/sys/"+path, os.O_WRONLY, 0)
 		if err != nil {
-			return fmt.Errorf("sysctl %s: %w", dotted(path), err)
+			return fmt.Errorf("sysctl %s: %w", SwapSeparators(path), err)
 		}
 		_, err = f.WriteString(value)
 		if cerr := f.Close(); err == nil {
 			err = cerr
 		}
 		if err != nil {
-			return fmt.Errorf("sysctl %s=%q: %w", dotted(path), value, err)
+			return fmt.Errorf("sysctl %s=%q: %w", SwapSeparators(path), value, err)
 		}
 	}
 	return nil
-}
-
-// dotted turns a /proc/sys path back into the sysctl name users wrote:
-// '/' and '.' swap roles, as in nsmgr.NormalizeSysctl.
-func dotted(path string) string {
-	return strings.Map(func(r rune) rune {
-		switch r {
-		case '.':
-			return '/'
-		case '/':
-			return '.'
-		}
-		return r
-	}, path)
 }

@@ -1,0 +1,141 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pinrt/pinrt/sandbox"
+)
+
+// ContainerStatus reports a container's state, refreshed from the runtime.
+func (s *Server) ContainerStatus(ctx context.Context, req *runtimeapi.ContainerStatusRequest) (*runtimeapi.ContainerStatusResponse, error) {
+	c, err := s.containers.Get(req.ContainerId)
+	if err != nil {
+		return nil, err
+	}
+	s.refreshContainer(ctx, c, false)
+	resp := &runtimeapi.ContainerStatusResponse{Status: containerStatus(c)}
+	resp.Status.Resources = containerResources(c.Dir)
+	if req.Verbose {
+		if resp.Info, err = containerInfo(c); err != nil {
+			return nil, err
+		}
+	}
+	return resp, nil
+}
+
+// ListContainers lists containers matching the filter. kubelet's PLEG
+// learns about exits from this call, so states are refreshed first.
+func (s *Server) ListContainers(ctx context.Context, req *runtimeapi.ListContainersRequest) (*runtimeapi.ListContainersResponse, error) {
+	f := req.GetFilter()
+	var items []*runtimeapi.Container
+	for _, c := range s.containers.List() {
+		if f != nil {
+			if f.Id != "" && !strings.HasPrefix(c.ID, f.Id) {
+				continue
+			}
+			if f.PodSandboxId != "" && !strings.HasPrefix(c.SandboxID, f.PodSandboxId) {
+				continue
+			}
+			if !labelsMatch(c.Labels, f.LabelSelector) {
+				continue
+			}
+		}
+		s.refreshContainer(ctx, c, true)
+		st := containerState(c.Status().State)
+		if f.GetState() != nil && f.State.State != st {
+			continue
+		}
+		items = append(items, &runtimeapi.Container{
+			Id: c.ID, PodSandboxId: c.SandboxID, Metadata: containerMetadata(c),
+			Image: &runtimeapi.ImageSpec{Image: c.Image}, ImageRef: c.ImageRef, ImageId: c.ImageID,
+			State: st, CreatedAt: c.CreatedAt.UnixNano(), Labels: c.Labels, Annotations: c.Annotations,
+		})
+	}
+	return &runtimeapi.ListContainersResponse{Containers: items}, nil
+}
+
+func containerState(st sandbox.ContainerState) runtimeapi.ContainerState {
+	switch st {
+	case sandbox.ContainerCreated:
+		return runtimeapi.ContainerState_CONTAINER_CREATED
+	case sandbox.ContainerRunning:
+		return runtimeapi.ContainerState_CONTAINER_RUNNING
+	case sandbox.ContainerExited:
+		return runtimeapi.ContainerState_CONTAINER_EXITED
+	}
+	return runtimeapi.ContainerState_CONTAINER_UNKNOWN
+}
+
+func containerMetadata(c *sandbox.Container) *runtimeapi.ContainerMetadata {
+	return &runtimeapi.ContainerMetadata{Name: c.Name, Attempt: c.Attempt}
+}
+
+func containerStatus(c *sandbox.Container) *runtimeapi.ContainerStatus {
+	st := c.Status()
+	out := &runtimeapi.ContainerStatus{
+		Id: c.ID, Metadata: containerMetadata(c), State: containerState(st.State),
+		CreatedAt: c.CreatedAt.UnixNano(), ExitCode: st.ExitCode, Reason: st.Reason, Message: st.Message,
+		Image: &runtimeapi.ImageSpec{Image: c.Image}, ImageRef: c.ImageRef, ImageId: c.ImageID,
+		Labels: c.Labels, Annotations: c.Annotations, LogPath: c.LogPath,
+		User: &runtimeapi.ContainerUser{Linux: &runtimeapi.LinuxContainerUser{
+			Uid: int64(c.User.UID), Gid: int64(c.User.GID),
+		}},
+	}
+	for _, g := range c.User.SupplementalGroups {
+		out.User.Linux.SupplementalGroups = append(out.User.Linux.SupplementalGroups, int64(g))
+	}
+	if !st.StartedAt.IsZero() {
+		out.StartedAt = st.StartedAt.UnixNano()
+	}
+	if !st.FinishedAt.IsZero() {
+		out.FinishedAt = st.FinishedAt.UnixNano()
+	}
+	for _, m := range c.Mounts {
+		cm := &runtimeapi.Mount{
+			ContainerPath: m.ContainerPath, HostPath: m.HostPath, Readonly: m.Readonly,
+			RecursiveReadOnly: m.RecursiveReadOnly, Propagation: runtimeapi.MountPropagation(m.Propagation),
+		}
+		if m.Image != "" {
+			cm.Image = &runtimeapi.ImageSpec{Image: m.Image, ImageRef: m.ImageRef}
+			cm.ImageSubPath = m.ImageSubPath
+		}
+		for _, u := range m.UIDMappings {
+			cm.UidMappings = append(cm.UidMappings, &runtimeapi.IDMapping{HostId: u.HostID, ContainerId: u.ContainerID, Length: u.Size})
+		}
+		for _, g := range m.GIDMappings {
+			cm.GidMappings = append(cm.GidMappings, &runtimeapi.IDMapping{HostId: g.HostID, ContainerId: g.ContainerID, Length: g.Size})
+		}
+		out.Mounts = append(out.Mounts, cm)
+	}
+	return out
+}
+
+// containerInfo is the verbose ContainerStatus info: the pid and the OCI
+// spec the runtime was given.
+func containerInfo(c *sandbox.Container) (map[string]string, error) {
+	var spec *specs.Spec
+	if b, err := os.ReadFile(filepath.Join(c.Dir, "config.json")); err == nil {
+		spec = &specs.Spec{}
+		if err := json.Unmarshal(b, spec); err != nil {
+			spec = nil
+		}
+	}
+	st := c.Status()
+	b, err := json.Marshal(map[string]any{
+		"pid": st.Pid, "sandboxID": c.SandboxID, "runtimeHandler": c.Handler,
+		"runtimeSpec": spec, "status": st,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("encoding container info: %w", errdefs.ErrInternal)
+	}
+	return map[string]string{"info": string(b)}, nil
+}

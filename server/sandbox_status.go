@@ -1,0 +1,127 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"strings"
+
+	"github.com/containerd/errdefs"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pinrt/pinrt/sandbox"
+)
+
+// PodSandboxStatus reports a pod's state and IPs.
+func (s *Server) PodSandboxStatus(ctx context.Context, req *runtimeapi.PodSandboxStatusRequest) (*runtimeapi.PodSandboxStatusResponse, error) {
+	sb, err := s.sandboxes.Get(req.PodSandboxId)
+	if err != nil {
+		return nil, err
+	}
+	resp := &runtimeapi.PodSandboxStatusResponse{Status: podStatus(sb)}
+	if req.Verbose {
+		if resp.Info, err = s.podInfo(sb); err != nil {
+			return nil, err
+		}
+	}
+	return resp, nil
+}
+
+// ListPodSandbox lists pods matching the filter.
+func (s *Server) ListPodSandbox(ctx context.Context, req *runtimeapi.ListPodSandboxRequest) (*runtimeapi.ListPodSandboxResponse, error) {
+	f := req.GetFilter()
+	var items []*runtimeapi.PodSandbox
+	for _, sb := range s.sandboxes.List() {
+		st := podState(sb)
+		if f != nil {
+			if f.Id != "" && !strings.HasPrefix(sb.ID, f.Id) {
+				continue
+			}
+			if f.State != nil && f.State.State != st {
+				continue
+			}
+			if !labelsMatch(sb.Labels, f.LabelSelector) {
+				continue
+			}
+		}
+		items = append(items, &runtimeapi.PodSandbox{
+			Id: sb.ID, Metadata: podMetadata(sb), State: st, CreatedAt: sb.CreatedAt.UnixNano(),
+			Labels: sb.Labels, Annotations: sb.Annotations, RuntimeHandler: sb.Handler,
+		})
+	}
+	return &runtimeapi.ListPodSandboxResponse{Items: items}, nil
+}
+
+func podState(sb *sandbox.Sandbox) runtimeapi.PodSandboxState {
+	if sb.Status().State == sandbox.StateReady {
+		return runtimeapi.PodSandboxState_SANDBOX_READY
+	}
+	return runtimeapi.PodSandboxState_SANDBOX_NOTREADY
+}
+
+func podMetadata(sb *sandbox.Sandbox) *runtimeapi.PodSandboxMetadata {
+	return &runtimeapi.PodSandboxMetadata{Name: sb.Name, Namespace: sb.Namespace, Uid: sb.UID, Attempt: sb.Attempt}
+}
+
+func podStatus(sb *sandbox.Sandbox) *runtimeapi.PodSandboxStatus {
+	st := &runtimeapi.PodSandboxStatus{
+		Id: sb.ID, Metadata: podMetadata(sb), State: podState(sb), CreatedAt: sb.CreatedAt.UnixNano(),
+		Labels: sb.Labels, Annotations: sb.Annotations, RuntimeHandler: sb.Handler,
+		Linux: &runtimeapi.LinuxPodSandboxStatus{Namespaces: &runtimeapi.Namespace{Options: namespaceOption(sb)}},
+	}
+	if len(sb.IPs) > 0 && podState(sb) == runtimeapi.PodSandboxState_SANDBOX_READY {
+		st.Network = &runtimeapi.PodSandboxNetworkStatus{Ip: sb.IPs[0]}
+		for _, ip := range sb.IPs[1:] {
+			st.Network.AdditionalIps = append(st.Network.AdditionalIps, &runtimeapi.PodIP{Ip: ip})
+		}
+	}
+	return st
+}
+
+func toMode(m sandbox.NamespaceMode) runtimeapi.NamespaceMode {
+	switch m {
+	case sandbox.ModeNode:
+		return runtimeapi.NamespaceMode_NODE
+	case sandbox.ModeContainer:
+		return runtimeapi.NamespaceMode_CONTAINER
+	}
+	return runtimeapi.NamespaceMode_POD
+}
+
+func namespaceOption(sb *sandbox.Sandbox) *runtimeapi.NamespaceOption {
+	o := &runtimeapi.NamespaceOption{
+		Network: toMode(sb.Modes.Network), Ipc: toMode(sb.Modes.IPC), Pid: toMode(sb.Modes.PID),
+		UsernsOptions: &runtimeapi.UserNamespace{Mode: toMode(sb.Modes.User)},
+	}
+	for _, m := range sb.UIDMappings {
+		o.UsernsOptions.Uids = append(o.UsernsOptions.Uids, &runtimeapi.IDMapping{HostId: m.HostID, ContainerId: m.ContainerID, Length: m.Size})
+	}
+	for _, m := range sb.GIDMappings {
+		o.UsernsOptions.Gids = append(o.UsernsOptions.Gids, &runtimeapi.IDMapping{HostId: m.HostID, ContainerId: m.ContainerID, Length: m.Size})
+	}
+	return o
+}
+
+// podInfo is the verbose PodSandboxStatus info.
+func (s *Server) podInfo(sb *sandbox.Sandbox) (map[string]string, error) {
+	info := map[string]any{
+		"pins":        sb.Pins,
+		"uidMappings": sb.UIDMappings,
+		"gidMappings": sb.GIDMappings,
+		"allocated":   sb.Allocated,
+		"configPath":  filepath.Join(sb.Dir, "config.json"),
+		"status":      sb.Status(),
+	}
+	if len(sb.CNIResult) > 0 {
+		info["cniResult"] = sb.CNIResult
+	}
+	if r, ok := s.podResources.Load(sb.ID); ok {
+		info["resources"] = r
+	}
+	b, err := json.Marshal(info)
+	if err != nil {
+		return nil, fmt.Errorf("encoding sandbox info: %w", errdefs.ErrInternal)
+	}
+	return map[string]string{"info": string(b)}, nil
+}
