@@ -14,6 +14,9 @@
 #   BENCH_N=200               pods per sandbox/pod scenario
 #   BENCH_P=8                 parallelism of the parallel runs (P=1 always runs too)
 #   BENCH_DENSITY_N=100       pods kept alive by density
+#   BENCH_IDLE=60s            density: window over which the runtime's idle CPU is measured
+#   BENCH_EXEC_N=             exec: ExecSync calls, a tenth as many streaming Execs
+#                             (default: BENCH_N if set, else 100)
 #   BENCH_RESTORE_N=100       pods alive across the restore restart
 #   BENCH_RESTORE_CONTAINERS= set to 1 to give each restore pod a container
 #   BENCH_ALLOW_ERRORS=       set to 1 to exit 0 even when scenarios had errors
@@ -36,6 +39,8 @@ PINRT=${PINRT_BIN:-$BIN/pinrt}
 N=${BENCH_N:-200}
 PAR=${BENCH_P:-8}
 DENSITY_N=${BENCH_DENSITY_N:-100}
+IDLE=${BENCH_IDLE:-60s}
+EXEC_N=${BENCH_EXEC_N:-${BENCH_N:-100}}
 RESTORE_N=${BENCH_RESTORE_N:-100}
 BRIDGE=${BENCH_BRIDGE:-pbench0}
 SUBNET=${BENCH_SUBNET:-10.200.0.0/16}
@@ -249,6 +254,10 @@ run_bench() {
 		/^RunPodSandbox / { k = k " RunPodSandbox-p50=" $4 }
 		/^pod to Running / { k = k " pod-to-Running-p50=" $6 }
 		/^cpu_ms_per_pod = / { k = k " cpu/pod=" $3 "ms" }
+		/^ExecSync / { k = k " ExecSync-p50=" $4 }
+		/^Exec\(stream\) / { k = k " Exec(stream)-p50=" $4 }
+		/^portforward_mb_per_s = / { k = k " port-forward=" $3 "MB/s" }
+		/^idle_cpu_ms_per_min = / { k = k " idle-cpu=" $3 "ms/min" }
 		END { print k }' "$OUT/$name.txt")
 	SUMMARY+=("$(printf '%-22s %s%s' "$name" "$last" "$key")")
 	[ "$rc" = 0 ] || FAILED=$((FAILED + 1))
@@ -265,8 +274,13 @@ for v in netns userns; do
 done
 run_bench "pod-p1" pod -n "$N" -p 1 --image "$IMAGE"
 run_bench "pod-p$PAR" pod -n "$N" -p "$PAR" --image "$IMAGE"
-# density also times ListContainerStats/ListPodSandboxStats with its pods up.
-run_bench "density" density -n "$DENSITY_N" -p "$PAR" --image "$IMAGE" --stats-rounds 20
+# ExecSync and streaming Exec (client-go SPDY) of "echo hi" in one pod.
+run_bench "exec" exec -n "$EXEC_N" --image "$IMAGE"
+# Reading 64 MiB three times through PortForward (client-go SPDY), MB/s.
+run_bench "portforward" portforward --image "$IMAGE" --forward-mb 64 --streams 3
+# density also measures the runtime's CPU while its pods idle (ms/min) and
+# times ListContainerStats/ListPodSandboxStats with its pods up.
+run_bench "density" density -n "$DENSITY_N" -p "$PAR" --image "$IMAGE" --stats-rounds 20 --idle "$IDLE"
 restore_args=()
 [ "${BENCH_RESTORE_CONTAINERS:-}" = 1 ] && restore_args=(--with-containers --image "$IMAGE")
 run_bench "restore" restore -n "$RESTORE_N" -p "$PAR" --restart-cmd "sh $TMP/restart-pinrt.sh" "${restore_args[@]}"

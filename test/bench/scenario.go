@@ -21,6 +21,10 @@ const (
 	ScenarioPod     = "pod"
 	ScenarioDensity = "density"
 	ScenarioRestore = "restore"
+	// ScenarioExec times ExecSync and streaming Exec in one running pod.
+	ScenarioExec = "exec"
+	// ScenarioPortForward times reading through a PortForward stream.
+	ScenarioPortForward = "portforward"
 )
 
 // Variant names: which namespaces the pods get.
@@ -104,6 +108,17 @@ type Config struct {
 	// everything it started (its cgroup); the run reports the difference
 	// per pod. Optional.
 	CPU func() (time.Duration, error)
+	// Streams is the number of streaming execs (exec; default N/10, at
+	// least 1, negative: none) or of reads through the port-forward
+	// (portforward; default 3).
+	Streams int
+	// ForwardMB is the size of the file read through the port-forward
+	// (default 64).
+	ForwardMB int
+	// IdleWindow, when set with CPU, makes density measure the CPU used
+	// while its pods idle for this long, reported per minute.
+	IdleWindow time.Duration
+
 	// DaemonLog, when set, is the runtime's log file; the phase timings it
 	// logs at debug level during the run are reported per phase.
 	DaemonLog string
@@ -234,6 +249,10 @@ func Run(ctx context.Context, c *Client, scenario string, cfg Config) (*Result, 
 			return nil, errors.New("restore needs a restart command")
 		}
 		wall = r.restore(ctx)
+	case ScenarioExec:
+		wall = r.exec(ctx)
+	case ScenarioPortForward:
+		wall = r.portforward(ctx)
 	default:
 		return nil, fmt.Errorf("unknown scenario %q", scenario)
 	}
@@ -706,6 +725,7 @@ func (r *runner) density(ctx context.Context) time.Duration {
 		}
 	}
 	after, errAfter := r.rss()
+	r.idleCPU(ctx)
 	r.listStats(ctx)
 	switch {
 	case r.cfg.PID == nil:
@@ -761,4 +781,55 @@ func (r *runner) rss() (int64, error) {
 		return 0, err
 	}
 	return ReadRSS(pid)
+}
+
+// idleCPU measures the CPU the runtime uses over cfg.IdleWindow while the
+// density pods are up and nothing is asked of it: the cgroup's (the daemon
+// and all it left there, e.g. conmon) and, with a PID, the daemon's own,
+// both scaled to one minute.
+func (r *runner) idleCPU(ctx context.Context) {
+	if r.cfg.IdleWindow <= 0 || r.cfg.CPU == nil {
+		return
+	}
+	cgBefore, err := r.cfg.CPU()
+	if err != nil {
+		r.rec.Fail("idle CPU", err)
+		return
+	}
+	pid, daemonBefore := 0, time.Duration(-1)
+	if r.cfg.PID != nil {
+		if p, err := r.cfg.PID(); err == nil {
+			if d, err := ProcessCPU(p); err == nil {
+				pid, daemonBefore = p, d
+			}
+		}
+	}
+	start := time.Now()
+	select {
+	case <-ctx.Done():
+		return
+	case <-time.After(r.cfg.IdleWindow):
+	}
+	window := time.Since(start)
+	cgAfter, err := r.cfg.CPU()
+	if err != nil {
+		r.rec.Fail("idle CPU", err)
+		return
+	}
+	r.setMetric("idle_window_s", window.Seconds())
+	r.setMetric("idle_cpu_ms_per_min", PerMinute(cgAfter-cgBefore, window))
+	if daemonBefore >= 0 {
+		if after, err := ProcessCPU(pid); err == nil {
+			r.setMetric("idle_daemon_cpu_ms_per_min", PerMinute(after-daemonBefore, window))
+		}
+	}
+}
+
+// PerMinute scales the CPU time used over window to milliseconds per
+// minute.
+func PerMinute(cpu, window time.Duration) float64 {
+	if window <= 0 {
+		return 0
+	}
+	return ms(cpu) * float64(time.Minute) / float64(window)
 }

@@ -145,6 +145,37 @@ func TestScenarios(t *testing.T) {
 			ops:    map[string]want{bench.OpCreateContainer: {4, 1}, bench.OpPodRunning: {4, 1}, bench.OpRemovePodSandbox: {5, 0}},
 			errors: 1, errMatch: "injected failure in CreateContainer",
 		},
+		{
+			name: "exec sync", scenario: bench.ScenarioExec, cfg: bench.Config{N: 7, Image: testImage, Streams: -1},
+			ops: map[string]want{
+				bench.OpPodRunning: {1, 0}, bench.OpExecSync: {7, 0},
+				bench.OpRemoveContainer: {1, 0}, bench.OpRemovePodSandbox: {1, 0},
+			},
+		},
+		{
+			name: "exec sync failures", scenario: bench.ScenarioExec, cfg: bench.Config{N: 5, Image: testImage, Streams: -1},
+			setup:  func(s *benchtest.Server) { s.FailNext("ExecSync", 2) },
+			ops:    map[string]want{bench.OpExecSync: {3, 2}, bench.OpRemovePodSandbox: {1, 0}},
+			errors: 2, errMatch: "injected failure in ExecSync",
+		},
+		{
+			// The fake has no streaming server: Exec is Unimplemented, and
+			// counted once per streaming exec (N/10, at least 1).
+			name: "exec stream unimplemented", scenario: bench.ScenarioExec, cfg: bench.Config{N: 20, Image: testImage},
+			ops:    map[string]want{bench.OpExecSync: {20, 0}, bench.OpExecStream: {0, 2}, bench.OpRemovePodSandbox: {1, 0}},
+			errors: 2, errMatch: "Unimplemented",
+		},
+		{
+			name: "exec pod fails", scenario: bench.ScenarioExec, cfg: bench.Config{N: 5, Image: testImage},
+			setup:  func(s *benchtest.Server) { s.FailNext("StartContainer", 1) },
+			ops:    map[string]want{bench.OpPodRunning: {0, 1}, bench.OpExecSync: {0, 0}, bench.OpRemovePodSandbox: {1, 0}},
+			errors: 1, errMatch: "injected failure in StartContainer",
+		},
+		{
+			name: "portforward unimplemented", scenario: bench.ScenarioPortForward, cfg: bench.Config{N: 1, Image: testImage},
+			ops:    map[string]want{bench.OpPodRunning: {1, 0}, bench.OpPortForward: {0, 1}, bench.OpForwardRead: {0, 0}, bench.OpRemovePodSandbox: {1, 0}},
+			errors: 1, errMatch: "Unimplemented",
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -372,5 +403,56 @@ func TestPodLogDirs(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(logs); len(entries) != 0 {
 		t.Errorf("pod log directories left after removal: %d", len(entries))
+	}
+}
+
+func TestDensityIdleCPU(t *testing.T) {
+	_, c := startFake(t)
+	// A runtime that uses 1ms of CPU per read: 1ms over the idle window.
+	var used time.Duration
+	cpu := func() (time.Duration, error) { used += time.Millisecond; return used, nil }
+	res, err := bench.Run(context.Background(), c, bench.ScenarioDensity, bench.Config{
+		N: 3, P: 3, Image: testImage, CPU: cpu, IdleWindow: 50 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Errors != 0 {
+		t.Fatalf("errors: %+v", res.Ops)
+	}
+	w := res.Metrics["idle_window_s"]
+	got := res.Metrics["idle_cpu_ms_per_min"]
+	if w < 0.05 {
+		t.Fatalf("idle window %vs, want at least 0.05s: %v", w, res.Metrics)
+	}
+	if want := 60 / w; got < want*0.99 || got > want*1.01 {
+		t.Errorf("idle_cpu_ms_per_min = %v, want %v (1ms over %vs)", got, want, w)
+	}
+}
+
+func TestPerMinuteAndMBPerSec(t *testing.T) {
+	if got := bench.PerMinute(500*time.Millisecond, 30*time.Second); got != 1000 {
+		t.Errorf("PerMinute(500ms, 30s) = %v, want 1000", got)
+	}
+	if got := bench.PerMinute(time.Second, 0); got != 0 {
+		t.Errorf("PerMinute over 0 = %v", got)
+	}
+	if got := bench.MBPerSec(64<<20, 2*time.Second); got < 33.5 || got > 33.6 {
+		t.Errorf("MBPerSec(64MiB, 2s) = %v, want 33.55", got)
+	}
+	if got := bench.MBPerSec(1, 0); got != 0 {
+		t.Errorf("MBPerSec over 0 = %v", got)
+	}
+}
+
+func TestForwardServerCommand(t *testing.T) {
+	cmd := bench.ForwardServerCommand(16)
+	if len(cmd) != 4 || cmd[0] != "/bin/busybox" || cmd[1] != "sh" {
+		t.Fatalf("command %q", cmd)
+	}
+	for _, s := range []string{"count=16", "httpd -f -p 8080 -h /www", "of=/www/big"} {
+		if !strings.Contains(cmd[3], s) {
+			t.Errorf("script %q lacks %q", cmd[3], s)
+		}
 	}
 }

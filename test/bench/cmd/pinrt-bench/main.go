@@ -28,6 +28,8 @@ commands:
              (any scenario: --compare ENDPOINT_B runs it on both, A B A B, and prints B/A)
   pod        sandbox + one container to RUNNING and back
   density    start N pods with a sleeping container, report runtime RSS
+  exec       one running pod: N ExecSync and N/10 streaming Exec of "echo hi"
+  portforward one pod serving a file: read it through PortForward (MB/s)
   restore    N pods, restart the runtime, time until all are Ready again
   cleanup    remove pods and containers (bench-labelled, or --all)
   registry   serve a busybox test image from an in-process registry
@@ -49,7 +51,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	cmd, args := args[0], args[1:]
 	switch cmd {
-	case bench.ScenarioSandbox, bench.ScenarioPod, bench.ScenarioDensity, bench.ScenarioRestore:
+	case bench.ScenarioSandbox, bench.ScenarioPod, bench.ScenarioDensity, bench.ScenarioRestore,
+		bench.ScenarioExec, bench.ScenarioPortForward:
 		return runScenario(ctx, cmd, args, stdout, stderr)
 	case "cleanup":
 		return runCleanup(ctx, args, stdout, stderr)
@@ -65,7 +68,7 @@ func runScenario(ctx context.Context, scenario string, args []string, stdout, st
 	fs.SetOutput(stderr)
 	endpoint := fs.String("endpoint", "unix:///run/pinrt/pinrt.sock", "CRI endpoint (unix:///path or /path)")
 	var cfg bench.Config
-	fs.IntVar(&cfg.N, "n", 10, "number of pods")
+	fs.IntVar(&cfg.N, "n", 10, "number of pods (exec: ExecSync calls)")
 	fs.IntVar(&cfg.P, "p", 1, "parallel workers")
 	fs.StringVar(&cfg.Variant, "variant", bench.VariantNetns, "netns, userns or hostnet")
 	fs.StringVar(&cfg.RunID, "run-id", "", "run ID used in pod names and labels (random if empty)")
@@ -78,6 +81,9 @@ func runScenario(ctx context.Context, scenario string, args []string, stdout, st
 	fs.IntVar(&cfg.UsernsCount, "userns-count", 1024, "number of 65536-ID blocks for userns pods")
 	fs.BoolVar(&cfg.Keep, "keep", false, "density: leave the pods running")
 	fs.IntVar(&cfg.StatsRounds, "stats-rounds", 0, "density: list container and pod stats this many times while the pods run")
+	fs.IntVar(&cfg.Streams, "streams", 0, "exec: streaming execs (0: N/10, at least 1; negative: none); portforward: reads (0: 3)")
+	fs.IntVar(&cfg.ForwardMB, "forward-mb", 64, "portforward: MiB read through the port-forward per read")
+	fs.DurationVar(&cfg.IdleWindow, "idle", 0, "density: with --cgroup, measure the runtime's CPU while the pods idle this long (0: skip)")
 	pid := fs.Int("pid", 0, "runtime daemon PID for RSS (density)")
 	pidFile := fs.String("pid-file", "", "file holding the runtime daemon PID (density)")
 	fs.DurationVar(&cfg.Settle, "settle", time.Second, "density: wait this long before reading RSS after start")
