@@ -195,6 +195,9 @@ type runner struct {
 	mu      sync.Mutex
 	walls   map[string]time.Duration
 	metrics map[string]float64
+	// pods is the number of pods the per-pod metrics divide by when it
+	// is not cfg.N (exec, portforward: one pod).
+	pods int
 }
 
 // Run executes scenario against c. RPC failures are counted in the result;
@@ -287,18 +290,22 @@ func (r *runner) version(ctx context.Context) string {
 // The CPU covers the whole run: setup and teardown of every pod, so for the
 // sandbox scenario it is the CPU cost of one full pod lifecycle.
 func (r *runner) resourceMetrics(cpuBefore, daemonBefore time.Duration, daemonPID int, tail *LogTail) {
+	pods := r.cfg.N
+	if r.pods > 0 {
+		pods = r.pods
+	}
 	if r.cfg.CPU != nil {
 		if after, err := r.cfg.CPU(); err == nil {
 			cpu := after - cpuBefore
 			r.setMetric("cpu_total_ms", ms(cpu))
-			r.setMetric("cpu_ms_per_pod", ms(cpu)/float64(r.cfg.N))
+			r.setMetric("cpu_ms_per_pod", ms(cpu)/float64(pods))
 		}
 	}
 	// The daemon's own share (same PID before and after: no restart).
 	if daemonBefore >= 0 {
 		if pid, err := r.cfg.PID(); err == nil && pid == daemonPID {
 			if after, err := ProcessCPU(pid); err == nil {
-				r.setMetric("cpu_daemon_ms_per_pod", ms(after-daemonBefore)/float64(r.cfg.N))
+				r.setMetric("cpu_daemon_ms_per_pod", ms(after-daemonBefore)/float64(pods))
 			}
 		}
 	}

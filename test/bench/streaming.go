@@ -37,6 +37,16 @@ var execCmd = []string{"echo", "hi"}
 
 const execOut = "hi\n"
 
+// declareOnePodOps declares the rows of the one pod the exec and
+// portforward scenarios run in; the CPU per pod is that pod's and the
+// scenario's together.
+func (r *runner) declareOnePodOps() {
+	r.pods = 1
+	r.rec.Declare(OpPullImage, OpRunPodSandbox, OpCreateContainer, OpStartContainer, OpWaitRunning,
+		OpStopContainer, OpRemoveContainer, OpStopPodSandbox, OpRemovePodSandbox)
+	r.rec.DeclareAggregate(OpPodRunning)
+}
+
 // execStreams is how many streaming execs the exec scenario makes: the
 // configured number, or N/10 (at least 1) by default; negative: none.
 func (c *Config) execStreams() int {
@@ -60,7 +70,7 @@ func (c *Config) forwardRounds() int {
 // exec starts one pod with a long-running container, then times N ExecSync
 // and the streaming execs, one at a time, each running "echo hi".
 func (r *runner) exec(ctx context.Context) time.Duration {
-	r.declarePodOps()
+	r.declareOnePodOps()
 	r.rec.Declare(OpExecSync)
 	streams := r.cfg.execStreams()
 	if streams > 0 {
@@ -175,7 +185,7 @@ func MBPerSec(n int64, d time.Duration) float64 {
 // forwards a local port to it through the runtime's PortForward URL with
 // client-go's SPDY port-forwarder, and times reading the file through it.
 func (r *runner) portforward(ctx context.Context) time.Duration {
-	r.declarePodOps()
+	r.declareOnePodOps()
 	r.rec.Declare(OpPortForward, OpForwardReady, OpForwardWarmup, OpForwardRead)
 	r.ensureImage(ctx)
 	size := r.cfg.ForwardMB
