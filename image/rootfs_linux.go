@@ -149,6 +149,12 @@ func mountOverlay(lowers []string, upper, work, target string) error {
 }
 
 func fsmountOverlay(lowers []string, upper, work, target string) error {
+	return fsmountOverlayAttr(lowers, upper, work, target, 0)
+}
+
+// fsmountOverlayAttr mounts an overlay of lowers (and upper/work unless
+// upper is "") at target with the mount attributes attr.
+func fsmountOverlayAttr(lowers []string, upper, work, target string, attr int) error {
 	fsfd, err := unix.Fsopen("overlay", unix.FSOPEN_CLOEXEC)
 	if err != nil {
 		return fmt.Errorf("fsopen overlay: %w", err)
@@ -162,16 +168,18 @@ func fsmountOverlay(lowers []string, upper, work, target string) error {
 			return fmt.Errorf("fsconfig lowerdir+ %s: %w", l, err)
 		}
 	}
-	if err := unix.FsconfigSetString(fsfd, "upperdir", upper); err != nil {
-		return fmt.Errorf("fsconfig upperdir: %w", err)
-	}
-	if err := unix.FsconfigSetString(fsfd, "workdir", work); err != nil {
-		return fmt.Errorf("fsconfig workdir: %w", err)
+	if upper != "" {
+		if err := unix.FsconfigSetString(fsfd, "upperdir", upper); err != nil {
+			return fmt.Errorf("fsconfig upperdir: %w", err)
+		}
+		if err := unix.FsconfigSetString(fsfd, "workdir", work); err != nil {
+			return fmt.Errorf("fsconfig workdir: %w", err)
+		}
 	}
 	if err := unix.FsconfigCreate(fsfd); err != nil {
 		return fmt.Errorf("create overlay: %w", err)
 	}
-	mfd, err := unix.Fsmount(fsfd, unix.FSMOUNT_CLOEXEC, 0)
+	mfd, err := unix.Fsmount(fsfd, unix.FSMOUNT_CLOEXEC, attr)
 	if err != nil {
 		return fmt.Errorf("fsmount overlay: %w", err)
 	}
@@ -458,32 +466,11 @@ func mountOverlayRO(lowers []string, target string) error {
 	return nil
 }
 
+// fsmountOverlayRO mounts a read-only overlay of lowers, with no upper
+// layer, nosuid and nodev: an image volume is never writable and never a
+// way to run a setuid binary.
 func fsmountOverlayRO(lowers []string, target string) error {
-	fsfd, err := unix.Fsopen("overlay", unix.FSOPEN_CLOEXEC)
-	if err != nil {
-		return fmt.Errorf("fsopen overlay: %w", err)
-	}
-	defer unix.Close(fsfd)
-	if err := unix.FsconfigSetString(fsfd, "source", "overlay"); err != nil {
-		return fmt.Errorf("fsconfig source: %w", err)
-	}
-	for _, l := range lowers {
-		if err := unix.FsconfigSetString(fsfd, "lowerdir+", l); err != nil {
-			return fmt.Errorf("fsconfig lowerdir+ %s: %w", l, err)
-		}
-	}
-	if err := unix.FsconfigCreate(fsfd); err != nil {
-		return fmt.Errorf("create overlay: %w", err)
-	}
-	mfd, err := unix.Fsmount(fsfd, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV)
-	if err != nil {
-		return fmt.Errorf("fsmount overlay: %w", err)
-	}
-	defer unix.Close(mfd)
-	if err := unix.MoveMount(mfd, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-		return fmt.Errorf("move overlay to %s: %w", target, err)
-	}
-	return nil
+	return fsmountOverlayAttr(lowers, "", "", target, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV)
 }
 
 // cleanSubPath checks an image sub path: relative, and no ".." that
