@@ -44,8 +44,21 @@ type chaos struct {
 
 	mu         sync.Mutex
 	violations []string
+	failures   []string // every failure, repeated at the very end
 	ops, okOps int
 	firstErr   error
+}
+
+// fail records a failure and reports it. The daemon's log, dumped when a
+// test fails, follows the test's own messages and runs to thousands of
+// lines; failures are listed again after it, where a truncated CI log
+// still shows them.
+func (c *chaos) fail(format string, args ...any) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	msg := fmt.Sprintf(format, args...)
+	c.failures = append(c.failures, msg)
+	c.t.Error(msg)
 }
 
 func (c *chaos) violate(format string, args ...any) {
@@ -53,6 +66,7 @@ func (c *chaos) violate(format string, args ...any) {
 	defer c.mu.Unlock()
 	msg := fmt.Sprintf(format, args...)
 	c.violations = append(c.violations, msg)
+	c.failures = append(c.failures, "invariant: "+msg)
 	c.t.Errorf("invariant: %s", msg)
 }
 
@@ -75,11 +89,16 @@ func TestChaos(t *testing.T) {
 	iterations := int(envInt("CHAOS_ITERATIONS", 30))
 	seed := envInt("CHAOS_SEED", time.Now().UnixNano())
 	t.Logf("CHAOS_SEED=%d CHAOS_ITERATIONS=%d", seed, iterations)
-	defer func() {
-		if t.Failed() {
-			t.Logf("replay with CHAOS_SEED=%d CHAOS_ITERATIONS=%d", seed, iterations)
+	c := &chaos{t: t, rng: rand.New(rand.NewSource(seed))}
+	// Registered first, so it runs last: after the daemon's log dump.
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
 		}
-	}()
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		t.Logf("chaos failed (replay with CHAOS_SEED=%d CHAOS_ITERATIONS=%d); failures:\n%s", seed, iterations, strings.Join(c.failures, "\n"))
+	})
 
 	cg := "/pinrt-chaos-" + randHex(4)
 	cfg := fmt.Sprintf(`[runtime]
@@ -90,7 +109,7 @@ binary = "/usr/local/bin/runc"
 `, cg)
 	d := StartDaemon(t, Options{Network: true, Config: cfg})
 	reg := testimage.StartRegistry(t)
-	c := &chaos{t: t, d: d, cgroup: cg, runRoot: filepath.Join(d.RunRoot, "runtime", "runc"), rng: rand.New(rand.NewSource(seed))}
+	c.d, c.cgroup, c.runRoot = d, cg, filepath.Join(d.RunRoot, "runtime", "runc")
 	c.image = reg.Push(t, "busybox:1", testimage.Busybox(t))
 	if _, err := d.Image.PullImage(Ctx(t), &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: c.image}}); err != nil {
 		t.Fatal(err)
@@ -100,17 +119,24 @@ binary = "/usr/local/bin/runc"
 	for i := 0; i < iterations; i++ {
 		c.round(i, seed)
 		if len(c.violations) > 20 {
-			t.Fatalf("stopping after %d violations", len(c.violations))
+			c.fail("stopping after %d violations", len(c.violations))
+			t.FailNow()
 		}
 	}
 	c.removeAll(true)
+	// A conmon or runc process can take a moment to exit after the call
+	// that ended its container returned; only what stays is a leak.
 	leaks := c.leaks()
+	for deadline := time.Now().Add(10 * time.Second); len(leaks) > 0 && time.Now().Before(deadline); {
+		time.Sleep(250 * time.Millisecond)
+		leaks = c.leaks()
+	}
 	t.Logf("chaos: seed %d, %d kills, %d operations (%d succeeded), %d invariant violations, %d leaks", seed, iterations, c.ops, c.okOps, len(c.violations), len(leaks))
 	if c.firstErr != nil {
 		t.Logf("first failed operation while the daemon ran: %v", c.firstErr)
 	}
 	if len(leaks) > 0 {
-		t.Errorf("%d leaks:\n%s", len(leaks), strings.Join(leaks, "\n"))
+		c.fail("%d leaks:\n%s", len(leaks), strings.Join(leaks, "\n"))
 	}
 }
 
@@ -134,7 +160,8 @@ func (c *chaos) round(i int, seed int64) {
 	wg.Wait()
 	start := time.Now()
 	if err := c.restart(); err != nil {
-		t.Fatalf("round %d: restart: %v", i, err)
+		c.fail("round %d: restart: %v", i, err)
+		t.FailNow()
 	}
 	t.Logf("round %d: restarted in %v", i, time.Since(start).Round(time.Millisecond))
 	c.checkInvariants(i)
@@ -324,7 +351,20 @@ func (c *chaos) checkInvariants(round int) {
 			continue
 		}
 		got, want := st.Status.State, c.runcState(ct.Id)
-		if got != want {
+		// The two reads are not atomic: a container whose kill was sent
+		// before the daemon died can exit between them. A disagreement
+		// that persists is a lie; one that settles within seconds is not.
+		for deadline := time.Now().Add(3 * time.Second); got != want && time.Now().Before(deadline); {
+			time.Sleep(100 * time.Millisecond)
+			st, err = c.d.Runtime.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: ct.Id})
+			if err != nil {
+				break
+			}
+			got, want = st.Status.State, c.runcState(ct.Id)
+		}
+		if err != nil {
+			c.violate("round %d: ContainerStatus(%s): %v", round, ct.Id, err)
+		} else if got != want {
 			c.violate("round %d: container %s is %v (%s), runc says %v", round, ct.Id, got, st.Status.Reason, want)
 		}
 	}
@@ -356,7 +396,7 @@ func (c *chaos) removeAll(strict bool) {
 	defer cancel()
 	report := func(what string, err error) {
 		if err != nil && strict {
-			c.t.Errorf("final cleanup: %s: %v", what, err)
+			c.fail("final cleanup: %s: %v", what, err)
 		}
 	}
 	ctrs, err := c.d.Runtime.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
