@@ -127,6 +127,9 @@ binary = "/usr/local/bin/runc"
 	// A conmon or runc process can take a moment to exit after the call
 	// that ended its container returned; only what stays is a leak.
 	leaks := c.leaks()
+	if len(leaks) > 0 {
+		t.Logf("%d leftovers right after the cleanup, waiting for them to go:\n%s", len(leaks), strings.Join(leaks, "\n"))
+	}
 	for deadline := time.Now().Add(10 * time.Second); len(leaks) > 0 && time.Now().Before(deadline); {
 		time.Sleep(250 * time.Millisecond)
 		leaks = c.leaks()
@@ -465,10 +468,30 @@ func (c *chaos) processes() []string {
 		cmd, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
 		cg, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
 		if bytes.Contains(cg, []byte(c.cgroup+"/")) || (bytes.Contains(cmd, []byte(c.d.Dir)) && !bytes.Contains(cmd, []byte("--listen"))) {
-			out = append(out, fmt.Sprintf("process %d: %s", pid, bytes.ReplaceAll(cmd, []byte{0}, []byte{' '})))
+			out = append(out, fmt.Sprintf("process %d (%s): %s", pid, describeProcess(pid), bytes.ReplaceAll(cmd, []byte{0}, []byte{' '})))
 		}
 	}
 	return out
+}
+
+// describeProcess names a process's state, its command and its parent's,
+// so a leaked zombie says who failed to reap it.
+func describeProcess(pid int) string {
+	status, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
+	var name, state, ppid string
+	for _, l := range strings.Split(string(status), "\n") {
+		k, v, _ := strings.Cut(l, ":")
+		switch k {
+		case "Name":
+			name = strings.TrimSpace(v)
+		case "State":
+			state = strings.TrimSpace(v)
+		case "PPid":
+			ppid = strings.TrimSpace(v)
+		}
+	}
+	parent, _ := os.ReadFile(filepath.Join("/proc", ppid, "cmdline"))
+	return fmt.Sprintf("%s, %s, parent %s %s", name, state, ppid, bytes.ReplaceAll(parent, []byte{0}, []byte{' '}))
 }
 
 func cgroupHierarchies() []string {
