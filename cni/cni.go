@@ -203,6 +203,9 @@ func (m *Manager) Setup(ctx context.Context, pod Pod) (_ *Result, retErr error) 
 		// IP before failing, and DEL is idempotent for the rest.
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 		defer cancel()
+		// A cancelled ADD leaves its delegated IPAM plugin running; it
+		// must not reserve an IP after the DEL that releases it.
+		m.killStrays(cctx, pod.ID)
 		if err := m.cni.DelNetworkList(cctx, nw.list, rt); err != nil {
 			log.G(ctx).WithError(err).WithField("network", nw.list.Name).Warn("rollback of failed cni add")
 		}
@@ -274,6 +277,9 @@ func (m *Manager) Teardown(ctx context.Context, pod Pod) error {
 		// and libcni writing the cache. DEL with the current config
 		// releases what such an ADD took; without a config there is
 		// nothing we could run.
+		// That ADD's plugins may still run, orphaned by the dead daemon;
+		// they go first, or one could reserve an IP after the DEL.
+		m.killStrays(ctx, pod.ID)
 		if nw, err := m.network(ctx); err == nil {
 			p := pod
 			p.NetNS = netns
@@ -298,6 +304,19 @@ func (m *Manager) Teardown(ctx context.Context, pod Pod) error {
 	}
 	log.G(ctx).WithFields(log.Fields{"phase": "cni_del", "duration_ms": sinceMs(start)}).Debug("cni del done")
 	return nil
+}
+
+// killStrays kills the plugin processes still working for the pod (see
+// strays_linux.go) and logs what it did; a failure only weakens the DEL
+// that follows, so it does not stop it.
+func (m *Manager) killStrays(ctx context.Context, podID string) {
+	n, err := killStrays(ctx, podID)
+	if err != nil {
+		log.G(ctx).WithError(err).Warn("killing stray cni plugins")
+	}
+	if n > 0 {
+		log.G(ctx).WithField("killed", n).Info("killed cni plugins left running by an interrupted add")
+	}
 }
 
 // Check runs CNI CHECK for the pod's network, with the config and
