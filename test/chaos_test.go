@@ -467,11 +467,23 @@ func (c *chaos) processes() []string {
 		}
 		cmd, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
 		cg, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
+		if reapedByInit(pid) {
+			// An orphan of a killed conmon or runc that died: init
+			// reaps it (on this host's init, lazily); nothing of pinrt's
+			// is held by it.
+			continue
+		}
 		if bytes.Contains(cg, []byte(c.cgroup+"/")) || (bytes.Contains(cmd, []byte(c.d.Dir)) && !bytes.Contains(cmd, []byte("--listen"))) {
 			out = append(out, fmt.Sprintf("process %d (%s): %s", pid, describeProcess(pid), bytes.ReplaceAll(cmd, []byte{0}, []byte{' '})))
 		}
 	}
 	return out
+}
+
+// reapedByInit reports whether pid is a zombie waiting for PID 1.
+func reapedByInit(pid int) bool {
+	status, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
+	return strings.Contains(string(status), "\nState:\tZ") && strings.Contains(string(status), "\nPPid:\t1\n")
 }
 
 // describeProcess names a process's state, its command and its parent's,
