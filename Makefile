@@ -21,7 +21,7 @@ all: build
 
 # pinrt is built static, so the pause process of shared-PID pods runs from
 # a rootfs holding only this binary. pinrt-nshelper, the namespace helper
-# pinrt starts for every pod, is a separate small static binary that pinrt
+# pinrt starts for every pod with a user namespace, is a separate small static binary that pinrt
 # finds next to itself.
 build:
 	CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o bin/pinrt ./cmd/pinrt

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -20,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/pinrt/pinrt/internal/limitbuf"
+	"github.com/pinrt/pinrt/nsmgr/nshelper"
 )
 
 // cloneFlag is the clone(2) flag, and the NS_GET_NSTYPE answer, per kind.
@@ -89,9 +91,11 @@ func (m *Manager) fail(step string) error {
 	return nil
 }
 
-// Create makes the requested namespaces in one clone of the helper,
+// Create makes the requested namespaces, in one clone of the helper when
+// there is a user namespace, else on a thread (see the package doc),
 // applies the sysctls inside them and pins them. On failure everything
-// done so far is undone: no pin file, mount or helper process is left.
+// done so far is undone: no pin file, mount, helper process or thread in
+// the namespaces is left.
 func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Pins, retErr error) {
 	kinds, err := m.validateCreate(req)
 	if err != nil {
@@ -127,7 +131,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Pins, retErr
 		return nil, err
 	}
 
-	h, err := m.startHelper(req, kinds)
+	h, err := m.start(ctx, req, kinds)
 	if err != nil {
 		return nil, err
 	}
@@ -141,6 +145,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Pins, retErr
 	if err := m.fail("ready"); err != nil {
 		return nil, err
 	}
+	nsDir := h.nsDir()
 
 	for _, k := range allKinds {
 		if !kinds[k] {
@@ -161,7 +166,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Pins, retErr
 		if err := m.fail("file:" + string(k)); err != nil {
 			return nil, err
 		}
-		src := "/proc/" + strconv.Itoa(h.cmd.Process.Pid) + "/ns/" + string(k)
+		src := nsDir + string(k)
 		if err := unix.Mount(src, p, "", unix.MS_BIND, ""); err != nil {
 			return nil, fmt.Errorf("pin %s namespace: bind-mount %s on %s: %w", k, src, p, err)
 		}
@@ -171,7 +176,8 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Pins, retErr
 		}
 		pins[k] = p
 	}
-	// The pins hold the namespaces now; the helper has done its job.
+	// The pins hold the namespaces now; the helper or thread has done
+	// its job.
 	h.stop()
 	logger.WithFields(log.Fields{"kinds": req.Kinds, "phase": "namespaces", "duration_ms": sinceMs(start)}).
 		Debug("pod namespaces pinned")
@@ -225,35 +231,34 @@ func checkRootMapped(what string, ms []specs.LinuxIDMapping) error {
 	return fmt.Errorf("user namespace needs a %s mapping for container ID 0: %w", what, errdefs.ErrInvalidArgument)
 }
 
-// helper is a running helper process sitting in the new namespaces.
-type helper struct {
-	cmd    *exec.Cmd
-	status *os.File        // read end: the helper's "ok" or error
-	hold   *os.File        // write end of its stdin: EOF tells it to exit
-	stderr limitbuf.Buffer // the first 4 KiB of its stderr
-	once   sync.Once
+// holder is what sits in a pod's new namespaces until they are pinned:
+// the helper process, or an OS thread of the daemon when there is no user
+// namespace to create.
+type holder interface {
+	waitReady(ctx context.Context, timeout time.Duration) error
+	// nsDir is the /proc directory of the holder's namespaces, with a
+	// trailing slash.
+	nsDir() string
+	// stop lets the namespaces go (the pins keep them). Idempotent.
+	stop()
 }
 
-func (m *Manager) startHelper(req CreateRequest, kinds map[Kind]bool) (*helper, error) {
-	var flags uintptr
-	for k := range kinds {
-		flags |= cloneFlag[k]
-	}
-	// No Pdeathsig: it fires when the forking *thread* exits, which a
-	// caller's locked OS thread may do while the helper is still needed.
-	// The helper instead exits when its stdin (our hold pipe) hits EOF,
-	// which also happens when the daemon dies.
-	attr := &syscall.SysProcAttr{Cloneflags: flags}
-	if kinds[User] {
-		// The Go runtime writes the maps before the child goes on, so the
-		// setuid(0) below already means the pod's mapped root.
-		attr.UidMappings = toSysProcIDMap(req.UIDMappings)
-		attr.GidMappings = toSysProcIDMap(req.GIDMappings)
-		attr.GidMappingsEnableSetgroups = true
-		attr.Credential = &syscall.Credential{Uid: 0, Gid: 0}
-	}
+var (
+	_ holder = (*helper)(nil)
+	_ holder = (*nsThread)(nil)
+)
 
-	args := []string{m.helperPath, HelperCommand}
+func (m *Manager) start(ctx context.Context, req CreateRequest, kinds map[Kind]bool) (holder, error) {
+	args := setupArgs(req, kinds)
+	if !kinds[User] {
+		return startThread(ctx, kinds, args)
+	}
+	return m.startHelper(req, kinds, args)
+}
+
+// setupArgs are the arguments of nshelper.Setup for req.
+func setupArgs(req CreateRequest, kinds map[Kind]bool) []string {
+	var args []string
 	if kinds[Net] {
 		args = append(args, loArg)
 	}
@@ -268,6 +273,116 @@ func (m *Manager) startHelper(req CreateRequest, kinds map[Kind]bool) (*helper, 
 	for _, n := range names {
 		args = append(args, sysctlPath(NormalizeSysctl(n))+"="+req.Sysctls[n])
 	}
+	return args
+}
+
+// nsThread is an OS thread of the daemon that unshared a pod's net, IPC
+// and UTS namespaces, which needs no process of its own: a thread may
+// unshare those (not a user namespace, which the kernel refuses to a
+// process with threads). Its goroutine is locked to it and never unlocks,
+// so no other goroutine ever runs in the pod's namespaces, and when the
+// goroutine returns the Go runtime ends the thread, releasing them.
+type nsThread struct {
+	tid  int
+	done chan struct{}
+	once sync.Once
+	gone chan struct{}
+}
+
+func startThread(ctx context.Context, kinds map[Kind]bool, args []string) (*nsThread, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("create pod namespaces: %w", err)
+	}
+	var flags int
+	for k := range kinds {
+		flags |= int(cloneFlag[k])
+	}
+	t := &nsThread{done: make(chan struct{}), gone: make(chan struct{})}
+	ready := make(chan error, 1)
+	go t.run(flags, args, ready)
+	if err := <-ready; err != nil {
+		<-t.gone
+		return nil, err
+	}
+	return t, nil
+}
+
+// run is the thread's goroutine: it unshares, prepares the namespaces,
+// reports on ready and holds them until stop.
+func (t *nsThread) run(flags int, args []string, ready chan<- error) {
+	runtime.LockOSThread()
+	if unix.Gettid() == unix.Getpid() {
+		// The runtime cannot end the main thread when its locked
+		// goroutine returns: it parks it for good, which would keep the
+		// pod's namespaces alive. Hold the main thread, so that the
+		// work lands on another.
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			t.run(flags, args, ready)
+		}()
+		<-done
+		runtime.UnlockOSThread()
+		return
+	}
+	defer close(t.gone)
+	if err := unix.Unshare(flags); err != nil {
+		ready <- fmt.Errorf("create pod namespaces: unshare: %w", err)
+		return
+	}
+	t.tid = unix.Gettid()
+	if err := nshelper.Setup(args); err != nil {
+		var class error = errdefs.ErrUnknown
+		if nshelper.Invalid(err) {
+			class = errdefs.ErrInvalidArgument
+		}
+		ready <- fmt.Errorf("pod namespaces: %w: %w", err, class)
+		return
+	}
+	ready <- nil
+	<-t.done
+}
+
+func (t *nsThread) waitReady(context.Context, time.Duration) error { return nil }
+
+func (t *nsThread) nsDir() string {
+	return "/proc/" + strconv.Itoa(os.Getpid()) + "/task/" + strconv.Itoa(t.tid) + "/ns/"
+}
+
+func (t *nsThread) stop() {
+	t.once.Do(func() { close(t.done) })
+	<-t.gone
+}
+
+// helper is a running helper process that created a pod's user namespace
+// and the namespaces it owns (see nshelper's userNSMain).
+type helper struct {
+	cmd    *exec.Cmd
+	status *os.File        // read end: the helper's "ok <pid>" or error
+	hold   *os.File        // write end of its stdin: EOF tells it to exit
+	stderr limitbuf.Buffer // the first 4 KiB of its stderr
+	pid    int             // of the process in the namespaces
+	once   sync.Once
+}
+
+// startHelper starts the helper with no clone flags, on Go's cheap vfork
+// path; the helper makes the namespaces itself (nshelper.UserNSArg).
+func (m *Manager) startHelper(req CreateRequest, kinds map[Kind]bool, setup []string) (*helper, error) {
+	var others []string
+	for _, k := range allKinds[1:] {
+		if kinds[k] {
+			others = append(others, string(k))
+		}
+	}
+	// No Pdeathsig: it fires when the forking *thread* exits, which a
+	// caller's locked OS thread may do while the helper is still needed.
+	// The helper instead exits when its stdin (our hold pipe) hits EOF,
+	// which also happens when the daemon dies.
+	args := append([]string{m.helperPath, HelperCommand,
+		nshelper.UserNSArg + strings.Join(others, ","),
+		nshelper.UIDMapArg + nshelper.FormatIDMap(toSysProcIDMap(req.UIDMappings)),
+		nshelper.GIDMapArg + nshelper.FormatIDMap(toSysProcIDMap(req.GIDMappings)),
+	}, setup...)
 
 	statusR, statusW, err := os.Pipe()
 	if err != nil {
@@ -281,13 +396,12 @@ func (m *Manager) startHelper(req CreateRequest, kinds map[Kind]bool) (*helper, 
 	}
 	h := &helper{status: statusR, hold: holdW, stderr: limitbuf.Buffer{Max: 4096}}
 	h.cmd = &exec.Cmd{
-		Path:        m.helperPath,
-		Args:        args,
-		Env:         []string{},
-		Stdin:       holdR,
-		Stderr:      &h.stderr,
-		ExtraFiles:  []*os.File{statusW},
-		SysProcAttr: attr,
+		Path:       m.helperPath,
+		Args:       args,
+		Env:        []string{},
+		Stdin:      holdR,
+		Stderr:     &h.stderr,
+		ExtraFiles: []*os.File{statusW},
 	}
 	if m.helperFile != nil {
 		// fd 4 in the child, exec'd by its /proc path like fexecve(3).
@@ -305,6 +419,8 @@ func (m *Manager) startHelper(req CreateRequest, kinds map[Kind]bool) (*helper, 
 	}
 	return h, nil
 }
+
+func (h *helper) nsDir() string { return "/proc/" + strconv.Itoa(h.pid) + "/ns/" }
 
 // waitReady reads the helper's report: "ok", or "invalid <msg>" for a
 // sysctl the kernel refused, or "error <msg>".
@@ -335,6 +451,11 @@ func (h *helper) waitReady(ctx context.Context, timeout time.Duration) error {
 	verb, rest, _ := strings.Cut(msg, " ")
 	switch verb {
 	case "ok":
+		pid, err := strconv.Atoi(rest)
+		if err != nil || pid <= 0 {
+			return fmt.Errorf("namespace helper: bad report %q: %w", msg, errdefs.ErrUnknown)
+		}
+		h.pid = pid
 		return nil
 	case "invalid":
 		return fmt.Errorf("namespace helper: %s: %w", rest, errdefs.ErrInvalidArgument)
@@ -343,12 +464,21 @@ func (h *helper) waitReady(ctx context.Context, timeout time.Duration) error {
 	}
 }
 
-// stop kills and reaps the helper. It is idempotent.
+// helperExitWait bounds how long stop waits for the helper to exit on its
+// own before killing it.
+const helperExitWait = time.Second
+
+// stop ends and reaps the helper. It is idempotent. EOF on its stdin
+// makes the process in the namespaces exit and the helper reap it and
+// exit, so nothing is left for init to reap; a helper that does not, a
+// stuck one or one that never started the clone, is killed (the clone
+// dies with it: Pdeathsig).
 func (h *helper) stop() {
 	h.once.Do(func() {
 		h.hold.Close()
-		_ = h.cmd.Process.Kill()
-		_ = h.cmd.Wait() // "signal: killed" is the expected outcome
+		kill := time.AfterFunc(helperExitWait, func() { _ = h.cmd.Process.Kill() })
+		_ = h.cmd.Wait()
+		kill.Stop()
 		h.status.Close()
 	})
 }

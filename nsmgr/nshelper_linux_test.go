@@ -120,8 +120,9 @@ func TestSeparateHelperFailures(t *testing.T) {
 	}{
 		{"userns, refused sysctl", fullRequest("bad", 7, map[string]string{"net.ipv4.no_such_knob": "1"}),
 			"namespace helper: sysctl net.ipv4.no_such_knob: open /proc/sys/net/ipv4/no_such_knob: no such file or directory: invalid argument"},
+		// Without a user namespace a thread of the daemon makes them.
 		{"no userns, refused sysctl", CreateRequest{ID: "bad2", Kinds: []Kind{Net, UTS}, Sysctls: map[string]string{"net.ipv4.no_such_knob": "1"}},
-			"namespace helper: sysctl net.ipv4.no_such_knob: open /proc/sys/net/ipv4/no_such_knob: no such file or directory: invalid argument"},
+			"pod namespaces: sysctl net.ipv4.no_such_knob: open /proc/sys/net/ipv4/no_such_knob: no such file or directory: invalid argument"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := m.Create(t.Context(), tc.req)

@@ -1,12 +1,13 @@
 //go:build linux
 
 // Command pinrt-nshelper is pinrt's namespace helper as a binary of its
-// own: pinrt clones it into a pod's new namespaces, where it sets the
-// hostname, brings up lo, writes the pod's sysctls and reports ready.
+// own: pinrt starts it for a pod with a user namespace, it clones itself
+// into the pod's new namespaces, where it sets the hostname, brings up lo,
+// writes the pod's sysctls and reports ready.
 // Installed next to pinrt, it replaces re-executing the pinrt binary,
 // which pays the start-up of everything pinrt links for every pod.
 //
-//	pinrt-nshelper __pinrt-nshelper [--lo-up] [--hostname=NAME] [path=value...]
+//	pinrt-nshelper __pinrt-nshelper [--userns=KINDS --uid-map=MAP --gid-map=MAP] [--lo-up] [--hostname=NAME] [path=value...]
 package main
 
 import (

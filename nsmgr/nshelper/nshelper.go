@@ -1,6 +1,8 @@
-// Package nshelper is the body of pinrt's namespace helper: the process
-// nsmgr clones into a pod's new namespaces, which sets the hostname,
-// brings up lo, writes the pod's sysctls and reports on a pipe.
+// Package nshelper is the body of pinrt's namespace helper, which clones
+// itself into a pod's new user namespace and the namespaces it owns, where
+// it sets the hostname, brings up lo, writes the pod's sysctls and reports
+// on a pipe; and of Setup, which does the same on a thread of the daemon
+// for a pod without a user namespace.
 //
 // It imports nothing beyond the standard library's smallest packages, so
 // that cmd/pinrt-nshelper, a separate static binary built from it, starts
@@ -26,6 +28,16 @@ const HostnameArg = "--hostname="
 
 // LoArg asks the helper to bring up lo: it is in a new network namespace.
 const LoArg = "--lo-up"
+
+// UserNSArg, first among the arguments, asks the helper to create the
+// pod's user namespace itself, with the other namespaces listed after it
+// ("--userns=net,ipc,uts") inside it, and the ID maps given by the next two
+// arguments (UIDMapArg, GIDMapArg: "container:host:size,...").
+const (
+	UserNSArg = "--userns="
+	UIDMapArg = "--uid-map="
+	GIDMapArg = "--gid-map="
+)
 
 // CheckSysctlPath rejects a sysctl path (relative to /proc/sys) that could
 // escape /proc/sys: an empty, "." or ".." component, or a character other
