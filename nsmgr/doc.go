@@ -16,14 +16,15 @@
 // process is started.
 //
 // A user namespace cannot be made that way: the kernel refuses to unshare
-// or enter one in a process with threads, which a Go process always has.
-// The daemon starts a short-lived helper instead, the small pinrt-nshelper
-// binary (nshelper) when it is installed next to pinrt, else the daemon's
-// own binary re-executed with HelperCommand. It is started plainly, on Go's
-// cheap vfork path, and clones itself into all the pod's namespaces at
-// once (a clone with CLONE_NEWUSER copies the parent's page tables, cheap
-// for the helper, not for the daemon). The clone applies the sysctls from
-// inside and reports on a pipe; both exit once the namespaces are
-// bind-mounted onto files. The pins keep the namespaces alive with no
-// process or thread in them.
+// or enter one in a process with threads, which a Go process always has,
+// and a clone of the daemon with CLONE_NEWUSER would copy its page tables.
+// The daemon starts `unshare --user --net --ipc --uts -- cat` instead (a
+// millisecond of CPU, where a Go process start costs ten): one unshare(2)
+// makes the user namespace and the others owned by it, and a byte echoed
+// by cat proves it done. The daemon, root in the parent user namespace,
+// writes the ID maps, and a thread of its own joins the owned namespaces,
+// takes the pod's mapped root as its effective IDs and sets them up as
+// above. Once the namespaces are bind-mounted onto files, cat's stdin is
+// closed and it exits. The pins keep the namespaces alive with no process
+// or thread in them.
 package nsmgr

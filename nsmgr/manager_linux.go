@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,7 +22,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/pinrt/pinrt/internal/limitbuf"
-	"github.com/pinrt/pinrt/nsmgr/nshelper"
 )
 
 // cloneFlag is the clone(2) flag, and the NS_GET_NSTYPE answer, per kind.
@@ -37,8 +37,8 @@ var cloneFlag = map[Kind]uintptr{
 // so a fresh Manager after a restart sees exactly what the old one made.
 type Manager struct {
 	runDir       string
-	helperPath   string
-	helperFile   *os.File // helperPath opened, nil for /proc/self/exe
+	unsharePath  string // util-linux unshare(1)
+	catPath      string // what unshare execs to hold the namespaces
 	readyTimeout time.Duration
 
 	// failAt names a step of Create that fails on purpose. Only the
@@ -46,37 +46,27 @@ type Manager struct {
 	failAt string
 }
 
-// NewManager pins under runDir/ns/<kind>/<id>. helperPath "" means
-// /proc/self/exe, which requires the binary to call HelperMain. Another
-// helperPath (pinrt-nshelper) is opened here and later exec'd through
-// that descriptor: the helper is exec'd after it has become the pod's
-// mapped root, an unprivileged host ID that could not search a private
-// directory on the way to the file, and the descriptor also keeps the
-// binary that was checked here even if the file is replaced later.
-func NewManager(runDir, helperPath string) (*Manager, error) {
+// NewManager pins under runDir/ns/<kind>/<id>. It resolves unshare(1)
+// and cat(1) in PATH now, so that a node without them fails when the
+// daemon starts rather than at its first pod with a user namespace.
+func NewManager(runDir string) (*Manager, error) {
 	if !filepath.IsAbs(runDir) {
 		return nil, fmt.Errorf("namespace run directory %q must be an absolute path: %w", runDir, errdefs.ErrInvalidArgument)
 	}
-	m := &Manager{runDir: filepath.Clean(runDir), helperPath: helperPath, readyTimeout: 10 * time.Second}
-	if helperPath == "" {
-		m.helperPath = "/proc/self/exe"
-		return m, nil
+	m := &Manager{runDir: filepath.Clean(runDir), readyTimeout: 10 * time.Second}
+	for _, tool := range []struct {
+		name string
+		path *string
+	}{{"unshare", &m.unsharePath}, {"cat", &m.catPath}} {
+		p, err := exec.LookPath(tool.name)
+		if err != nil {
+			return nil, fmt.Errorf("pod user namespaces need %s (util-linux, coreutils): %w: %w",
+				tool.name, err, errdefs.ErrFailedPrecondition)
+		}
+		*tool.path = p
 	}
-	f, err := os.Open(helperPath)
-	if err != nil {
-		return nil, fmt.Errorf("namespace helper: %w", err)
-	}
-	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() || st.Mode().Perm()&0o001 == 0 {
-		f.Close()
-		return nil, fmt.Errorf("namespace helper %s must be a regular file executable by all (the pod's mapped root runs it): %w",
-			helperPath, errdefs.ErrFailedPrecondition)
-	}
-	m.helperFile = f
 	return m, nil
 }
-
-// HelperPath is the helper binary the Manager starts.
-func (m *Manager) HelperPath() string { return m.helperPath }
 
 // Path returns the pin path of kind for sandbox id. It does not validate:
 // callers pass IDs that Create or ValidateID already accepted.
@@ -91,11 +81,10 @@ func (m *Manager) fail(step string) error {
 	return nil
 }
 
-// Create makes the requested namespaces, in one clone of the helper when
-// there is a user namespace, else on a thread (see the package doc),
-// applies the sysctls inside them and pins them. On failure everything
-// done so far is undone: no pin file, mount, helper process or thread in
-// the namespaces is left.
+// Create makes the requested namespaces (see the package doc), applies
+// the hostname and sysctls inside them and pins them. On failure
+// everything done so far is undone: no pin file, mount, process or
+// thread in the namespaces is left.
 func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Pins, retErr error) {
 	kinds, err := m.validateCreate(req)
 	if err != nil {
@@ -131,21 +120,15 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Pins, retErr
 		return nil, err
 	}
 
-	h, err := m.start(ctx, req, kinds)
+	t, err := m.start(ctx, req, kinds)
 	if err != nil {
 		return nil, err
 	}
-	undo = append(undo, h.stop)
+	undo = append(undo, t.stop)
 	if err := m.fail("start"); err != nil {
 		return nil, err
 	}
-	if err := h.waitReady(ctx, m.readyTimeout); err != nil {
-		return nil, err
-	}
-	if err := m.fail("ready"); err != nil {
-		return nil, err
-	}
-	nsDir := h.nsDir()
+	nsDir := t.nsDir
 
 	for _, k := range allKinds {
 		if !kinds[k] {
@@ -176,9 +159,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Pins, retErr
 		}
 		pins[k] = p
 	}
-	// The pins hold the namespaces now; the helper or thread has done
-	// its job.
-	h.stop()
+	// The pins hold the namespaces now; the thread (and the process
+	// holding a user namespace) has done its job.
+	t.stop()
 	logger.WithFields(log.Fields{"kinds": req.Kinds, "phase": "namespaces", "duration_ms": sinceMs(start)}).
 		Debug("pod namespaces pinned")
 	return pins, nil
@@ -216,9 +199,9 @@ func (m *Manager) validateCreate(req CreateRequest) (map[Kind]bool, error) {
 	return kinds, nil
 }
 
-// checkRootMapped requires container ID 0 to be mapped: the helper
-// becomes root in the new user namespace so that it may write the pod's
-// sysctls, which the kernel lets only the namespace owner's root change.
+// checkRootMapped requires container ID 0 to be mapped: a pod's user
+// namespace without a root has no one inside who may administer the net,
+// IPC and UTS namespaces it owns (the OCI runtime joins it as root).
 func checkRootMapped(what string, ms []specs.LinuxIDMapping) error {
 	for _, mp := range ms {
 		if mp.Size == 0 {
@@ -231,32 +214,27 @@ func checkRootMapped(what string, ms []specs.LinuxIDMapping) error {
 	return fmt.Errorf("user namespace needs a %s mapping for container ID 0: %w", what, errdefs.ErrInvalidArgument)
 }
 
-// holder is what sits in a pod's new namespaces until they are pinned:
-// the helper process, or an OS thread of the daemon when there is no user
-// namespace to create.
-type holder interface {
-	waitReady(ctx context.Context, timeout time.Duration) error
-	// nsDir is the /proc directory of the holder's namespaces, with a
-	// trailing slash.
-	nsDir() string
-	// stop lets the namespaces go (the pins keep them). Idempotent.
-	stop()
-}
-
-var (
-	_ holder = (*helper)(nil)
-	_ holder = (*nsThread)(nil)
-)
-
-func (m *Manager) start(ctx context.Context, req CreateRequest, kinds map[Kind]bool) (holder, error) {
-	args := setupArgs(req, kinds)
-	if !kinds[User] {
-		return startThread(ctx, kinds, args)
+// start makes the pod's namespaces on a new OS thread of the daemon,
+// prepares them there and returns once they are ready to pin.
+func (m *Manager) start(ctx context.Context, req CreateRequest, kinds map[Kind]bool) (*nsThread, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("create pod namespaces: %w", err)
 	}
-	return m.startHelper(req, kinds, args)
+	enter := unshareThread
+	if kinds[User] {
+		enter = func(kinds map[Kind]bool) (string, func(), error) { return m.enterUserNS(ctx, req, kinds) }
+	}
+	t := &nsThread{done: make(chan struct{}), gone: make(chan struct{})}
+	ready := make(chan error, 1)
+	go t.run(enter, kinds, setupArgs(req, kinds), ready)
+	if err := <-ready; err != nil {
+		<-t.gone
+		return nil, err
+	}
+	return t, nil
 }
 
-// setupArgs are the arguments of nshelper.Setup for req.
+// setupArgs are the arguments of setup for req.
 func setupArgs(req CreateRequest, kinds map[Kind]bool) []string {
 	var args []string
 	if kinds[Net] {
@@ -276,40 +254,27 @@ func setupArgs(req CreateRequest, kinds map[Kind]bool) []string {
 	return args
 }
 
-// nsThread is an OS thread of the daemon that unshared a pod's net, IPC
-// and UTS namespaces, which needs no process of its own: a thread may
-// unshare those (not a user namespace, which the kernel refuses to a
-// process with threads). Its goroutine is locked to it and never unlocks,
-// so no other goroutine ever runs in the pod's namespaces, and when the
-// goroutine returns the Go runtime ends the thread, releasing them.
+// nsThread is an OS thread of the daemon that is in a pod's new net, IPC
+// and UTS namespaces: it unshared them itself, or, for a pod with a user
+// namespace, joined those of the process that made them. Its goroutine
+// is locked to it and never unlocks, so no other goroutine ever runs in
+// the pod's namespaces, and when the goroutine returns the Go runtime
+// ends the thread, releasing them.
 type nsThread struct {
-	tid  int
-	done chan struct{}
-	once sync.Once
-	gone chan struct{}
+	nsDir string // /proc directory of the namespaces, with a trailing slash
+	done  chan struct{}
+	once  sync.Once
+	gone  chan struct{}
 }
 
-func startThread(ctx context.Context, kinds map[Kind]bool, args []string) (*nsThread, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("create pod namespaces: %w", err)
-	}
-	var flags int
-	for k := range kinds {
-		flags |= int(cloneFlag[k])
-	}
-	t := &nsThread{done: make(chan struct{}), gone: make(chan struct{})}
-	ready := make(chan error, 1)
-	go t.run(flags, args, ready)
-	if err := <-ready; err != nil {
-		<-t.gone
-		return nil, err
-	}
-	return t, nil
-}
+// enterFunc puts the calling thread into new namespaces of kinds and
+// returns the /proc directory to pin them from, and what to release
+// once they are pinned (or on failure).
+type enterFunc func(kinds map[Kind]bool) (nsDir string, release func(), err error)
 
-// run is the thread's goroutine: it unshares, prepares the namespaces,
+// run is the thread's goroutine: it enters the namespaces, prepares them,
 // reports on ready and holds them until stop.
-func (t *nsThread) run(flags int, args []string, ready chan<- error) {
+func (t *nsThread) run(enter enterFunc, kinds map[Kind]bool, args []string, ready chan<- error) {
 	runtime.LockOSThread()
 	if unix.Gettid() == unix.Getpid() {
 		// The runtime cannot end the main thread when its locked
@@ -319,34 +284,46 @@ func (t *nsThread) run(flags int, args []string, ready chan<- error) {
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			t.run(flags, args, ready)
+			t.run(enter, kinds, args, ready)
 		}()
 		<-done
 		runtime.UnlockOSThread()
 		return
 	}
 	defer close(t.gone)
-	if err := unix.Unshare(flags); err != nil {
-		ready <- fmt.Errorf("create pod namespaces: unshare: %w", err)
+	dir, release, err := enter(kinds)
+	if err != nil {
+		ready <- err
 		return
 	}
-	t.tid = unix.Gettid()
-	if err := nshelper.Setup(args); err != nil {
+	// After the thread's namespaces are let go, before t.gone.
+	defer release()
+	if err := setup(args); err != nil {
 		var class error = errdefs.ErrUnknown
-		if nshelper.Invalid(err) {
+		if invalidSetup(err) {
 			class = errdefs.ErrInvalidArgument
 		}
 		ready <- fmt.Errorf("pod namespaces: %w: %w", err, class)
 		return
 	}
+	t.nsDir = dir
 	ready <- nil
 	<-t.done
 }
 
-func (t *nsThread) waitReady(context.Context, time.Duration) error { return nil }
-
-func (t *nsThread) nsDir() string {
-	return "/proc/" + strconv.Itoa(os.Getpid()) + "/task/" + strconv.Itoa(t.tid) + "/ns/"
+// unshareThread gives the calling thread new namespaces of kinds: a
+// thread may unshare net, IPC and UTS namespaces (not a user namespace,
+// which the kernel refuses to a process with threads).
+func unshareThread(kinds map[Kind]bool) (string, func(), error) {
+	var flags int
+	for k := range kinds {
+		flags |= int(cloneFlag[k])
+	}
+	if err := unix.Unshare(flags); err != nil {
+		return "", nil, fmt.Errorf("create pod namespaces: unshare: %w", err)
+	}
+	dir := "/proc/" + strconv.Itoa(os.Getpid()) + "/task/" + strconv.Itoa(unix.Gettid()) + "/ns/"
+	return dir, func() {}, nil
 }
 
 func (t *nsThread) stop() {
@@ -354,141 +331,225 @@ func (t *nsThread) stop() {
 	<-t.gone
 }
 
-// helper is a running helper process that created a pod's user namespace
-// and the namespaces it owns (see nshelper's userNSMain).
-type helper struct {
-	cmd    *exec.Cmd
-	status *os.File        // read end: the helper's "ok <pid>" or error
-	hold   *os.File        // write end of its stdin: EOF tells it to exit
-	stderr limitbuf.Buffer // the first 4 KiB of its stderr
-	pid    int             // of the process in the namespaces
-	once   sync.Once
-}
+// holderExitWait bounds how long the process holding a user namespace
+// gets to exit on EOF before it is killed.
+const holderExitWait = time.Second
 
-// startHelper starts the helper with no clone flags, on Go's cheap vfork
-// path; the helper makes the namespaces itself (nshelper.UserNSArg).
-func (m *Manager) startHelper(req CreateRequest, kinds map[Kind]bool, setup []string) (*helper, error) {
-	var others []string
+// enterUserNS makes the pod's user namespace, and the kinds it owns, in
+// a process, and joins the calling thread to the owned ones. A Go
+// process cannot create a user namespace in itself (it has threads), and
+// a clone with CLONE_NEWUSER cannot take Go's cheap vfork path: it would
+// copy the daemon's page tables. So the daemon starts
+// `unshare --user --net --ipc --uts -- cat`, which costs about a
+// millisecond: unshare(2) with all the flags at once creates the user
+// namespace first and the others owned by it, and cat, echoing one byte,
+// proves the unshare is done and then holds the namespaces until its
+// stdin closes. The daemon, root in the parent user namespace, writes the
+// ID maps and may join (setns) namespaces owned by the child one.
+//
+// The process is started from this thread, which lives until release
+// has reaped it: Pdeathsig fires when the forking thread ends, so it
+// kills the process only when the daemon dies.
+func (m *Manager) enterUserNS(ctx context.Context, req CreateRequest, kinds map[Kind]bool) (_ string, _ func(), retErr error) {
+	args := []string{m.unsharePath, "--user"}
 	for _, k := range allKinds[1:] {
 		if kinds[k] {
-			others = append(others, string(k))
+			args = append(args, "--"+string(k))
 		}
 	}
-	// No Pdeathsig: it fires when the forking *thread* exits, which a
-	// caller's locked OS thread may do while the helper is still needed.
-	// The helper instead exits when its stdin (our hold pipe) hits EOF,
-	// which also happens when the daemon dies.
-	args := append([]string{m.helperPath, HelperCommand,
-		nshelper.UserNSArg + strings.Join(others, ","),
-		nshelper.UIDMapArg + nshelper.FormatIDMap(toSysProcIDMap(req.UIDMappings)),
-		nshelper.GIDMapArg + nshelper.FormatIDMap(toSysProcIDMap(req.GIDMappings)),
-	}, setup...)
-
-	statusR, statusW, err := os.Pipe()
+	args = append(args, "--", m.catPath)
+	inR, inW, err := os.Pipe()
 	if err != nil {
-		return nil, fmt.Errorf("namespace helper status pipe: %w", err)
+		return "", nil, fmt.Errorf("user namespace holder stdin: %w", err)
 	}
-	holdR, holdW, err := os.Pipe()
+	outR, outW, err := os.Pipe()
 	if err != nil {
-		statusR.Close()
-		statusW.Close()
-		return nil, fmt.Errorf("namespace helper stdin pipe: %w", err)
+		inR.Close()
+		inW.Close()
+		return "", nil, fmt.Errorf("user namespace holder stdout: %w", err)
 	}
-	h := &helper{status: statusR, hold: holdW, stderr: limitbuf.Buffer{Max: 4096}}
-	h.cmd = &exec.Cmd{
-		Path:       m.helperPath,
-		Args:       args,
-		Env:        []string{},
-		Stdin:      holdR,
-		Stderr:     &h.stderr,
-		ExtraFiles: []*os.File{statusW},
+	stderr := &limitbuf.Buffer{Max: 4096}
+	cmd := &exec.Cmd{
+		Path:        m.unsharePath,
+		Args:        args,
+		Env:         []string{},
+		Stdin:       inR,
+		Stdout:      outW,
+		Stderr:      stderr,
+		SysProcAttr: &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL},
+		// A grandchild holding stderr must not hold the daemon.
+		WaitDelay: holderExitWait,
 	}
-	if m.helperFile != nil {
-		// fd 4 in the child, exec'd by its /proc path like fexecve(3).
-		h.cmd.ExtraFiles = append(h.cmd.ExtraFiles, m.helperFile)
-		h.cmd.Path = "/proc/self/fd/4"
-	}
-	err = h.cmd.Start()
+	err = cmd.Start()
 	// The child has its own copies now.
-	statusW.Close()
-	holdR.Close()
+	inR.Close()
+	outW.Close()
 	if err != nil {
-		statusR.Close()
-		holdW.Close()
-		return nil, fmt.Errorf("start namespace helper %s: %w", m.helperPath, err)
+		inW.Close()
+		outR.Close()
+		return "", nil, fmt.Errorf("start %s: %w", m.unsharePath, err)
 	}
-	return h, nil
+	// release ends the holder: EOF on stdin makes cat exit; one that
+	// does not (stuck, or unshare still running) is killed.
+	var once sync.Once
+	release := func(kill bool) {
+		once.Do(func() {
+			inW.Close()
+			if kill {
+				_ = cmd.Process.Kill()
+			}
+			timer := time.AfterFunc(holderExitWait, func() { _ = cmd.Process.Kill() })
+			_ = cmd.Wait()
+			timer.Stop()
+			outR.Close()
+		})
+	}
+	defer func() {
+		if retErr != nil {
+			release(true)
+		}
+	}()
+
+	if err := handshake(ctx, inW, outR, m.readyTimeout); err != nil {
+		if errors.Is(err, io.EOF) || errors.Is(err, syscall.EPIPE) {
+			release(false)
+			return "", nil, fmt.Errorf("unshare exited before it ran cat (%v): %s: %w",
+				cmd.ProcessState, strings.TrimSpace(stderr.String()), errdefs.ErrUnknown)
+		}
+		return "", nil, err
+	}
+	if err := m.fail("unshare"); err != nil {
+		return "", nil, err
+	}
+	pid := strconv.Itoa(cmd.Process.Pid)
+	dir := "/proc/" + pid + "/ns/"
+	for _, mp := range []struct {
+		file string
+		ms   []specs.LinuxIDMapping
+	}{{"uid_map", req.UIDMappings}, {"gid_map", req.GIDMappings}} {
+		if err := writeIDMap("/proc/"+pid+"/"+mp.file, mp.ms); err != nil {
+			return "", nil, err
+		}
+	}
+	if err := m.fail("idmap"); err != nil {
+		return "", nil, err
+	}
+	for _, k := range allKinds[1:] {
+		if kinds[k] {
+			if err := setns(dir+string(k), k); err != nil {
+				return "", nil, err
+			}
+		}
+	}
+	if err := actAsPodRoot(req); err != nil {
+		return "", nil, err
+	}
+	if err := m.fail("setns"); err != nil {
+		return "", nil, err
+	}
+	return dir, func() { release(false) }, nil
 }
 
-func (h *helper) nsDir() string { return "/proc/" + strconv.Itoa(h.pid) + "/ns/" }
+// actAsPodRoot makes the pod's mapped root the effective user and group
+// of the calling thread, keeping its capabilities: the kernel lets only
+// the root of the owning user namespace write IPC sysctls (ipc_permissions
+// compares the euid, capabilities do not help), while net sysctls, the
+// hostname and lo need capabilities over that namespace. Raw syscalls,
+// because Go's Setresuid changes every thread of the daemon; the thread
+// never runs anything else and ends with its goroutine.
+func actAsPodRoot(req CreateRequest) error {
+	// Without it, an euid other than 0 clears the effective capabilities.
+	if err := unix.Prctl(unix.PR_SET_SECUREBITS, secbitNoSetuidFixup, 0, 0, 0); err != nil {
+		return fmt.Errorf("pod namespaces: keep capabilities: %w", err)
+	}
+	keep := ^uintptr(0) // -1: leave the real and saved IDs at 0
+	if _, _, errno := unix.RawSyscall(unix.SYS_SETRESGID, keep, uintptr(rootHostID(req.GIDMappings)), keep); errno != 0 {
+		return fmt.Errorf("pod namespaces: act as the pod's root group: %w", errno)
+	}
+	if _, _, errno := unix.RawSyscall(unix.SYS_SETRESUID, keep, uintptr(rootHostID(req.UIDMappings)), keep); errno != 0 {
+		return fmt.Errorf("pod namespaces: act as the pod's root: %w", errno)
+	}
+	return nil
+}
 
-// waitReady reads the helper's report: "ok", or "invalid <msg>" for a
-// sysctl the kernel refused, or "error <msg>".
-func (h *helper) waitReady(ctx context.Context, timeout time.Duration) error {
+// secbitNoSetuidFixup is SECBIT_NO_SETUID_FIXUP of linux/securebits.h.
+const secbitNoSetuidFixup = 1 << 2
+
+// rootHostID is the host ID of container ID 0 (checkRootMapped made
+// sure there is one).
+func rootHostID(ms []specs.LinuxIDMapping) uint32 {
+	for _, mp := range ms {
+		if mp.ContainerID == 0 {
+			return mp.HostID
+		}
+	}
+	return 0
+}
+
+// handshake writes a byte to cat's stdin and reads it back: when it
+// arrives, cat runs, so unshare(2) is done. io.EOF or EPIPE means the
+// process exited first.
+func handshake(ctx context.Context, in, out *os.File, timeout time.Duration) error {
+	if _, err := in.Write([]byte{'.'}); err != nil {
+		return err
+	}
 	deadline := time.Now().Add(timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
-	_ = h.status.SetReadDeadline(deadline)
-	stop := context.AfterFunc(ctx, func() { _ = h.status.SetReadDeadline(time.Now()) })
+	_ = out.SetReadDeadline(deadline)
+	stop := context.AfterFunc(ctx, func() { _ = out.SetReadDeadline(time.Now()) })
 	defer stop()
-
-	buf := make([]byte, 4096)
-	n, err := h.status.Read(buf)
-	if err != nil {
-		if ctx.Err() != nil {
-			return fmt.Errorf("wait for namespace helper: %w", ctx.Err())
-		}
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			return fmt.Errorf("namespace helper not ready after %s: %w", timeout, context.DeadlineExceeded)
-		}
-		// EOF: it died before reporting. Reap it to read its stderr.
-		h.stop()
-		return fmt.Errorf("namespace helper exited before reporting (%v): %s: %w",
-			h.cmd.ProcessState, strings.TrimSpace(h.stderr.String()), errdefs.ErrUnknown)
-	}
-	msg := strings.TrimSpace(string(buf[:n]))
-	verb, rest, _ := strings.Cut(msg, " ")
-	switch verb {
-	case "ok":
-		pid, err := strconv.Atoi(rest)
-		if err != nil || pid <= 0 {
-			return fmt.Errorf("namespace helper: bad report %q: %w", msg, errdefs.ErrUnknown)
-		}
-		h.pid = pid
+	var b [1]byte
+	_, err := out.Read(b[:])
+	switch {
+	case err == nil:
 		return nil
-	case "invalid":
-		return fmt.Errorf("namespace helper: %s: %w", rest, errdefs.ErrInvalidArgument)
-	default:
-		return fmt.Errorf("namespace helper: %s: %w", msg, errdefs.ErrUnknown)
+	case ctx.Err() != nil:
+		return fmt.Errorf("create user namespace: %w", ctx.Err())
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return fmt.Errorf("unshare did not run cat within %s: %w", timeout, context.DeadlineExceeded)
 	}
+	return err
 }
 
-// helperExitWait bounds how long stop waits for the helper to exit on its
-// own before killing it.
-const helperExitWait = time.Second
-
-// stop ends and reaps the helper. It is idempotent. EOF on its stdin
-// makes the process in the namespaces exit and the helper reap it and
-// exit, so nothing is left for init to reap; a helper that does not, a
-// stuck one or one that never started the clone, is killed (the clone
-// dies with it: Pdeathsig).
-func (h *helper) stop() {
-	h.once.Do(func() {
-		h.hold.Close()
-		kill := time.AfterFunc(helperExitWait, func() { _ = h.cmd.Process.Kill() })
-		_ = h.cmd.Wait()
-		kill.Stop()
-		h.status.Close()
-	})
+// writeIDMap writes a uid_map or gid_map in one write(2), as the kernel
+// requires. The writer is root in the parent user namespace, so the
+// process's setgroups stays "allow": containers of the pod may call
+// setgroups(2), as with the mappings runc writes.
+func writeIDMap(file string, ms []specs.LinuxIDMapping) error {
+	var b strings.Builder
+	for _, mp := range ms {
+		fmt.Fprintf(&b, "%d %d %d\n", mp.ContainerID, mp.HostID, mp.Size)
+	}
+	f, err := os.OpenFile(file, os.O_WRONLY, 0)
+	if err == nil {
+		_, err = f.WriteString(b.String())
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		var class error = errdefs.ErrUnknown
+		if errors.Is(err, syscall.EINVAL) {
+			class = errdefs.ErrInvalidArgument // refused by the kernel: overlapping ranges, too many lines
+		}
+		return fmt.Errorf("write %s %q: %w: %w", filepath.Base(file), b.String(), err, class)
+	}
+	return nil
 }
 
-func toSysProcIDMap(ms []specs.LinuxIDMapping) []syscall.SysProcIDMap {
-	out := make([]syscall.SysProcIDMap, len(ms))
-	for i, mp := range ms {
-		out[i] = syscall.SysProcIDMap{ContainerID: int(mp.ContainerID), HostID: int(mp.HostID), Size: int(mp.Size)}
+// setns joins the calling thread to the namespace at p, of kind k.
+func setns(p string, k Kind) error {
+	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("join pod %s namespace: open %s: %w", k, p, err)
 	}
-	return out
+	defer unix.Close(fd)
+	if err := unix.Setns(fd, int(cloneFlag[k])); err != nil {
+		return fmt.Errorf("join pod %s namespace: setns %s: %w", k, p, err)
+	}
+	return nil
 }
 
 // Remove unpins every namespace of sandbox id. It is idempotent: missing
