@@ -20,12 +20,9 @@ LDFLAGS  := -X github.com/pinrt/pinrt/version.Version=$(VERSION)
 all: build
 
 # pinrt is built static, so the pause process of shared-PID pods runs from
-# a rootfs holding only this binary. pinrt-nshelper, the namespace helper
-# pinrt starts for every pod, is a separate small static binary that pinrt
-# finds next to itself.
+# a rootfs holding only this binary.
 build:
 	CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o bin/pinrt ./cmd/pinrt
-	CGO_ENABLED=0 $(GO) build -ldflags "-s -w" -o bin/pinrt-nshelper ./cmd/pinrt-nshelper
 	$(GO) build -o bin/pinrt-bench ./test/bench/cmd/pinrt-bench
 
 # test runs everything: unit tests, then the root end-to-end tests.
@@ -94,7 +91,6 @@ run: build
 
 install: build
 	install -D -m 0755 bin/pinrt $(BINDIR)/pinrt
-	install -D -m 0755 bin/pinrt-nshelper $(BINDIR)/pinrt-nshelper
 
 clean:
 	rm -rf bin bench/out

@@ -9,14 +9,22 @@
 // sysfs: the kernel allows a sysfs mount only to a task that is privileged
 // over the user namespace owning its network namespace.
 //
-// All namespaces of a pod are created by a single clone of a short-lived
-// helper: the small pinrt-nshelper binary (nshelper) when it is installed
-// next to pinrt, else the daemon's own binary re-executed with
-// HelperCommand. The helper also brings up lo, so no CNI loopback plugin
-// runs. A Go
-// process is multithreaded and can never setns into a user namespace, so
-// the daemon itself never switches namespaces here; the helper is born in
-// them, applies the pod's sysctls from inside, reports on a pipe and is
-// killed once its namespaces are bind-mounted onto files. The pins keep the
-// namespaces alive with no process in them.
+// Without a user namespace, a pod's net, IPC and UTS namespaces are
+// unshared by an OS thread of the daemon, locked to its goroutine, which
+// brings up lo (so no CNI loopback plugin runs), sets the hostname and
+// sysctls, and ends with its goroutine once the namespaces are pinned: no
+// process is started.
+//
+// A user namespace cannot be made that way: the kernel refuses to unshare
+// or enter one in a process with threads, which a Go process always has,
+// and a clone of the daemon with CLONE_NEWUSER would copy its page tables.
+// The daemon starts `unshare --user --net --ipc --uts -- cat` instead (a
+// millisecond of CPU, where a Go process start costs ten): one unshare(2)
+// makes the user namespace and the others owned by it, and a byte echoed
+// by cat proves it done. The daemon, root in the parent user namespace,
+// writes the ID maps, and a thread of its own joins the owned namespaces,
+// takes the pod's mapped root as its effective IDs and sets them up as
+// above. Once the namespaces are bind-mounted onto files, cat's stdin is
+// closed and it exits. The pins keep the namespaces alive with no process
+// or thread in them.
 package nsmgr

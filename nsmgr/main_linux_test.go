@@ -11,12 +11,8 @@ import (
 // exit, so a test can prove that pins outlive the process that made them.
 const createInChildEnv = "NSMGR_TEST_CREATE_IN"
 
-// TestMain lets the test binary act as the namespace helper, the way
-// cmd/pinrt's main does: Manager re-executes /proc/self/exe.
+// TestMain lets the test binary create namespaces in a child of its own.
 func TestMain(m *testing.M) {
-	if len(os.Args) > 1 && os.Args[1] == HelperCommand {
-		os.Exit(HelperMain(os.Args[2:]))
-	}
 	if dir := os.Getenv(createInChildEnv); dir != "" {
 		os.Exit(createInChild(dir))
 	}
@@ -24,7 +20,7 @@ func TestMain(m *testing.M) {
 }
 
 func createInChild(dir string) int {
-	m, err := NewManager(dir, "")
+	m, err := NewManager(dir)
 	if err == nil {
 		_, err = m.Create(context.Background(), fullRequest("restart", 9, nil))
 	}

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -35,8 +37,8 @@ var cloneFlag = map[Kind]uintptr{
 // so a fresh Manager after a restart sees exactly what the old one made.
 type Manager struct {
 	runDir       string
-	helperPath   string
-	helperFile   *os.File // helperPath opened, nil for /proc/self/exe
+	unsharePath  string // util-linux unshare(1)
+	catPath      string // what unshare execs to hold the namespaces
 	readyTimeout time.Duration
 
 	// failAt names a step of Create that fails on purpose. Only the
@@ -44,37 +46,27 @@ type Manager struct {
 	failAt string
 }
 
-// NewManager pins under runDir/ns/<kind>/<id>. helperPath "" means
-// /proc/self/exe, which requires the binary to call HelperMain. Another
-// helperPath (pinrt-nshelper) is opened here and later exec'd through
-// that descriptor: the helper is exec'd after it has become the pod's
-// mapped root, an unprivileged host ID that could not search a private
-// directory on the way to the file, and the descriptor also keeps the
-// binary that was checked here even if the file is replaced later.
-func NewManager(runDir, helperPath string) (*Manager, error) {
+// NewManager pins under runDir/ns/<kind>/<id>. It resolves unshare(1)
+// and cat(1) in PATH now, so that a node without them fails when the
+// daemon starts rather than at its first pod with a user namespace.
+func NewManager(runDir string) (*Manager, error) {
 	if !filepath.IsAbs(runDir) {
 		return nil, fmt.Errorf("namespace run directory %q must be an absolute path: %w", runDir, errdefs.ErrInvalidArgument)
 	}
-	m := &Manager{runDir: filepath.Clean(runDir), helperPath: helperPath, readyTimeout: 10 * time.Second}
-	if helperPath == "" {
-		m.helperPath = "/proc/self/exe"
-		return m, nil
+	m := &Manager{runDir: filepath.Clean(runDir), readyTimeout: 10 * time.Second}
+	for _, tool := range []struct {
+		name string
+		path *string
+	}{{"unshare", &m.unsharePath}, {"cat", &m.catPath}} {
+		p, err := exec.LookPath(tool.name)
+		if err != nil {
+			return nil, fmt.Errorf("pod user namespaces need %s (util-linux, coreutils): %w: %w",
+				tool.name, err, errdefs.ErrFailedPrecondition)
+		}
+		*tool.path = p
 	}
-	f, err := os.Open(helperPath)
-	if err != nil {
-		return nil, fmt.Errorf("namespace helper: %w", err)
-	}
-	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() || st.Mode().Perm()&0o001 == 0 {
-		f.Close()
-		return nil, fmt.Errorf("namespace helper %s must be a regular file executable by all (the pod's mapped root runs it): %w",
-			helperPath, errdefs.ErrFailedPrecondition)
-	}
-	m.helperFile = f
 	return m, nil
 }
-
-// HelperPath is the helper binary the Manager starts.
-func (m *Manager) HelperPath() string { return m.helperPath }
 
 // Path returns the pin path of kind for sandbox id. It does not validate:
 // callers pass IDs that Create or ValidateID already accepted.
@@ -89,9 +81,10 @@ func (m *Manager) fail(step string) error {
 	return nil
 }
 
-// Create makes the requested namespaces in one clone of the helper,
-// applies the sysctls inside them and pins them. On failure everything
-// done so far is undone: no pin file, mount or helper process is left.
+// Create makes the requested namespaces (see the package doc), applies
+// the hostname and sysctls inside them and pins them. On failure
+// everything done so far is undone: no pin file, mount, process or
+// thread in the namespaces is left.
 func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Pins, retErr error) {
 	kinds, err := m.validateCreate(req)
 	if err != nil {
@@ -127,20 +120,15 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Pins, retErr
 		return nil, err
 	}
 
-	h, err := m.startHelper(req, kinds)
+	t, err := m.start(ctx, req, kinds)
 	if err != nil {
 		return nil, err
 	}
-	undo = append(undo, h.stop)
+	undo = append(undo, t.stop)
 	if err := m.fail("start"); err != nil {
 		return nil, err
 	}
-	if err := h.waitReady(ctx, m.readyTimeout); err != nil {
-		return nil, err
-	}
-	if err := m.fail("ready"); err != nil {
-		return nil, err
-	}
+	nsDir := t.nsDir
 
 	for _, k := range allKinds {
 		if !kinds[k] {
@@ -161,7 +149,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Pins, retErr
 		if err := m.fail("file:" + string(k)); err != nil {
 			return nil, err
 		}
-		src := "/proc/" + strconv.Itoa(h.cmd.Process.Pid) + "/ns/" + string(k)
+		src := nsDir + string(k)
 		if err := unix.Mount(src, p, "", unix.MS_BIND, ""); err != nil {
 			return nil, fmt.Errorf("pin %s namespace: bind-mount %s on %s: %w", k, src, p, err)
 		}
@@ -171,8 +159,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Pins, retErr
 		}
 		pins[k] = p
 	}
-	// The pins hold the namespaces now; the helper has done its job.
-	h.stop()
+	// The pins hold the namespaces now; the thread (and the process
+	// holding a user namespace) has done its job.
+	t.stop()
 	logger.WithFields(log.Fields{"kinds": req.Kinds, "phase": "namespaces", "duration_ms": sinceMs(start)}).
 		Debug("pod namespaces pinned")
 	return pins, nil
@@ -210,9 +199,9 @@ func (m *Manager) validateCreate(req CreateRequest) (map[Kind]bool, error) {
 	return kinds, nil
 }
 
-// checkRootMapped requires container ID 0 to be mapped: the helper
-// becomes root in the new user namespace so that it may write the pod's
-// sysctls, which the kernel lets only the namespace owner's root change.
+// checkRootMapped requires container ID 0 to be mapped: a pod's user
+// namespace without a root has no one inside who may administer the net,
+// IPC and UTS namespaces it owns (the OCI runtime joins it as root).
 func checkRootMapped(what string, ms []specs.LinuxIDMapping) error {
 	for _, mp := range ms {
 		if mp.Size == 0 {
@@ -225,35 +214,29 @@ func checkRootMapped(what string, ms []specs.LinuxIDMapping) error {
 	return fmt.Errorf("user namespace needs a %s mapping for container ID 0: %w", what, errdefs.ErrInvalidArgument)
 }
 
-// helper is a running helper process sitting in the new namespaces.
-type helper struct {
-	cmd    *exec.Cmd
-	status *os.File        // read end: the helper's "ok" or error
-	hold   *os.File        // write end of its stdin: EOF tells it to exit
-	stderr limitbuf.Buffer // the first 4 KiB of its stderr
-	once   sync.Once
+// start makes the pod's namespaces on a new OS thread of the daemon,
+// prepares them there and returns once they are ready to pin.
+func (m *Manager) start(ctx context.Context, req CreateRequest, kinds map[Kind]bool) (*nsThread, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("create pod namespaces: %w", err)
+	}
+	enter := unshareThread
+	if kinds[User] {
+		enter = func(kinds map[Kind]bool) (string, func(), error) { return m.enterUserNS(ctx, req, kinds) }
+	}
+	t := &nsThread{done: make(chan struct{}), gone: make(chan struct{})}
+	ready := make(chan error, 1)
+	go t.run(enter, kinds, setupArgs(req, kinds), ready)
+	if err := <-ready; err != nil {
+		<-t.gone
+		return nil, err
+	}
+	return t, nil
 }
 
-func (m *Manager) startHelper(req CreateRequest, kinds map[Kind]bool) (*helper, error) {
-	var flags uintptr
-	for k := range kinds {
-		flags |= cloneFlag[k]
-	}
-	// No Pdeathsig: it fires when the forking *thread* exits, which a
-	// caller's locked OS thread may do while the helper is still needed.
-	// The helper instead exits when its stdin (our hold pipe) hits EOF,
-	// which also happens when the daemon dies.
-	attr := &syscall.SysProcAttr{Cloneflags: flags}
-	if kinds[User] {
-		// The Go runtime writes the maps before the child goes on, so the
-		// setuid(0) below already means the pod's mapped root.
-		attr.UidMappings = toSysProcIDMap(req.UIDMappings)
-		attr.GidMappings = toSysProcIDMap(req.GIDMappings)
-		attr.GidMappingsEnableSetgroups = true
-		attr.Credential = &syscall.Credential{Uid: 0, Gid: 0}
-	}
-
-	args := []string{m.helperPath, HelperCommand}
+// setupArgs are the arguments of setup for req.
+func setupArgs(req CreateRequest, kinds map[Kind]bool) []string {
+	var args []string
 	if kinds[Net] {
 		args = append(args, loArg)
 	}
@@ -268,97 +251,305 @@ func (m *Manager) startHelper(req CreateRequest, kinds map[Kind]bool) (*helper, 
 	for _, n := range names {
 		args = append(args, sysctlPath(NormalizeSysctl(n))+"="+req.Sysctls[n])
 	}
-
-	statusR, statusW, err := os.Pipe()
-	if err != nil {
-		return nil, fmt.Errorf("namespace helper status pipe: %w", err)
-	}
-	holdR, holdW, err := os.Pipe()
-	if err != nil {
-		statusR.Close()
-		statusW.Close()
-		return nil, fmt.Errorf("namespace helper stdin pipe: %w", err)
-	}
-	h := &helper{status: statusR, hold: holdW, stderr: limitbuf.Buffer{Max: 4096}}
-	h.cmd = &exec.Cmd{
-		Path:        m.helperPath,
-		Args:        args,
-		Env:         []string{},
-		Stdin:       holdR,
-		Stderr:      &h.stderr,
-		ExtraFiles:  []*os.File{statusW},
-		SysProcAttr: attr,
-	}
-	if m.helperFile != nil {
-		// fd 4 in the child, exec'd by its /proc path like fexecve(3).
-		h.cmd.ExtraFiles = append(h.cmd.ExtraFiles, m.helperFile)
-		h.cmd.Path = "/proc/self/fd/4"
-	}
-	err = h.cmd.Start()
-	// The child has its own copies now.
-	statusW.Close()
-	holdR.Close()
-	if err != nil {
-		statusR.Close()
-		holdW.Close()
-		return nil, fmt.Errorf("start namespace helper %s: %w", m.helperPath, err)
-	}
-	return h, nil
+	return args
 }
 
-// waitReady reads the helper's report: "ok", or "invalid <msg>" for a
-// sysctl the kernel refused, or "error <msg>".
-func (h *helper) waitReady(ctx context.Context, timeout time.Duration) error {
+// nsThread is an OS thread of the daemon that is in a pod's new net, IPC
+// and UTS namespaces: it unshared them itself, or, for a pod with a user
+// namespace, joined those of the process that made them. Its goroutine
+// is locked to it and never unlocks, so no other goroutine ever runs in
+// the pod's namespaces, and when the goroutine returns the Go runtime
+// ends the thread, releasing them.
+type nsThread struct {
+	nsDir string // /proc directory of the namespaces, with a trailing slash
+	done  chan struct{}
+	once  sync.Once
+	gone  chan struct{}
+}
+
+// enterFunc puts the calling thread into new namespaces of kinds and
+// returns the /proc directory to pin them from, and what to release
+// once they are pinned (or on failure).
+type enterFunc func(kinds map[Kind]bool) (nsDir string, release func(), err error)
+
+// run is the thread's goroutine: it enters the namespaces, prepares them,
+// reports on ready and holds them until stop.
+func (t *nsThread) run(enter enterFunc, kinds map[Kind]bool, args []string, ready chan<- error) {
+	runtime.LockOSThread()
+	if unix.Gettid() == unix.Getpid() {
+		// The runtime cannot end the main thread when its locked
+		// goroutine returns: it parks it for good, which would keep the
+		// pod's namespaces alive. Hold the main thread, so that the
+		// work lands on another.
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			t.run(enter, kinds, args, ready)
+		}()
+		<-done
+		runtime.UnlockOSThread()
+		return
+	}
+	defer close(t.gone)
+	dir, release, err := enter(kinds)
+	if err != nil {
+		ready <- err
+		return
+	}
+	// After the thread's namespaces are let go, before t.gone.
+	defer release()
+	if err := setup(args); err != nil {
+		var class error = errdefs.ErrUnknown
+		if invalidSetup(err) {
+			class = errdefs.ErrInvalidArgument
+		}
+		ready <- fmt.Errorf("pod namespaces: %w: %w", err, class)
+		return
+	}
+	t.nsDir = dir
+	ready <- nil
+	<-t.done
+}
+
+// unshareThread gives the calling thread new namespaces of kinds: a
+// thread may unshare net, IPC and UTS namespaces (not a user namespace,
+// which the kernel refuses to a process with threads).
+func unshareThread(kinds map[Kind]bool) (string, func(), error) {
+	var flags int
+	for k := range kinds {
+		flags |= int(cloneFlag[k])
+	}
+	if err := unix.Unshare(flags); err != nil {
+		return "", nil, fmt.Errorf("create pod namespaces: unshare: %w", err)
+	}
+	dir := "/proc/" + strconv.Itoa(os.Getpid()) + "/task/" + strconv.Itoa(unix.Gettid()) + "/ns/"
+	return dir, func() {}, nil
+}
+
+func (t *nsThread) stop() {
+	t.once.Do(func() { close(t.done) })
+	<-t.gone
+}
+
+// holderExitWait bounds how long the process holding a user namespace
+// gets to exit on EOF before it is killed.
+const holderExitWait = time.Second
+
+// enterUserNS makes the pod's user namespace, and the kinds it owns, in
+// a process, and joins the calling thread to the owned ones. A Go
+// process cannot create a user namespace in itself (it has threads), and
+// a clone with CLONE_NEWUSER cannot take Go's cheap vfork path: it would
+// copy the daemon's page tables. So the daemon starts
+// `unshare --user --net --ipc --uts -- cat`, which costs about a
+// millisecond: unshare(2) with all the flags at once creates the user
+// namespace first and the others owned by it, and cat, echoing one byte,
+// proves the unshare is done and then holds the namespaces until its
+// stdin closes. The daemon, root in the parent user namespace, writes the
+// ID maps and may join (setns) namespaces owned by the child one.
+//
+// The process is started from this thread, which lives until release
+// has reaped it: Pdeathsig fires when the forking thread ends, so it
+// kills the process only when the daemon dies.
+func (m *Manager) enterUserNS(ctx context.Context, req CreateRequest, kinds map[Kind]bool) (_ string, _ func(), retErr error) {
+	args := []string{m.unsharePath, "--user"}
+	for _, k := range allKinds[1:] {
+		if kinds[k] {
+			args = append(args, "--"+string(k))
+		}
+	}
+	args = append(args, "--", m.catPath)
+	inR, inW, err := os.Pipe()
+	if err != nil {
+		return "", nil, fmt.Errorf("user namespace holder stdin: %w", err)
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		inR.Close()
+		inW.Close()
+		return "", nil, fmt.Errorf("user namespace holder stdout: %w", err)
+	}
+	stderr := &limitbuf.Buffer{Max: 4096}
+	cmd := &exec.Cmd{
+		Path:        m.unsharePath,
+		Args:        args,
+		Env:         []string{},
+		Stdin:       inR,
+		Stdout:      outW,
+		Stderr:      stderr,
+		SysProcAttr: &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL},
+		// A grandchild holding stderr must not hold the daemon.
+		WaitDelay: holderExitWait,
+	}
+	err = cmd.Start()
+	// The child has its own copies now.
+	inR.Close()
+	outW.Close()
+	if err != nil {
+		inW.Close()
+		outR.Close()
+		return "", nil, fmt.Errorf("start %s: %w", m.unsharePath, err)
+	}
+	// release ends the holder: EOF on stdin makes cat exit; one that
+	// does not (stuck, or unshare still running) is killed.
+	var once sync.Once
+	release := func(kill bool) {
+		once.Do(func() {
+			inW.Close()
+			if kill {
+				_ = cmd.Process.Kill()
+			}
+			timer := time.AfterFunc(holderExitWait, func() { _ = cmd.Process.Kill() })
+			_ = cmd.Wait()
+			timer.Stop()
+			outR.Close()
+		})
+	}
+	defer func() {
+		if retErr != nil {
+			release(true)
+		}
+	}()
+
+	if err := handshake(ctx, inW, outR, m.readyTimeout); err != nil {
+		if errors.Is(err, io.EOF) || errors.Is(err, syscall.EPIPE) {
+			release(false)
+			return "", nil, fmt.Errorf("unshare exited before it ran cat (%v): %s: %w",
+				cmd.ProcessState, strings.TrimSpace(stderr.String()), errdefs.ErrUnknown)
+		}
+		return "", nil, err
+	}
+	if err := m.fail("unshare"); err != nil {
+		return "", nil, err
+	}
+	pid := strconv.Itoa(cmd.Process.Pid)
+	dir := "/proc/" + pid + "/ns/"
+	for _, mp := range []struct {
+		file string
+		ms   []specs.LinuxIDMapping
+	}{{"uid_map", req.UIDMappings}, {"gid_map", req.GIDMappings}} {
+		if err := writeIDMap("/proc/"+pid+"/"+mp.file, mp.ms); err != nil {
+			return "", nil, err
+		}
+	}
+	if err := m.fail("idmap"); err != nil {
+		return "", nil, err
+	}
+	for _, k := range allKinds[1:] {
+		if kinds[k] {
+			if err := setns(dir+string(k), k); err != nil {
+				return "", nil, err
+			}
+		}
+	}
+	if err := actAsPodRoot(req); err != nil {
+		return "", nil, err
+	}
+	if err := m.fail("setns"); err != nil {
+		return "", nil, err
+	}
+	return dir, func() { release(false) }, nil
+}
+
+// actAsPodRoot makes the pod's mapped root the effective user and group
+// of the calling thread, keeping its capabilities: the kernel lets only
+// the root of the owning user namespace write IPC sysctls (ipc_permissions
+// compares the euid, capabilities do not help), while net sysctls, the
+// hostname and lo need capabilities over that namespace. Raw syscalls,
+// because Go's Setresuid changes every thread of the daemon; the thread
+// never runs anything else and ends with its goroutine.
+func actAsPodRoot(req CreateRequest) error {
+	// Without it, an euid other than 0 clears the effective capabilities.
+	if err := unix.Prctl(unix.PR_SET_SECUREBITS, secbitNoSetuidFixup, 0, 0, 0); err != nil {
+		return fmt.Errorf("pod namespaces: keep capabilities: %w", err)
+	}
+	keep := ^uintptr(0) // -1: leave the real and saved IDs at 0
+	if _, _, errno := unix.RawSyscall(unix.SYS_SETRESGID, keep, uintptr(rootHostID(req.GIDMappings)), keep); errno != 0 {
+		return fmt.Errorf("pod namespaces: act as the pod's root group: %w", errno)
+	}
+	if _, _, errno := unix.RawSyscall(unix.SYS_SETRESUID, keep, uintptr(rootHostID(req.UIDMappings)), keep); errno != 0 {
+		return fmt.Errorf("pod namespaces: act as the pod's root: %w", errno)
+	}
+	return nil
+}
+
+// secbitNoSetuidFixup is SECBIT_NO_SETUID_FIXUP of linux/securebits.h.
+const secbitNoSetuidFixup = 1 << 2
+
+// rootHostID is the host ID of container ID 0 (checkRootMapped made
+// sure there is one).
+func rootHostID(ms []specs.LinuxIDMapping) uint32 {
+	for _, mp := range ms {
+		if mp.ContainerID == 0 {
+			return mp.HostID
+		}
+	}
+	return 0
+}
+
+// handshake writes a byte to cat's stdin and reads it back: when it
+// arrives, cat runs, so unshare(2) is done. io.EOF or EPIPE means the
+// process exited first.
+func handshake(ctx context.Context, in, out *os.File, timeout time.Duration) error {
+	if _, err := in.Write([]byte{'.'}); err != nil {
+		return err
+	}
 	deadline := time.Now().Add(timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
-	_ = h.status.SetReadDeadline(deadline)
-	stop := context.AfterFunc(ctx, func() { _ = h.status.SetReadDeadline(time.Now()) })
+	_ = out.SetReadDeadline(deadline)
+	stop := context.AfterFunc(ctx, func() { _ = out.SetReadDeadline(time.Now()) })
 	defer stop()
-
-	buf := make([]byte, 4096)
-	n, err := h.status.Read(buf)
-	if err != nil {
-		if ctx.Err() != nil {
-			return fmt.Errorf("wait for namespace helper: %w", ctx.Err())
-		}
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			return fmt.Errorf("namespace helper not ready after %s: %w", timeout, context.DeadlineExceeded)
-		}
-		// EOF: it died before reporting. Reap it to read its stderr.
-		h.stop()
-		return fmt.Errorf("namespace helper exited before reporting (%v): %s: %w",
-			h.cmd.ProcessState, strings.TrimSpace(h.stderr.String()), errdefs.ErrUnknown)
-	}
-	msg := strings.TrimSpace(string(buf[:n]))
-	verb, rest, _ := strings.Cut(msg, " ")
-	switch verb {
-	case "ok":
+	var b [1]byte
+	_, err := out.Read(b[:])
+	switch {
+	case err == nil:
 		return nil
-	case "invalid":
-		return fmt.Errorf("namespace helper: %s: %w", rest, errdefs.ErrInvalidArgument)
-	default:
-		return fmt.Errorf("namespace helper: %s: %w", msg, errdefs.ErrUnknown)
+	case ctx.Err() != nil:
+		return fmt.Errorf("create user namespace: %w", ctx.Err())
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return fmt.Errorf("unshare did not run cat within %s: %w", timeout, context.DeadlineExceeded)
 	}
+	return err
 }
 
-// stop kills and reaps the helper. It is idempotent.
-func (h *helper) stop() {
-	h.once.Do(func() {
-		h.hold.Close()
-		_ = h.cmd.Process.Kill()
-		_ = h.cmd.Wait() // "signal: killed" is the expected outcome
-		h.status.Close()
-	})
+// writeIDMap writes a uid_map or gid_map in one write(2), as the kernel
+// requires. The writer is root in the parent user namespace, so the
+// process's setgroups stays "allow": containers of the pod may call
+// setgroups(2), as with the mappings runc writes.
+func writeIDMap(file string, ms []specs.LinuxIDMapping) error {
+	var b strings.Builder
+	for _, mp := range ms {
+		fmt.Fprintf(&b, "%d %d %d\n", mp.ContainerID, mp.HostID, mp.Size)
+	}
+	f, err := os.OpenFile(file, os.O_WRONLY, 0)
+	if err == nil {
+		_, err = f.WriteString(b.String())
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		var class error = errdefs.ErrUnknown
+		if errors.Is(err, syscall.EINVAL) {
+			class = errdefs.ErrInvalidArgument // refused by the kernel: overlapping ranges, too many lines
+		}
+		return fmt.Errorf("write %s %q: %w: %w", filepath.Base(file), b.String(), err, class)
+	}
+	return nil
 }
 
-func toSysProcIDMap(ms []specs.LinuxIDMapping) []syscall.SysProcIDMap {
-	out := make([]syscall.SysProcIDMap, len(ms))
-	for i, mp := range ms {
-		out[i] = syscall.SysProcIDMap{ContainerID: int(mp.ContainerID), HostID: int(mp.HostID), Size: int(mp.Size)}
+// setns joins the calling thread to the namespace at p, of kind k.
+func setns(p string, k Kind) error {
+	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("join pod %s namespace: open %s: %w", k, p, err)
 	}
-	return out
+	defer unix.Close(fd)
+	if err := unix.Setns(fd, int(cloneFlag[k])); err != nil {
+		return fmt.Errorf("join pod %s namespace: setns %s: %w", k, p, err)
+	}
+	return nil
 }
 
 // Remove unpins every namespace of sandbox id. It is idempotent: missing

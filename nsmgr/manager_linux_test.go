@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -50,7 +51,7 @@ func fullRequest(id string, n uint32, sysctls map[string]string) CreateRequest {
 func newTestManager(t *testing.T) (*Manager, string) {
 	t.Helper()
 	dir := t.TempDir()
-	m, err := NewManager(dir, "")
+	m, err := NewManager(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +78,7 @@ func mustCreate(t *testing.T, m *Manager, req CreateRequest) Pins {
 }
 
 // assertClean fails unless dir holds no mount, no pin file and the test
-// process has no helper child left.
+// process has no child (unshare, cat) left.
 func assertClean(t *testing.T, dir string) {
 	t.Helper()
 	mi, err := os.ReadFile("/proc/self/mountinfo")
@@ -96,7 +97,7 @@ func assertClean(t *testing.T, dir string) {
 		}
 	}
 	if kids := childPIDs(t); len(kids) > 0 {
-		t.Errorf("helper processes left behind: %v", kids)
+		t.Errorf("child processes left behind: %v", kids)
 	}
 }
 
@@ -161,7 +162,7 @@ func nsenter(args ...string) (string, error) {
 }
 
 func TestCreateValidation(t *testing.T) {
-	m, err := NewManager(t.TempDir(), "")
+	m, err := NewManager(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +191,7 @@ func TestCreateValidation(t *testing.T) {
 			}
 		})
 	}
-	if _, err := NewManager("relative", ""); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if _, err := NewManager("relative"); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("NewManager(relative) = %v, want InvalidArgument", err)
 	}
 }
@@ -228,7 +229,7 @@ func TestCreatePinsOwnedNamespaces(t *testing.T) {
 		t.Errorf("uid_map inside = %q, %v", out, err)
 	}
 	if kids := childPIDs(t); len(kids) > 0 {
-		t.Errorf("helper still running after Create: %v", kids)
+		t.Errorf("child still running after Create: %v", kids)
 	}
 }
 
@@ -292,9 +293,9 @@ func TestSysctlRefusedByKernelRollsBack(t *testing.T) {
 		want    string
 	}{
 		{"unknown sysctl", map[string]string{"net.ipv4.no_such_knob": "1"},
-			"namespace helper: sysctl net.ipv4.no_such_knob: open /proc/sys/net/ipv4/no_such_knob: no such file or directory: invalid argument"},
+			"pod namespaces: sysctl net.ipv4.no_such_knob: open /proc/sys/net/ipv4/no_such_knob: no such file or directory: invalid argument"},
 		{"bad value", map[string]string{"net.ipv4.ip_unprivileged_port_start": "banana"},
-			`namespace helper: sysctl net.ipv4.ip_unprivileged_port_start="banana": write /proc/sys/net/ipv4/ip_unprivileged_port_start: invalid argument: invalid argument`},
+			`pod namespaces: sysctl net.ipv4.ip_unprivileged_port_start="banana": write /proc/sys/net/ipv4/ip_unprivileged_port_start: invalid argument: invalid argument`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := m.Create(context.Background(), fullRequest("pod", 4, tc.sysctls))
@@ -344,7 +345,7 @@ func TestPinsOutliveCreatorAndReopen(t *testing.T) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("create in child: %v: %s", err, out)
 	}
-	fresh, err := NewManager(dir, "")
+	fresh, err := NewManager(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -469,7 +470,7 @@ func TestRemoveIsIdempotent(t *testing.T) {
 
 func TestCreateFailureAtEachStepLeavesNothing(t *testing.T) {
 	requireRoot(t)
-	steps := []string{"mkdir", "start", "ready"}
+	steps := []string{"mkdir", "unshare", "idmap", "setns", "start"}
 	for _, k := range allKinds {
 		steps = append(steps, "file:"+string(k), "mount:"+string(k))
 	}
@@ -506,22 +507,32 @@ func TestCreateExistingPinIsKept(t *testing.T) {
 		t.Fatalf("user pin of the failed Create left behind: %v", err)
 	}
 	if kids := childPIDs(t); len(kids) > 0 {
-		t.Fatalf("helper left behind: %v", kids)
+		t.Fatalf("child left behind: %v", kids)
 	}
 }
 
-func TestCreateHelperFailures(t *testing.T) {
+func TestCreateUserNamespaceFailures(t *testing.T) {
 	requireRoot(t)
-	t.Run("helper exits without reporting", func(t *testing.T) {
-		dir := t.TempDir()
-		m, err := NewManager(dir, "/bin/true")
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, err = m.Create(context.Background(), fullRequest("pod", 10, nil))
-		want := "namespace helper exited before reporting (exit status 0): : unknown"
+	t.Run("process exits before the handshake", func(t *testing.T) {
+		m, dir := newTestManager(t)
+		m.catPath = "/nonexistent/cat" // unshare(2) succeeds, the exec fails
+		_, err := m.Create(context.Background(), fullRequest("pod", 10, nil))
+		want := "unshare exited before it ran cat (exit status 127): unshare: failed to execute /nonexistent/cat: No such file or directory: unknown"
 		if !errors.Is(err, errdefs.ErrUnknown) || err.Error() != want {
 			t.Fatalf("Create = %v, want %q", err, want)
+		}
+		assertClean(t, dir)
+	})
+	t.Run("mapping refused by the kernel", func(t *testing.T) {
+		m, dir := newTestManager(t)
+		req := fullRequest("pod", 12, nil)
+		// Container IDs 0-9 mapped twice: validation passes, the kernel
+		// refuses overlapping ranges.
+		req.UIDMappings = []specs.LinuxIDMapping{{ContainerID: 0, HostID: 1012 * BlockSize, Size: 10}, {ContainerID: 5, HostID: 1012*BlockSize + 100, Size: 10}}
+		_, err := m.Create(context.Background(), req)
+		want := fmt.Sprintf("write uid_map \"0 %d 10\\n5 %d 10\\n\": write /proc/", 1012*BlockSize, 1012*BlockSize+100)
+		if !errors.Is(err, errdefs.ErrInvalidArgument) || !errors.Is(err, unix.EINVAL) || !strings.HasPrefix(err.Error(), want) {
+			t.Fatalf("Create = %v, want EINVAL from %q...", err, want)
 		}
 		assertClean(t, dir)
 	})
@@ -530,15 +541,32 @@ func TestCreateHelperFailures(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
 		_, err := m.Create(ctx, fullRequest("pod", 11, nil))
-		if !errors.Is(err, context.Canceled) || err.Error() != "wait for namespace helper: context canceled" {
+		if !errors.Is(err, context.Canceled) || err.Error() != "create pod namespaces: context canceled" {
 			t.Fatalf("Create = %v, want context canceled", err)
 		}
 		assertClean(t, dir)
 	})
-	t.Run("no helper binary", func(t *testing.T) {
+	t.Run("no handshake in time", func(t *testing.T) {
+		m, dir := newTestManager(t)
+		// A cat that never echoes.
+		m.catPath = filepath.Join(t.TempDir(), "mute")
+		if err := os.WriteFile(m.catPath, []byte("#!/bin/sh\nexec sleep 10\n"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		m.readyTimeout = 100 * time.Millisecond
+		_, err := m.Create(context.Background(), fullRequest("pod", 13, nil))
+		if !errors.Is(err, context.DeadlineExceeded) || err.Error() != "unshare did not run cat within 100ms: context deadline exceeded" {
+			t.Fatalf("Create = %v, want the handshake timeout", err)
+		}
+		assertClean(t, dir)
+	})
+	t.Run("unshare missing", func(t *testing.T) {
 		// Found out when the daemon starts, not at the first pod.
-		if _, err := NewManager(t.TempDir(), "/nonexistent/pinrt"); !errors.Is(err, os.ErrNotExist) {
-			t.Fatalf("NewManager = %v, want ErrNotExist", err)
+		t.Setenv("PATH", t.TempDir())
+		_, err := NewManager(t.TempDir())
+		want := `pod user namespaces need unshare (util-linux, coreutils): exec: "unshare": executable file not found in $PATH: failed precondition`
+		if !errors.Is(err, exec.ErrNotFound) || !errors.Is(err, errdefs.ErrFailedPrecondition) || err.Error() != want {
+			t.Fatalf("NewManager = %v, want %q", err, want)
 		}
 	})
 }
@@ -590,7 +618,7 @@ func TestHostnameValidation(t *testing.T) {
 	}
 }
 
-// TestLoopbackUpInNetns: the helper brings lo up in every netns it
+// TestLoopbackUpInNetns: Create brings lo up in every netns it
 // creates, owned by a pod userns or by the host's, so that no CNI
 // loopback plugin has to run.
 func TestLoopbackUpInNetns(t *testing.T) {

@@ -13,10 +13,7 @@ import (
 type Manager struct{ runDir string }
 
 // NewManager returns a Manager whose operations are not implemented.
-func NewManager(runDir, helperPath string) (*Manager, error) { return &Manager{runDir: runDir}, nil }
-
-// HelperMain fails: there is no helper outside Linux.
-func HelperMain(args []string) int { return 1 }
+func NewManager(runDir string) (*Manager, error) { return &Manager{runDir: runDir}, nil }
 
 func (m *Manager) Create(ctx context.Context, req CreateRequest) (Pins, error) {
 	return nil, fmt.Errorf("pod namespaces: %w", errdefs.ErrNotImplemented)

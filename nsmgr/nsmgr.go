@@ -8,7 +8,6 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/pinrt/pinrt/internal/validate"
-	"github.com/pinrt/pinrt/nsmgr/nshelper"
 )
 
 // Kind names a namespace type that nsmgr can create and pin. The value is
@@ -29,14 +28,6 @@ const (
 // namespace pinned without its owner.
 var allKinds = []Kind{User, Net, IPC, UTS}
 
-// HelperCommand is argv[1] of the re-executed helper. A binary that uses
-// Manager must call HelperMain first thing in main:
-//
-//	if len(os.Args) > 1 && os.Args[1] == nsmgr.HelperCommand {
-//		os.Exit(nsmgr.HelperMain(os.Args[2:]))
-//	}
-const HelperCommand = nshelper.Command
-
 // CreateRequest describes the namespaces of one pod.
 type CreateRequest struct {
 	// ID is the sandbox ID; it becomes the pin file name.
@@ -45,8 +36,8 @@ type CreateRequest struct {
 	// in host mode and is simply not created.
 	Kinds []Kind
 	// UIDMappings and GIDMappings are required if and only if Kinds
-	// contains User. Container ID 0 must be mapped: the helper runs as
-	// root inside the new user namespace to apply the sysctls.
+	// contains User. Container ID 0 must be mapped: the pod's root is
+	// the one inside who may administer the namespaces it owns.
 	UIDMappings []specs.LinuxIDMapping
 	GIDMappings []specs.LinuxIDMapping
 	// Sysctls are applied inside the new namespaces, see ValidateSysctls.

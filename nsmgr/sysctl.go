@@ -1,14 +1,15 @@
 package nsmgr
 
 import (
+	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/containerd/errdefs"
 
 	"github.com/pinrt/pinrt/internal/validate"
-	"github.com/pinrt/pinrt/nsmgr/nshelper"
 )
 
 // NormalizeSysctl returns the canonical dotted form of a sysctl name.
@@ -21,11 +22,11 @@ func NormalizeSysctl(name string) string {
 	if i < 0 || name[i] == '.' {
 		return name
 	}
-	return nshelper.SwapSeparators(name)
+	return swapSeparators(name)
 }
 
 // sysctlPath turns a canonical dotted name into the path under /proc/sys.
-func sysctlPath(name string) string { return nshelper.SwapSeparators(name) }
+func sysctlPath(name string) string { return swapSeparators(name) }
 
 // sysctlNamespace reports which pod namespace makes a sysctl safe to set,
 // following the namespaced set that Kubernetes allows. It returns "" for
@@ -46,8 +47,7 @@ func sysctlNamespace(name string) Kind {
 // checkSysctlName rejects names that could escape /proc/sys once turned
 // into a path: empty components and "." or "..".
 func checkSysctlName(orig, name string) error {
-	if err := nshelper.CheckSysctlPath(sysctlPath(name)); err != nil {
-		// The helper's plain error carries only the message.
+	if err := checkSysctlPath(sysctlPath(name)); err != nil {
 		return fmt.Errorf("sysctl %q: %s: %w", orig, err.Error(), errdefs.ErrInvalidArgument)
 	}
 	return nil
@@ -90,4 +90,38 @@ func ValidateSysctls(sysctls map[string]string, podNet, podIPC bool) error {
 		}
 	}
 	return nil
+}
+
+// checkSysctlPath rejects a sysctl path (relative to /proc/sys) that could
+// escape /proc/sys: an empty, "." or ".." component, or a character other
+// than [a-zA-Z0-9_.-] in a component.
+func checkSysctlPath(path string) error {
+	for c := range strings.SplitSeq(path, "/") {
+		if c == "" || c == "." || c == ".." {
+			return errors.New("malformed name")
+		}
+		for _, r := range c {
+			ok := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' ||
+				r == '_' || r == '-' || r == '.'
+			if !ok {
+				return errors.New("invalid character " + strconv.QuoteRune(r))
+			}
+		}
+	}
+	return nil
+}
+
+// swapSeparators swaps '/' and '.' in a sysctl name or its path under
+// /proc/sys: "net.ipv4.conf.eth0/100.rp_filter" and
+// "net/ipv4/conf/eth0.100/rp_filter" are the same sysctl.
+func swapSeparators(s string) string {
+	return strings.Map(func(r rune) rune {
+		switch r {
+		case '.':
+			return '/'
+		case '/':
+			return '.'
+		}
+		return r
+	}, s)
 }

@@ -74,8 +74,7 @@ func Binary(t testing.TB) string {
 			return
 		}
 		binPath = filepath.Join(dir, "pinrt")
-		// pinrt-nshelper next to pinrt is the namespace helper pinrt uses.
-		for _, b := range []struct{ out, pkg string }{{binPath, "./cmd/pinrt"}, {filepath.Join(dir, "pinrt-nshelper"), "./cmd/pinrt-nshelper"}} {
+		for _, b := range []struct{ out, pkg string }{{binPath, "./cmd/pinrt"}} {
 			cmd := exec.Command("go", "build", "-o", b.out, b.pkg)
 			cmd.Dir = RepoRoot()
 			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")

@@ -275,7 +275,7 @@ func newServer(ctx context.Context, cfg *conf.Config, m *metrics.Metrics) (*serv
 	if err != nil {
 		return nil, err
 	}
-	nsm, err := nsmgr.NewManager(cfg.RunRoot, nsHelperPath(ctx))
+	nsm, err := nsmgr.NewManager(cfg.RunRoot)
 	if err != nil {
 		return nil, err
 	}
@@ -321,24 +321,4 @@ func newServer(ctx context.Context, cfg *conf.Config, m *metrics.Metrics) (*serv
 	srv := server.New(cfg, server.Deps{Network: network, Namespaces: nsm, IDs: ids, Images: images, Runtimes: runtimes, Metrics: m, CgroupDriver: cg})
 	srv.Restore(ctx)
 	return srv, nil
-}
-
-// nsHelperName is the small namespace helper binary installed next to
-// pinrt. Without it, pinrt re-executes itself as the helper, which costs
-// the start-up of the whole daemon binary for every pod.
-const nsHelperName = "pinrt-nshelper"
-
-// nsHelperPath finds pinrt-nshelper next to the running pinrt binary, or
-// returns "" to have nsmgr re-execute pinrt.
-func nsHelperPath(ctx context.Context) string {
-	exe, err := os.Executable()
-	if err == nil {
-		p := filepath.Join(filepath.Dir(exe), nsHelperName)
-		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() {
-			log.G(ctx).WithField("helper", p).Debug("namespace helper")
-			return p
-		}
-	}
-	log.G(ctx).Infof("no %s next to %s: re-executing pinrt as the namespace helper, which is slower", nsHelperName, exe)
-	return ""
 }

@@ -15,18 +15,14 @@ import (
 	"strings"
 
 	"github.com/pinrt/pinrt/conf"
-	"github.com/pinrt/pinrt/nsmgr"
 	"github.com/pinrt/pinrt/oci"
 	"github.com/pinrt/pinrt/version"
 )
 
 func main() {
-	// The namespace helper is this binary re-executed; it must not parse
-	// flags or start anything else.
-	if len(os.Args) > 1 && os.Args[1] == nsmgr.HelperCommand {
-		os.Exit(nsmgr.HelperMain(os.Args[2:]))
-	}
-	// So is the exec helper, the subreaper that waits for a detached runc exec.
+	// The exec helper, the subreaper that waits for a detached runc exec,
+	// is this binary re-executed; it must not parse flags or start
+	// anything else.
 	if len(os.Args) > 1 && os.Args[1] == oci.ExecHelperCommand {
 		os.Exit(oci.ExecHelperMain(os.Args[2:]))
 	}

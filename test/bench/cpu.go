@@ -15,7 +15,7 @@ import (
 )
 
 // CgroupCPU reads the CPU time used by every process of one cgroup: the
-// runtime daemon and whatever it started and left there (namespace helper,
+// runtime daemon and whatever it started and left there (unshare and cat,
 // CNI plugins, runc, conmon). The kernel accounts a process's CPU to the
 // cgroup it ran in, also after it exited, which is what rusage of the
 // daemon alone misses.

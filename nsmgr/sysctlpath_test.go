@@ -1,4 +1,4 @@
-package nshelper
+package nsmgr
 
 import "testing"
 
@@ -18,9 +18,9 @@ func TestCheckSysctlPath(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.path, func(t *testing.T) {
-			err := CheckSysctlPath(tc.path)
+			err := checkSysctlPath(tc.path)
 			if tc.want == "" && err != nil || tc.want != "" && (err == nil || err.Error() != tc.want) {
-				t.Fatalf("CheckSysctlPath(%q) = %v, want %q", tc.path, err, tc.want)
+				t.Fatalf("checkSysctlPath(%q) = %v, want %q", tc.path, err, tc.want)
 			}
 		})
 	}
