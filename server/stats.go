@@ -27,14 +27,14 @@ type Cgroups interface {
 }
 
 // NetCounters reads the interface counters of a pinned netns (package
-// nsmgr, nsmgr.Counters).
+// nsmgr, *nsmgr.Counters).
 type NetCounters interface {
 	NetDev(pin string) ([]nsmgr.NetDev, error)
 }
 
 var (
 	_ Cgroups     = (*cgroups.Reader)(nil)
-	_ NetCounters = nsmgr.Counters{}
+	_ NetCounters = (*nsmgr.Counters)(nil)
 )
 
 // DefaultDiskUsageInterval is how often writable layers are measured
