@@ -2,8 +2,10 @@ package cgroups
 
 import (
 	"errors"
+	"maps"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -12,7 +14,7 @@ import (
 )
 
 // writeTree writes files (relative path -> content) under root.
-func writeTree(t *testing.T, root string, files map[string]string) {
+func writeTree(t testing.TB, root string, files map[string]string) {
 	t.Helper()
 	for name, content := range files {
 		p := filepath.Join(root, name)
@@ -52,6 +54,26 @@ func v1Tree(group string, limit string, memsw bool) map[string]string {
 		}
 	}
 	return f
+}
+
+// without returns files less the named ones.
+func without(files map[string]string, names ...string) map[string]string {
+	for _, n := range names {
+		if _, ok := files[n]; !ok {
+			panic("without: no file " + n)
+		}
+		delete(files, n)
+	}
+	return files
+}
+
+// with returns files with name's content replaced.
+func with(files map[string]string, name, content string) map[string]string {
+	if _, ok := files[name]; !ok {
+		panic("with: no file " + name)
+	}
+	files[name] = content
+	return files
 }
 
 func v2Tree(group, max string, swap bool) map[string]string {
@@ -107,6 +129,39 @@ func TestStat(t *testing.T) {
 				Limit: 10485760,
 			}},
 		},
+		{
+			// runc joins every v1 controller it finds; a cgroup someone
+			// else made may lack pids even where the host has it.
+			name: "v1 without the cgroup's pids", files: without(v1Tree(group, "10485760", false), "pids/"+group+"/pids.current"), mode: Legacy,
+			want: Stats{CPUUsageNanos: 123456789, Memory: Memory{
+				Usage: 3145728, WorkingSet: 3145728 - 524288, RSS: 2097152, PageFaults: 1234, MajorPageFaults: 5,
+				Limit: 10485760,
+			}},
+		},
+		{
+			name: "v1 host without pids", files: without(v1Tree(group, "10485760", false), "pids/"+group+"/pids.current", "pids/"+group+"/pids.max"), mode: Legacy,
+			want: Stats{CPUUsageNanos: 123456789, Memory: Memory{
+				Usage: 3145728, WorkingSet: 3145728 - 524288, RSS: 2097152, PageFaults: 1234, MajorPageFaults: 5,
+				Limit: 10485760,
+			}},
+		},
+		{
+			// A kernel that dropped or renamed a memory.stat key leaves
+			// that number 0, not the whole read failed.
+			name: "v1 memory.stat without pgmajfault", files: with(v1Tree(group, "10485760", false), "memory/"+group+"/memory.stat",
+				"total_rss 2097152\ntotal_inactive_file 524288\ntotal_pgfault 1234\n"), mode: Legacy,
+			want: Stats{CPUUsageNanos: 123456789, Pids: 3, Memory: Memory{
+				Usage: 3145728, WorkingSet: 3145728 - 524288, RSS: 2097152, PageFaults: 1234, Limit: 10485760,
+			}},
+		},
+		{
+			// The parent did not enable memory and pids in
+			// cgroup.subtree_control: cpu.stat alone exists.
+			name: "v2 without the memory and pids controllers", mode: Unified,
+			files: without(v2Tree(group, "max", true), group+"/memory.stat", group+"/memory.current", group+"/memory.max",
+				group+"/memory.swap.current", group+"/memory.swap.max", group+"/pids.current", group+"/pids.max"),
+			want: Stats{CPUUsageNanos: 123456000},
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -140,6 +195,12 @@ func TestStatErrors(t *testing.T) {
 	}{
 		{"v1 missing cgroup", v1Tree("/pinrt/a", "1", false), "/pinrt/b", errdefs.ErrNotFound},
 		{"v2 missing cgroup", v2Tree("/pinrt/a", "max", false), "/pinrt/b", errdefs.ErrNotFound},
+		// A cgroup removed between two controllers' reads: memory is
+		// still there, cpuacct no more.
+		{"v1 removed mid-read", without(v1Tree("/pinrt/a", "1", false), "cpuacct//pinrt/a/cpuacct.usage", "cpuacct//pinrt/a/cpuacct.usage_percpu", "cpuacct//pinrt/a/cpuacct.stat"), "/pinrt/a", errdefs.ErrNotFound},
+		// cpu.stat is a core file of every v2 cgroup.
+		{"v2 without cpu.stat", without(v2Tree("/pinrt/a", "max", false), "/pinrt/a/cpu.stat"), "/pinrt/a", errdefs.ErrNotFound},
+		{"v1 garbage", with(v1Tree("/pinrt/a", "1", false), "memory//pinrt/a/memory.usage_in_bytes", "lots\n"), "/pinrt/a", strconv.ErrSyntax},
 		{"relative", v2Tree("/pinrt/a", "max", false), "pinrt/a", errdefs.ErrInvalidArgument},
 		{"dotdot", v2Tree("/pinrt/a", "max", false), "/pinrt/../../etc", errdefs.ErrInvalidArgument},
 	}
@@ -303,5 +364,75 @@ func TestDetect(t *testing.T) {
 				t.Errorf("Detect = %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// openFDs counts the process's open file descriptors.
+func openFDs(t testing.TB) int {
+	t.Helper()
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skipf("no /proc/self/fd: %v", err)
+	}
+	return len(fds)
+}
+
+// TestStatKeepsFilesOpen: the second Stat of a cgroup reads its files
+// anew through the descriptors the first opened, the files of a cgroup
+// nobody reads are closed after idleClose, and Close closes the rest.
+func TestStatKeepsFilesOpen(t *testing.T) {
+	const a, b = "/pinrt/a", "/pinrt/b"
+	root := t.TempDir()
+	files := v2Tree(a, "max", false)
+	maps.Copy(files, v2Tree(b, "max", false))
+	writeTree(t, root, files)
+	before := openFDs(t)
+	r := NewReader(root)
+	if _, err := r.Stat(a); err != nil {
+		t.Fatal(err)
+	}
+	// cpu.stat, memory.current, memory.max, memory.stat, pids.current;
+	// memory.swap.current is absent.
+	if got := openFDs(t) - before; got != 5 {
+		t.Errorf("%d files open after one Stat, want 5", got)
+	}
+	writeTree(t, root, map[string]string{a + "/memory.current": "4194304\n"})
+	st, err := r.Stat(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Memory.Usage != 4194304 {
+		t.Errorf("usage after the file changed = %d, want 4194304", st.Memory.Usage)
+	}
+	if got := openFDs(t) - before; got != 5 {
+		t.Errorf("%d files open after a second Stat of the same cgroup, want 5", got)
+	}
+
+	// a idles; reading b past idleClose closes a's files.
+	r.mu.Lock()
+	r.open[a].used = r.open[a].used.Add(-idleClose)
+	r.swept = r.swept.Add(-idleClose)
+	r.mu.Unlock()
+	if _, err := r.Stat(b); err != nil {
+		t.Fatal(err)
+	}
+	if got := openFDs(t) - before; got != 5 {
+		t.Errorf("%d files open after a idled and b was read, want b's 5", got)
+	}
+	if _, ok := r.open[a]; ok {
+		t.Error("the idle cgroup is still held")
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := openFDs(t) - before; got != 0 {
+		t.Errorf("%d files open after Close", got)
+	}
+	// A cgroup whose read fails holds nothing.
+	if _, err := r.Stat("/pinrt/missing"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("missing cgroup: %v", err)
+	}
+	if got := openFDs(t) - before; got != 0 || len(r.open) != 0 {
+		t.Errorf("%d files and %d cgroups held after a failed Stat", got, len(r.open))
 	}
 }

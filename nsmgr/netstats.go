@@ -1,6 +1,6 @@
 package nsmgr
 
-import "net"
+import "sync"
 
 // NetDev is the traffic of one network interface since it was created.
 type NetDev struct {
@@ -9,10 +9,15 @@ type NetDev struct {
 	TxBytes, TxPackets, TxErrors, TxDropped uint64
 }
 
-const netFlagLoopback = net.FlagLoopback
+// Counters reads interface counters inside pinned network namespaces
+// through one rtnetlink socket in the caller's own namespace, opened on
+// first use. It is safe for concurrent use; Close releases the socket.
+type Counters struct {
+	mu  sync.Mutex
+	fd  int // the socket, -1 while closed
+	seq uint32
+	buf []byte
+}
 
-// Counters reads interface counters inside pinned network namespaces.
-type Counters struct{}
-
-// NetDev returns the counters of the interfaces in the netns pinned at pin.
-func (Counters) NetDev(pin string) ([]NetDev, error) { return NetDevStats(pin) }
+// NewCounters returns a reader whose socket is opened by the first NetDev.
+func NewCounters() *Counters { return &Counters{fd: -1} }

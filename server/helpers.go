@@ -214,6 +214,17 @@ func (s *Server) podContainers(id string) []*sandbox.Container {
 	return out
 }
 
+// containersByPod lists every container once, by sandbox ID, for the
+// RPCs that report all pods with their containers: podContainers per pod
+// would list and sort the whole store once per pod.
+func (s *Server) containersByPod() map[string][]*sandbox.Container {
+	out := map[string][]*sandbox.Container{}
+	for _, c := range s.containers.List() {
+		out[c.SandboxID] = append(out[c.SandboxID], c)
+	}
+	return out
+}
+
 func (s *Server) containerDir(id string) string { return filepath.Join(s.cfg.Root, "containers", id) }
 
 // runtimeFor is the runtime of a handler. A configured handler whose

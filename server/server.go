@@ -10,6 +10,7 @@ package server
 import (
 	"context"
 	"fmt"
+	"io"
 	"sync"
 	"sync/atomic"
 
@@ -86,9 +87,10 @@ type Deps struct {
 	Runtimes map[string]ContainerRuntime
 	// Shm defaults to sandbox.Tmpfs.
 	Shm Shm
-	// Cgroups defaults to a reader of the host's /sys/fs/cgroup.
+	// Cgroups defaults to a reader of the host's /sys/fs/cgroup, closed by
+	// Close.
 	Cgroups Cgroups
-	// NetCounters defaults to nsmgr.Counters.
+	// NetCounters defaults to an nsmgr.Counters, closed by Close.
 	NetCounters NetCounters
 	// Metrics records pinrt's operations; nil records nothing.
 	Metrics Recorder
@@ -143,7 +145,7 @@ func New(cfg *conf.Config, deps Deps) *Server {
 		deps.CgroupDriver, _ = cgroups.New(cgroups.DriverCgroupfs, cfg.Runtime.CgroupParent)
 	}
 	if deps.NetCounters == nil {
-		deps.NetCounters = nsmgr.Counters{}
+		deps.NetCounters = nsmgr.NewCounters()
 	}
 	instrumentDeps(&deps)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -197,6 +199,12 @@ func (s *Server) Close(ctx context.Context) error {
 	s.events.close()
 	if s.exits.w != nil {
 		_ = s.exits.w.Close()
+	}
+	// The stats readers hold a netlink socket and cgroup files open.
+	for _, d := range []any{s.deps.NetCounters, s.deps.Cgroups} {
+		if c, ok := d.(io.Closer); ok {
+			_ = c.Close()
+		}
 	}
 	return nil
 }

@@ -27,14 +27,14 @@ type Cgroups interface {
 }
 
 // NetCounters reads the interface counters of a pinned netns (package
-// nsmgr, nsmgr.Counters).
+// nsmgr, *nsmgr.Counters).
 type NetCounters interface {
 	NetDev(pin string) ([]nsmgr.NetDev, error)
 }
 
 var (
 	_ Cgroups     = (*cgroups.Reader)(nil)
-	_ NetCounters = nsmgr.Counters{}
+	_ NetCounters = (*nsmgr.Counters)(nil)
 )
 
 // DefaultDiskUsageInterval is how often writable layers are measured
@@ -79,8 +79,9 @@ func (s *Server) ContainerStats(ctx context.Context, req *runtimeapi.ContainerSt
 // ListContainerStats reports the usage of the containers matching the
 // filter; kubelet calls it every 10 seconds.
 func (s *Server) ListContainerStats(ctx context.Context, req *runtimeapi.ListContainerStatsRequest) (*runtimeapi.ListContainerStatsResponse, error) {
-	var out []*runtimeapi.ContainerStats
-	for _, c := range s.filterContainerStats(req.GetFilter()) {
+	ctrs := s.filterContainerStats(req.GetFilter())
+	out := make([]*runtimeapi.ContainerStats, 0, len(ctrs))
+	for _, c := range ctrs {
 		out = append(out, s.containerStats(ctx, c))
 	}
 	return &runtimeapi.ListContainerStatsResponse{Stats: out}, nil
@@ -92,14 +93,16 @@ func (s *Server) PodSandboxStats(ctx context.Context, req *runtimeapi.PodSandbox
 	if err != nil {
 		return nil, err
 	}
-	return &runtimeapi.PodSandboxStatsResponse{Stats: s.podStats(ctx, sb)}, nil
+	return &runtimeapi.PodSandboxStatsResponse{Stats: s.podStats(ctx, sb, s.podContainers(sb.ID))}, nil
 }
 
 // ListPodSandboxStats reports the usage of the pods matching the filter.
 func (s *Server) ListPodSandboxStats(ctx context.Context, req *runtimeapi.ListPodSandboxStatsRequest) (*runtimeapi.ListPodSandboxStatsResponse, error) {
-	var out []*runtimeapi.PodSandboxStats
-	for _, sb := range s.filterPodStats(req.GetFilter()) {
-		out = append(out, s.podStats(ctx, sb))
+	pods := s.filterPodStats(req.GetFilter())
+	ctrs := s.containersByPod()
+	out := make([]*runtimeapi.PodSandboxStats, 0, len(pods))
+	for _, sb := range pods {
+		out = append(out, s.podStats(ctx, sb, ctrs[sb.ID]))
 	}
 	return &runtimeapi.ListPodSandboxStatsResponse{Stats: out}, nil
 }
@@ -155,7 +158,8 @@ func (s *Server) containerStats(ctx context.Context, c *sandbox.Container) *runt
 	return out
 }
 
-func (s *Server) podStats(ctx context.Context, sb *sandbox.Sandbox) *runtimeapi.PodSandboxStats {
+// podStats reports sb with its containers ctrs.
+func (s *Server) podStats(ctx context.Context, sb *sandbox.Sandbox, ctrs []*sandbox.Container) *runtimeapi.PodSandboxStats {
 	out := &runtimeapi.PodSandboxStats{
 		Attributes: &runtimeapi.PodSandboxAttributes{Id: sb.ID, Metadata: podMetadata(sb), Labels: sb.Labels, Annotations: sb.Annotations},
 		Linux:      &runtimeapi.LinuxPodSandboxStats{},
@@ -167,7 +171,8 @@ func (s *Server) podStats(ctx context.Context, sb *sandbox.Sandbox) *runtimeapi.
 		out.Linux.Process = &runtimeapi.ProcessUsage{Timestamp: st.Timestamp.UnixNano(), ProcessCount: &runtimeapi.UInt64Value{Value: st.Pids}}
 	}
 	out.Linux.Network = s.networkUsage(ctx, sb)
-	for _, c := range s.podContainers(sb.ID) {
+	out.Linux.Containers = make([]*runtimeapi.ContainerStats, 0, len(ctrs))
+	for _, c := range ctrs {
 		out.Linux.Containers = append(out.Linux.Containers, s.containerStats(ctx, c))
 	}
 	return out

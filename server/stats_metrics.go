@@ -73,9 +73,10 @@ func (s *Server) ListMetricDescriptors(ctx context.Context, req *runtimeapi.List
 // ListPodSandboxMetrics reports the cAdvisor metrics of every pod and its
 // containers.
 func (s *Server) ListPodSandboxMetrics(ctx context.Context, req *runtimeapi.ListPodSandboxMetricsRequest) (*runtimeapi.ListPodSandboxMetricsResponse, error) {
-	var out []*runtimeapi.PodSandboxMetrics
-	for _, sb := range s.sandboxes.List() {
-		out = append(out, s.podMetrics(ctx, sb))
+	pods, ctrs := s.sandboxes.List(), s.containersByPod()
+	out := make([]*runtimeapi.PodSandboxMetrics, 0, len(pods))
+	for _, sb := range pods {
+		out = append(out, s.podMetrics(ctx, sb, ctrs[sb.ID]))
 	}
 	return &runtimeapi.ListPodSandboxMetricsResponse{PodMetrics: out}, nil
 }
@@ -123,7 +124,7 @@ func (m *metricSet) network(devs []nsmgr.NetDev) {
 	}
 }
 
-func (s *Server) podMetrics(ctx context.Context, sb *sandbox.Sandbox) *runtimeapi.PodSandboxMetrics {
+func (s *Server) podMetrics(ctx context.Context, sb *sandbox.Sandbox, ctrs []*sandbox.Container) *runtimeapi.PodSandboxMetrics {
 	now := time.Now().UnixNano()
 	group := s.podCgroup(sb)
 	pod := &metricSet{at: now, labels: []string{"", group, "", sb.ID, sb.Namespace, sb.Name}}
@@ -134,7 +135,7 @@ func (s *Server) podMetrics(ctx context.Context, sb *sandbox.Sandbox) *runtimeap
 		}
 	}
 	out := &runtimeapi.PodSandboxMetrics{PodSandboxId: sb.ID, Metrics: pod.out}
-	for _, c := range s.podContainers(sb.ID) {
+	for _, c := range ctrs {
 		cg := s.containerCgroup(c)
 		set := &metricSet{at: now, labels: []string{c.Name, cg, c.Image, c.ID, sb.Namespace, sb.Name}}
 		if cg != "" {

@@ -1,0 +1,426 @@
+package cgroups
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
+)
+
+// The files Stat reads, by index into a cgroup's open files. v1 names the
+// controller's hierarchy under the root; v2 has the one hierarchy.
+type cgroupFile struct {
+	controller, name string
+	optional         bool
+}
+
+const (
+	v1Usage = iota
+	v1Limit
+	v1MemStat
+	v1Memsw
+	v1CPU
+	v1Pids
+	numFiles
+)
+
+var v1Files = [numFiles]cgroupFile{
+	v1Usage:   {"memory", "memory.usage_in_bytes", false},
+	v1Limit:   {"memory", "memory.limit_in_bytes", false},
+	v1MemStat: {"memory", "memory.stat", false},
+	// memsw counts memory plus swap, without swap accounting it is absent.
+	v1Memsw: {"memory", "memory.memsw.usage_in_bytes", true},
+	v1CPU:   {"cpuacct", "cpuacct.usage", false},
+	// runc joins every controller it finds, but a cgroup made by someone
+	// else may lack pids: no count then, as on a host without it.
+	v1Pids: {"pids", "pids.current", true},
+}
+
+// cpu.stat is a core file every v2 cgroup has; the memory and pids files
+// exist only where the parent enabled those controllers in
+// cgroup.subtree_control, and memory.swap.current only with swap
+// accounting.
+const (
+	v2CPU = iota
+	v2MemCurrent
+	v2MemMax
+	v2MemStat
+	v2Swap
+	v2Pids
+)
+
+var v2Files = [numFiles]cgroupFile{
+	v2CPU:        {"", "cpu.stat", false},
+	v2MemCurrent: {"", "memory.current", true},
+	v2MemMax:     {"", "memory.max", true},
+	v2MemStat:    {"", "memory.stat", true},
+	v2Swap:       {"", "memory.swap.current", true},
+	v2Pids:       {"", "pids.current", true},
+}
+
+// The memory.stat keys CRI reports, in the order readFields returns them.
+var (
+	v1MemoryStat = []string{"total_rss", "total_inactive_file", "total_pgfault", "total_pgmajfault"}
+	v2MemoryStat = []string{"anon", "inactive_file", "pgfault", "pgmajfault"}
+	v2CPUStat    = []string{"usage_usec"}
+)
+
+// Stat reads the cgroup named group (a cgroupfs path such as
+// "/pinrt/<pod>/pinrt-<ctr>"). A cgroup that does not exist (a container
+// never started, or already deleted, also while it is being read) is
+// ErrNotFound.
+//
+// The files stay open for the next Stat of the same cgroup: a cgroupfs
+// file is generated anew by every read from offset 0, and one pread costs
+// a third of an open, read and close. A removed cgroup's open files read
+// ENODEV, which closes them; a cgroup not read for idleClose has its files
+// closed too.
+func (r *Reader) Stat(group string) (*Stats, error) {
+	if !validGroup(group) {
+		return nil, fmt.Errorf("cgroup %q: must be absolute without '..': %w", group, errdefs.ErrInvalidArgument)
+	}
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+	st := &Stats{Timestamp: time.Now()}
+	for {
+		g := r.lookup(group, st.Timestamp)
+		g.mu.Lock()
+		if g.closed {
+			// Closed by another Stat's failure or for idleness after the
+			// lookup: take a fresh one.
+			g.mu.Unlock()
+			r.drop(g)
+			continue
+		}
+		var err error
+		if r.mode == Unified {
+			err = r.statV2(g, bp, st)
+		} else {
+			err = r.statV1(g, bp, st)
+		}
+		if err != nil {
+			g.closeLocked()
+		}
+		g.mu.Unlock()
+		if err != nil {
+			r.drop(g)
+			return nil, statError(group, err)
+		}
+		return st, nil
+	}
+}
+
+func (r *Reader) statV1(g *openGroup, bp *[]byte, st *Stats) error {
+	usage, _, err := r.readUint(g, v1Usage, bp)
+	if err != nil {
+		return err
+	}
+	limit, _, err := r.readUint(g, v1Limit, bp)
+	if err != nil {
+		return err
+	}
+	// The total_* counters include descendants: a pod cgroup's numbers
+	// are its containers' sum, and a leaf's equal its own.
+	var ms [4]uint64
+	if _, err := r.readFields(g, v1MemStat, bp, v1MemoryStat, ms[:]); err != nil {
+		return err
+	}
+	st.Memory = Memory{
+		Usage: usage, RSS: ms[0], PageFaults: ms[2], MajorPageFaults: ms[3],
+		WorkingSet: workingSet(usage, ms[1]),
+	}
+	if limit < unlimited {
+		st.Memory.Limit = limit
+	}
+	sw, ok, err := r.readUint(g, v1Memsw, bp)
+	if err != nil {
+		return err
+	}
+	if ok {
+		st.Memory.HasSwap = true
+		if sw > usage {
+			st.Memory.Swap = sw - usage
+		}
+	}
+	if st.CPUUsageNanos, _, err = r.readUint(g, v1CPU, bp); err != nil {
+		return err
+	}
+	st.Pids, _, err = r.readUint(g, v1Pids, bp)
+	return err
+}
+
+func (r *Reader) statV2(g *openGroup, bp *[]byte, st *Stats) error {
+	var cpu [1]uint64
+	if _, err := r.readFields(g, v2CPU, bp, v2CPUStat, cpu[:]); err != nil {
+		return err
+	}
+	st.CPUUsageNanos = cpu[0] * 1000
+	usage, ok, err := r.readUint(g, v2MemCurrent, bp)
+	if err != nil {
+		return err
+	}
+	if ok {
+		// memory.max is "max" when unlimited, which readUint returns as
+		// MaxUint64; absent, it is unlimited as well.
+		limit, _, err := r.readUint(g, v2MemMax, bp)
+		if err != nil {
+			return err
+		}
+		var ms [4]uint64
+		if _, err := r.readFields(g, v2MemStat, bp, v2MemoryStat, ms[:]); err != nil {
+			return err
+		}
+		st.Memory = Memory{
+			Usage: usage, RSS: ms[0], PageFaults: ms[2], MajorPageFaults: ms[3],
+			WorkingSet: workingSet(usage, ms[1]),
+		}
+		if limit < unlimited {
+			st.Memory.Limit = limit
+		}
+		if st.Memory.Swap, st.Memory.HasSwap, err = r.readUint(g, v2Swap, bp); err != nil {
+			return err
+		}
+	}
+	st.Pids, _, err = r.readUint(g, v2Pids, bp)
+	return err
+}
+
+// openGroup is a cgroup's files, opened when first read.
+type openGroup struct {
+	group string
+	// used is when the cgroup was last looked up, under Reader.mu.
+	used time.Time
+
+	mu     sync.Mutex
+	fds    [numFiles]int // an open fd, fdUnopened or fdAbsent
+	closed bool
+}
+
+const (
+	fdUnopened = -1
+	// fdAbsent is an optional file the cgroup does not have. Which
+	// controllers a cgroup has is fixed when it is created.
+	fdAbsent = -2
+)
+
+// idleClose is how long a cgroup's files stay open without a Stat. kubelet
+// reads every container every 10 seconds; a container that is gone is read
+// no more, and its files are closed one to two idleClose later.
+const idleClose = time.Minute
+
+// lookup returns group's files, and closes those of the cgroups nobody
+// read for idleClose, once per idleClose.
+func (r *Reader) lookup(group string, now time.Time) *openGroup {
+	var idle []*openGroup
+	defer func() {
+		for _, g := range idle {
+			g.mu.Lock()
+			g.closeLocked()
+			g.mu.Unlock()
+		}
+	}()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if now.Sub(r.swept) >= idleClose {
+		r.swept = now
+		for k, g := range r.open {
+			if now.Sub(g.used) >= idleClose {
+				idle = append(idle, g)
+				delete(r.open, k)
+			}
+		}
+	}
+	g, ok := r.open[group]
+	if !ok {
+		g = &openGroup{group: group}
+		for i := range g.fds {
+			g.fds[i] = fdUnopened
+		}
+		// Files the host cannot have are never tried.
+		if r.mode != Unified && !r.memsw {
+			g.fds[v1Memsw] = fdAbsent
+		}
+		if r.mode != Unified && !r.pids {
+			g.fds[v1Pids] = fdAbsent
+		}
+		r.open[group] = g
+	}
+	g.used = now
+	return g
+}
+
+// drop forgets g, if it is still what the reader has for its cgroup.
+func (r *Reader) drop(g *openGroup) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.open[g.group] == g {
+		delete(r.open, g.group)
+	}
+}
+
+func (g *openGroup) closeLocked() {
+	for i, fd := range g.fds {
+		if fd >= 0 {
+			_ = unix.Close(fd)
+		}
+		g.fds[i] = fdUnopened
+	}
+	g.closed = true
+}
+
+// Close closes every file the reader holds open. Stat may be called after
+// and opens them again.
+func (r *Reader) Close() error {
+	r.mu.Lock()
+	open := r.open
+	r.open = map[string]*openGroup{}
+	r.mu.Unlock()
+	for _, g := range open {
+		g.mu.Lock()
+		g.closeLocked()
+		g.mu.Unlock()
+	}
+	return nil
+}
+
+func (r *Reader) path(group string, i int) string {
+	f := r.files[i]
+	if f.controller == "" {
+		return r.root + group + "/" + f.name
+	}
+	return r.root + "/" + f.controller + group + "/" + f.name
+}
+
+// read reads file i of g into *bp; false for an optional file the cgroup
+// lacks. A missing file in a missing cgroup is the cgroup removed, also
+// while it was read, which stays an error (ENOENT, NotFound for Stat)
+// rather than a zero.
+func (r *Reader) read(g *openGroup, i int, bp *[]byte) ([]byte, bool, error) {
+	fd := g.fds[i]
+	if fd == fdAbsent {
+		return nil, false, nil
+	}
+	if fd == fdUnopened {
+		p := r.path(g.group, i)
+		var err error
+		fd, err = ignoringEINTR(func() (int, error) { return unix.Open(p, unix.O_RDONLY|unix.O_CLOEXEC, 0) })
+		if err != nil {
+			if !r.files[i].optional || !errors.Is(err, unix.ENOENT) {
+				return nil, false, &os.PathError{Op: "open", Path: p, Err: err}
+			}
+			// The first file's directory: memory's on v1.
+			dir := filepath.Dir(r.path(g.group, 0))
+			if err := unix.Access(dir, unix.F_OK); err != nil {
+				return nil, false, &os.PathError{Op: "access", Path: dir, Err: err}
+			}
+			g.fds[i] = fdAbsent
+			return nil, false, nil
+		}
+		g.fds[i] = fd
+	}
+	b, err := preadAll(fd, bp)
+	if err != nil {
+		return nil, false, &os.PathError{Op: "read", Path: r.path(g.group, i), Err: err}
+	}
+	return b, true, nil
+}
+
+// bufPool holds the read buffers: every stats poll reads a few files per
+// container, and a fresh buffer each would be most of its garbage.
+var bufPool = sync.Pool{New: func() any {
+	b := make([]byte, 0, 8<<10)
+	return &b
+}}
+
+// preadAll reads fd from offset 0 into *bp with plain syscalls. os.File
+// would register every cgroupfs file with the runtime's poller (epoll_ctl
+// and fcntl, and a deregistration on close) for reads that never block.
+// A read that fills the buffer is repeated from 0 into a larger one, so
+// that the numbers always come from one generation of the file.
+func preadAll(fd int, bp *[]byte) ([]byte, error) {
+	buf := (*bp)[:cap(*bp)]
+	for {
+		n, err := ignoringEINTR(func() (int, error) { return unix.Pread(fd, buf, 0) })
+		if err != nil {
+			return nil, err
+		}
+		if n < len(buf) {
+			return buf[:n], nil
+		}
+		buf = make([]byte, 2*len(buf))
+		*bp = buf[:0]
+	}
+}
+
+func ignoringEINTR(f func() (int, error)) (int, error) {
+	for {
+		n, err := f()
+		if !errors.Is(err, unix.EINTR) {
+			return n, err
+		}
+	}
+}
+
+// readUint reads file i of g, holding one number or "max" (v2's
+// unlimited, returned as MaxUint64); false for an optional file the
+// cgroup lacks.
+func (r *Reader) readUint(g *openGroup, i int, bp *[]byte) (uint64, bool, error) {
+	b, ok, err := r.read(g, i, bp)
+	if err != nil || !ok {
+		return 0, false, err
+	}
+	b = bytes.TrimSpace(b)
+	if string(b) == "max" {
+		return ^uint64(0), true, nil
+	}
+	v, err := strconv.ParseUint(string(b), 10, 64)
+	if err != nil {
+		return 0, false, fmt.Errorf("%s: %w", r.path(g.group, i), err)
+	}
+	return v, true, nil
+}
+
+// readFields reads file i of g, a flat keyed file ("key value" lines, as
+// memory.stat and cpu.stat), and stores the value of keys[j] in out[j]; a
+// key the file lacks leaves its value 0, as kernels add and drop keys over
+// time. False for an optional file the cgroup lacks.
+func (r *Reader) readFields(g *openGroup, i int, bp *[]byte, keys []string, out []uint64) (bool, error) {
+	b, ok, err := r.read(g, i, bp)
+	if err != nil || !ok {
+		return false, err
+	}
+	for len(b) > 0 {
+		var line []byte
+		line, b, _ = bytes.Cut(b, []byte{'\n'})
+		k, v, ok := bytes.Cut(line, []byte{' '})
+		if !ok {
+			continue
+		}
+		for j, key := range keys {
+			if string(k) != key {
+				continue
+			}
+			if out[j], err = strconv.ParseUint(string(v), 10, 64); err != nil {
+				return false, fmt.Errorf("%s: %s: %w", r.path(g.group, i), key, err)
+			}
+			break
+		}
+	}
+	return true, nil
+}
+
+// statError makes a cgroup that is gone, before or during the read,
+// NotFound. A file still open when its cgroup is removed reads ENODEV.
+func statError(group string, err error) error {
+	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENODEV) {
+		return fmt.Errorf("cgroup %s: %w: %w", group, errdefs.ErrNotFound, err)
+	}
+	return fmt.Errorf("cgroup %s: %w", group, err)
+}
