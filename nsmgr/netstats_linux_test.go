@@ -23,7 +23,7 @@ func pinNetns(tb testing.TB, id string, userns bool) string {
 	if os.Geteuid() != 0 {
 		tb.Skip("needs root: creates network namespaces and links")
 	}
-	m, err := NewManager(tb.TempDir(), "")
+	m, err := NewManager(tb.TempDir())
 	if err != nil {
 		tb.Fatal(err)
 	}
