@@ -616,7 +616,7 @@ func reboot(t *testing.T, c *chaos) {
 	for i := 0; i < 50 && len(c.processes()) > 0; i++ {
 		for _, p := range c.processes() {
 			var pid int
-			if _, err := fmt.Sscanf(p, "process %d:", &pid); err == nil {
+			if _, err := fmt.Sscanf(p, "process %d ", &pid); err == nil {
 				_ = syscall.Kill(pid, syscall.SIGKILL)
 			}
 		}
