@@ -32,6 +32,10 @@ type Driver interface {
 	// RemovePod removes the pod's cgroup if the driver made it; a parent
 	// kubelet sent is kubelet's to remove. Removing what is gone succeeds.
 	RemovePod(ctx context.Context, kubeletParent, sandboxID string) error
+	// FSPath is the cgroupfs path, under the mount root, of a pod parent
+	// (PodParent) or an OCI cgroupsPath (ContainerPath), which is where
+	// the statistics are read; "" if p is not in this driver's form.
+	FSPath(p string) string
 }
 
 // Driver names, as runtime.cgroup_driver spells them.
@@ -87,6 +91,13 @@ func (*cgroupfs) EnsurePod(context.Context, string) error { return nil }
 func (*cgroupfs) ContainerPath(parent, id string) string { return path.Join(parent, "pinrt-"+id) }
 
 func (*cgroupfs) RuntimeArgs() []string { return nil }
+
+func (*cgroupfs) FSPath(p string) string {
+	if !path.IsAbs(p) || strings.Contains(p, "..") {
+		return ""
+	}
+	return path.Clean(p)
+}
 
 // RemovePod removes the pod's directory from every hierarchy: the unified
 // one on v2, each controller's on v1. runc removes each container's own

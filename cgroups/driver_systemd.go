@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path"
 	"strings"
 	"sync"
 	"time"
@@ -89,6 +90,50 @@ func (d *systemdDriver) EnsurePod(ctx context.Context, slice string) error {
 func (*systemdDriver) ContainerPath(parent, id string) string { return parent + ":pinrt:" + id }
 
 func (*systemdDriver) RuntimeArgs() []string { return []string{"--systemd-cgroup"} }
+
+// FSPath places a slice ("a-b.slice") or runc's "slice:prefix:name" in
+// the hierarchy as systemd does: a slice sits inside the slices its
+// dash-separated prefixes name (/a.slice/a-b.slice), and a container is
+// the scope <prefix>-<name>.scope in its slice.
+func (*systemdDriver) FSPath(p string) string {
+	slice, unit := p, ""
+	if parts := strings.Split(p, ":"); len(parts) == 3 {
+		slice, unit = parts[0], parts[1]+"-"+parts[2]+".scope"
+		if strings.HasSuffix(parts[2], ".slice") {
+			unit = parts[2]
+		}
+		if strings.ContainsAny(unit, "/") || strings.Contains(unit, "..") {
+			return ""
+		}
+	} else if len(parts) != 1 {
+		return ""
+	}
+	dir, ok := expandSlice(slice)
+	if !ok {
+		return ""
+	}
+	return path.Join(dir, unit)
+}
+
+// expandSlice is the directory of a slice unit: "-.slice" is the root,
+// "a-b.slice" is /a.slice/a-b.slice.
+func expandSlice(slice string) (string, bool) {
+	if slice == "-.slice" {
+		return "/", true
+	}
+	if !IsSlice(slice) {
+		return "", false
+	}
+	var dir, acc strings.Builder
+	for i, part := range strings.Split(strings.TrimSuffix(slice, ".slice"), "-") {
+		if i > 0 {
+			acc.WriteByte('-')
+		}
+		acc.WriteString(part)
+		dir.WriteString("/" + acc.String() + ".slice")
+	}
+	return dir.String(), true
+}
 
 // RemovePod stops the slice pinrt started for the pod; stopping a slice
 // removes its cgroup. A kubelet slice is kubelet's.

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/containerd/errdefs"
@@ -178,5 +179,54 @@ func TestSystemdRedialsOnce(t *testing.T) {
 	}
 	if dials != 2 || !broken.closed || len(good.stopped) != 1 {
 		t.Errorf("dials %d, broken closed %v, stopped on the new connection %v", dials, broken.closed, good.stopped)
+	}
+}
+
+// TestFSPath: statistics are read where each driver's runtime put the
+// cgroup. runc's systemd driver makes "slice:prefix:name" the scope
+// <prefix>-<name>.scope inside the slice, whose directory nests every
+// dash-separated prefix, as systemd does.
+func TestFSPath(t *testing.T) {
+	fs, err := New(DriverCgroupfs, "/pinrt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sd, err := New(DriverSystemd, "pinrt.slice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		d    Driver
+		in   string
+		want string
+	}{
+		{fs, "/pinrt/pod1/pinrt-c1", "/pinrt/pod1/pinrt-c1"},
+		{fs, "/kubepods/burstable/pod1/", "/kubepods/burstable/pod1"},
+		{fs, "relative/path", ""},
+		{fs, "/a/../../etc", ""},
+		{sd, "pinrt-pod1.slice", "/pinrt.slice/pinrt-pod1.slice"},
+		{sd, "kubepods-burstable-podab12.slice", "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podab12.slice"},
+		{sd, "kubepods-burstable-podab12.slice:pinrt:c1", "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podab12.slice/pinrt-c1.scope"},
+		{sd, "-.slice:pinrt:c1", "/pinrt-c1.scope"},
+		{sd, "pinrt.slice:pinrt:sub.slice", "/pinrt.slice/sub.slice"},
+		{sd, "/pinrt/pod1", ""},
+		{sd, "pinrt.slice:pinrt:../x", ""},
+		{sd, "a:b", ""},
+		{sd, "bad--name.slice", ""},
+	} {
+		if got := tc.d.FSPath(tc.in); got != tc.want {
+			t.Errorf("%s FSPath(%q) = %q, want %q", tc.d.Name(), tc.in, got, tc.want)
+		}
+	}
+	// The two halves fit: a container's path sits inside its pod's.
+	for _, d := range []Driver{fs, sd} {
+		parent, err := d.PodParent("", "pod1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		pod, ctr := d.FSPath(parent), d.FSPath(d.ContainerPath(parent, "c1"))
+		if pod == "" || !strings.HasPrefix(ctr, pod+"/") {
+			t.Errorf("%s: container cgroup %q is not inside the pod's %q", d.Name(), ctr, pod)
+		}
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"os"
-	"path"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -253,10 +252,11 @@ func (s *Server) networkUsage(ctx context.Context, sb *sandbox.Sandbox) *runtime
 // podCgroup is the cgroup the pod's containers are created under (see
 // container_create.go and oci.WithCgroupsPath).
 func (s *Server) podCgroup(sb *sandbox.Sandbox) string {
-	if sb.CgroupParent != "" {
-		return sb.CgroupParent
+	parent, err := s.deps.CgroupDriver.PodParent(sb.CgroupParent, sb.ID)
+	if err != nil {
+		return ""
 	}
-	return path.Join(s.cfg.Runtime.CgroupParent, sb.ID)
+	return s.deps.CgroupDriver.FSPath(parent)
 }
 
 // containerCgroup is linux.cgroupsPath of the spec the container was
@@ -276,7 +276,7 @@ func (s *Server) containerCgroup(c *sandbox.Container) string {
 	if json.Unmarshal(b, &spec) != nil || spec.Linux == nil {
 		return ""
 	}
-	g = spec.Linux.CgroupsPath
+	g = s.deps.CgroupDriver.FSPath(spec.Linux.CgroupsPath)
 	s.stats.mu.Lock()
 	s.stats.groups[c.ID] = g
 	s.stats.mu.Unlock()

@@ -176,6 +176,9 @@ func (e *ctrEnv) testStatsMemory(t *testing.T) {
 	// inactive file cache, so they count in the working set.
 	e.mustExec(t, id, "dd", "if=/dev/zero", "of=/dev/shm/fill", "bs=1M", "count=40")
 	st := e.ctrStats(t, id).GetMemory()
+	if st == nil {
+		t.Fatal("no memory statistics for a running container")
+	}
 	if grew := st.GetWorkingSetBytes().GetValue() - base; grew < 35<<20 {
 		t.Errorf("working set grew by %d bytes after writing 40 MiB to tmpfs", grew)
 	}
