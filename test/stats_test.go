@@ -54,11 +54,18 @@ func (e *ctrEnv) testPodMetrics(t *testing.T) {
 		}
 		return false
 	}
-	if !has(pm.Metrics, "container_network_receive_bytes_total", "", "/pinrt/"+pod, "", pod, "e2e", "stats-metrics", "eth0") {
+	// The id label is the cgroup's directory, as cAdvisor names it: under
+	// systemd, the pod's slice and the container's scope in it.
+	podCg, ctrCg := "/pinrt/"+pod, "/pinrt/"+pod+"/pinrt-"+id
+	if CgroupDriver() == "systemd" {
+		podCg = "/pinrt.slice/pinrt-" + pod + ".slice"
+		ctrCg = podCg + "/pinrt-" + id + ".scope"
+	}
+	if !has(pm.Metrics, "container_network_receive_bytes_total", "", podCg, "", pod, "e2e", "stats-metrics", "eth0") {
 		t.Errorf("no pod network metric for eth0 in %v", pm.Metrics)
 	}
 	cm := pm.ContainerMetrics[0].Metrics
-	if !has(cm, "container_memory_working_set_bytes", "app", "/pinrt/"+pod+"/pinrt-"+id, e.busybox, id, "e2e", "stats-metrics") {
+	if !has(cm, "container_memory_working_set_bytes", "app", ctrCg, e.busybox, id, "e2e", "stats-metrics") {
 		t.Errorf("no container working set metric in %v", cm)
 	}
 }
