@@ -192,11 +192,13 @@ type execProcs struct {
 
 	mu   sync.Mutex
 	main procID
-	// cgroup is /proc/<main>/cgroup: runc exec puts the process in the
-	// container's cgroups, and so every process of this exec is there.
-	// Nothing outside them is ever a victim, whatever pipe it holds.
+	// Every process of this exec is in the container's cgroups, where
+	// runc exec puts the process it starts. Nothing outside them is ever
+	// a victim, whatever pipe it holds (see containerCgroup). cgroup is
+	// /proc/<main>/cgroup as read when the pid file appeared.
 	cgroup     []byte
 	initCgroup func() []byte
+	ctrCgroup  []byte // initCgroup's answer, once it gave one
 }
 
 // procID identifies a process across PID reuse, as runc's hasInit does.
@@ -301,11 +303,9 @@ func (e *execProcs) readPid() bool {
 func (e *execProcs) killAll(ctx context.Context) {
 	e.readPid()
 	e.mu.Lock()
-	main, cg := e.main, e.cgroup
+	main := e.main
 	e.mu.Unlock()
-	if len(cg) == 0 && e.initCgroup != nil {
-		cg = e.initCgroup()
-	}
+	cg := e.containerCgroup()
 	if len(cg) == 0 {
 		// Neither the process nor the container is there to tell which
 		// processes are ours: kill nothing rather than a stranger.
@@ -319,6 +319,25 @@ func (e *execProcs) killAll(ctx context.Context) {
 			log.G(ctx).WithError(err).Debugf("exec: not killing pid %d", p.pid)
 		}
 	}
+}
+
+// containerCgroup is the container's cgroup membership, as
+// /proc/<pid>/cgroup shows it: its init's, asked once. The exec'd
+// process's own, read when its pid file appeared, is only the fallback
+// for a container whose init is gone: runc can write the pid file before
+// it has moved the process into every hierarchy, and a copy taken then
+// names runc's cgroup, so that none of the exec's processes matched it
+// and a background child of the exec outlived every kill.
+func (e *execProcs) containerCgroup() []byte {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.ctrCgroup) == 0 && e.initCgroup != nil {
+		e.ctrCgroup = e.initCgroup()
+	}
+	if len(e.ctrCgroup) > 0 {
+		return e.ctrCgroup
+	}
+	return e.cgroup
 }
 
 // victims lists main, its descendants, the descendants of runc exec (a
