@@ -329,6 +329,40 @@ func TestFailThenRestart(t *testing.T) {
 	}
 }
 
+// A container that exits just as its status is asked: the runtime still
+// said running, then conmon wrote the exit file and exited. That is an
+// exit, not a dead monitor.
+func TestMonitorExitedWithItsContainer(t *testing.T) {
+	f := newCtrFixture(t)
+	ctx := context.Background()
+	pod, podCfg := f.pod(t, false)
+	resp, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr("quick"), SandboxConfig: podCfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.ContainerId
+	if _, err := f.srv.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: id}); err != nil {
+		t.Fatal(err)
+	}
+	// conmon is gone (as after it wrote the exit file), and the runtime
+	// says stopped from the second read on.
+	if err := os.WriteFile(filepath.Join(f.cfg.Root, "containers", id, "conmon.pid"), []byte(fmt.Sprint(os.Getpid())), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f.rt.AfterState = func(cid string, st *oci.State) {
+		if cid == id && st.Status == oci.StatusRunning {
+			st.Status, st.ExitCode = oci.StatusStopped, 0
+		}
+	}
+	st, err := f.srv.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Status.State != runtimeapi.ContainerState_CONTAINER_EXITED || st.Status.Reason == reasonMonitorGone || st.Status.ExitCode != 0 {
+		t.Errorf("status = %v %q exit %d, want EXITED with exit 0, not %s", st.Status.State, st.Status.Reason, st.Status.ExitCode, reasonMonitorGone)
+	}
+}
+
 // A container whose conmon is gone (conmon.pid names a process that is not
 // its monitor) cannot be started, and a live one is reported Exited with
 // reason MonitorGone and killed, so its stop does not wait for an exit

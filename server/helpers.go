@@ -265,9 +265,19 @@ func (s *Server) refreshContainer(ctx context.Context, c *sandbox.Container, che
 		log.G(ctx).WithError(err).WithField("container", c.ID).Warn("refreshing container state")
 		return
 	}
-	if err == nil && rs.Status != oci.StatusStopped && s.monitorGone(ctx, rt, c) {
-		s.containerEvent(ctx, c, runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT)
-		return
+	if err == nil && rs.Status != oci.StatusStopped {
+		gone, fresh, ferr := s.monitorGone(ctx, rt, c)
+		if gone {
+			s.containerEvent(ctx, c, runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT)
+			return
+		}
+		if fresh != nil || ferr != nil {
+			rs, err = fresh, ferr
+			if err != nil && !errdefs.IsNotFound(err) {
+				log.G(ctx).WithError(err).WithField("container", c.ID).Warn("refreshing container state")
+				return
+			}
+		}
 	}
 	exited := false
 	if err := c.UpdateStatus(func(st *sandbox.ContainerStatus) {

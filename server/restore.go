@@ -482,9 +482,16 @@ func killMonitor(dir, id string) {
 // monitorGone handles a live container whose conmon is dead: nothing will
 // ever write its exit file, so its processes are killed and it is
 // recorded Exited with reason MonitorGone. It reports whether it did so.
-func (s *Server) monitorGone(ctx context.Context, rt ContainerRuntime, c *sandbox.Container) bool {
+func (s *Server) monitorGone(ctx context.Context, rt ContainerRuntime, c *sandbox.Container) (bool, *oci.State, error) {
 	if _, alive, recorded := monitorPid(c.Dir, c.ID); !recorded || alive {
-		return false
+		return false, nil, nil
+	}
+	// A container that just exited: conmon reaps it, writes the exit file
+	// and exits, so a runtime state read before conmon was found dead can
+	// still say running. Asked again now, the runtime says stopped, and
+	// the caller goes on with that answer.
+	if rs, err := rt.State(ctx, c.ID); err != nil || rs.Status == oci.StatusStopped {
+		return false, rs, err
 	}
 	log.G(ctx).WithField("container", c.ID).Warn("the container's monitor (conmon) is gone; killing the container")
 	if err := rt.Kill(ctx, c.ID, syscall.SIGKILL, true); err != nil && !errdefs.IsNotFound(err) {
@@ -499,5 +506,5 @@ func (s *Server) monitorGone(ctx context.Context, rt ContainerRuntime, c *sandbo
 	}); err != nil {
 		log.G(ctx).WithError(err).WithField("container", c.ID).Warn("saving container state")
 	}
-	return true
+	return true, nil, nil
 }

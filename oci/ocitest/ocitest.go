@@ -44,6 +44,10 @@ type Runtime struct {
 	// container created, as runc's state does for tens of milliseconds
 	// after `runc start` returned.
 	StateLagsStart bool
+	// AfterState, if set, runs after every State answer with the stored
+	// state, which it may change: a container that exits between two
+	// reads.
+	AfterState func(id string, st *oci.State)
 	// StopExitCode is the exit code Kill/Stop record (default 137 for SIGKILL,
 	// 143 otherwise).
 	StopExitCode *int32
@@ -191,6 +195,9 @@ func (r *Runtime) State(_ context.Context, id string) (*oci.State, error) {
 		return nil, err
 	}
 	c := *st
+	if r.AfterState != nil {
+		r.AfterState(id, st)
+	}
 	return &c, nil
 }
 
