@@ -99,6 +99,8 @@ type Options struct {
 	Network bool
 	// Args are extra command-line flags.
 	Args []string
+	// Env is added to the daemon's environment.
+	Env []string
 	// ConfigLogLevel leaves the log level to the config file instead of
 	// forcing debug with --log-level.
 	ConfigLogLevel bool
@@ -252,6 +254,7 @@ func (d *Daemon) Start() error {
 	fmt.Fprintf(logf, "==== start %s\n", time.Now().Format(time.RFC3339Nano))
 	cmd := exec.Command(Binary(d.t), d.Args()...)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = append(os.Environ(), d.opts.Env...)
 	if err := cmd.Start(); err != nil {
 		return err
 	}

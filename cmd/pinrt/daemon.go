@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/containerd/log"
-	"github.com/coreos/go-systemd/v22/daemon"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 
@@ -107,6 +106,7 @@ func listen(cfg *conf.Config) (net.Listener, error) {
 }
 
 func runDaemon(o *options, cfg *conf.Config) error {
+	sd := takeNotifySocket()
 	if err := setupLogging(cfg); err != nil {
 		return err
 	}
@@ -178,11 +178,8 @@ func runDaemon(o *options, cfg *conf.Config) error {
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- g.Serve(l) }()
 	// The socket is bound, so kubelet's first dial queues until Serve
-	// picks it up: tell systemd (Type=notify) we are up. Without
-	// NOTIFY_SOCKET this does nothing.
-	if _, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
-		log.G(ctx).WithError(err).Warn("notifying systemd")
-	}
+	// picks it up: tell systemd (Type=notify) we are up.
+	sd.notify(ctx, "READY=1")
 	log.G(ctx).WithFields(log.Fields{"socket": cfg.SocketPath(), "version": version.Version, "root": cfg.Root, "runroot": cfg.RunRoot}).Info("pinrt is serving")
 
 	for {
@@ -196,6 +193,7 @@ func runDaemon(o *options, cfg *conf.Config) error {
 				continue
 			}
 			log.G(ctx).Infof("received %v, shutting down", sig)
+			sd.notify(ctx, "STOPPING=1")
 			srv.EndStreams()
 			stop(ctx, g, cfg.ShutdownTimeout.Std())
 			_ = os.Remove(cfg.SocketPath())
