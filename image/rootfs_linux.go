@@ -133,6 +133,16 @@ func (s *Store) MountRootfs(ctx context.Context, req MountRequest) (_ string, re
 // fsconfig call (kernel >= 6.8), so the one-page limit of a mount(2)
 // option string doesn't cap the number of layers. Older kernels fall back
 // to mount(2) with the joined option string.
+//
+// The rootfs is mounted nodev, as CRI-O's default mount options have it:
+// a device node that a container created or an image carried cannot be
+// opened through the host path, and the container loses nothing, since
+// its /dev is a tmpfs of the runtime's. It cannot also be nosuid at the
+// host path: runc bind-mounts the rootfs onto itself before pivot_root,
+// a bind keeps the flags of its source, and setuid binaries (ping, su)
+// inside containers would stop working. What keeps other host users
+// from running a container's setuid binaries is the 0700 (0710 for a
+// userns pod) container directory above the mount point.
 func mountOverlay(lowers []string, upper, work, target string) error {
 	err := fsmountOverlay(lowers, upper, work, target)
 	if err == nil || !errors.Is(err, unix.EINVAL) {
@@ -142,14 +152,14 @@ func mountOverlay(lowers []string, upper, work, target string) error {
 	if len(opts) >= os.Getpagesize() {
 		return fmt.Errorf("overlay options are %d bytes, over one page, and this kernel lacks lowerdir+: %w", len(opts), errdefs.ErrNotImplemented)
 	}
-	if err := unix.Mount("overlay", target, "overlay", 0, opts); err != nil {
+	if err := unix.Mount("overlay", target, "overlay", unix.MS_NODEV, opts); err != nil {
 		return fmt.Errorf("mount overlay: %w", err)
 	}
 	return nil
 }
 
 func fsmountOverlay(lowers []string, upper, work, target string) error {
-	return fsmountOverlayAttr(lowers, upper, work, target, 0)
+	return fsmountOverlayAttr(lowers, upper, work, target, unix.MOUNT_ATTR_NODEV)
 }
 
 // fsmountOverlayAttr mounts an overlay of lowers (and upper/work unless

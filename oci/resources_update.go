@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 
@@ -88,8 +89,11 @@ func validCPUList(s string) error {
 
 // UpdateBundleResources records res, just applied by `runc update`, in the
 // bundle's config.json, so the spec on disk (crictl inspect, a restart)
-// shows the limits in force. Device rules are not part of an update and
-// are kept.
+// shows the limits in force. runc update changes only the fields it is
+// given and leaves the rest of the cgroup as it was, so res is laid over
+// the recorded limits field by field: an update of the CPU shares alone
+// must not erase the memory limit from the record while the cgroup keeps
+// it. Device rules are not part of an update and are kept.
 func UpdateBundleResources(bundle string, res *specs.LinuxResources) error {
 	p := filepath.Join(bundle, "config.json")
 	b, err := os.ReadFile(p)
@@ -106,15 +110,50 @@ func UpdateBundleResources(bundle string, res *specs.LinuxResources) error {
 	if spec.Linux == nil {
 		spec.Linux = &specs.Linux{}
 	}
-	old := spec.Linux.Resources
-	merged := *res
-	if old != nil {
-		merged.Devices = old.Devices
+	if spec.Linux.Resources == nil {
+		spec.Linux.Resources = &specs.LinuxResources{}
 	}
-	spec.Linux.Resources = &merged
+	upd := *res
+	upd.Devices = nil
+	overlay(reflect.ValueOf(spec.Linux.Resources).Elem(), reflect.ValueOf(&upd).Elem())
 	out, err := json.Marshal(&spec)
 	if err != nil {
 		return err
 	}
 	return atomicfile.WriteFile(p, out, 0o600)
+}
+
+// overlay copies into dst every field that src sets, as runc update reads
+// its input: a nil pointer, an empty slice or map and a zero value mean
+// "unchanged". Structs and pointers to structs are merged field by field,
+// maps key by key; anything else set in src replaces dst's value.
+func overlay(dst, src reflect.Value) {
+	switch src.Kind() {
+	case reflect.Struct:
+		for i := 0; i < src.NumField(); i++ {
+			overlay(dst.Field(i), src.Field(i))
+		}
+	case reflect.Pointer:
+		switch {
+		case src.IsNil():
+		case dst.IsNil() || src.Elem().Kind() != reflect.Struct:
+			dst.Set(src)
+		default:
+			overlay(dst.Elem(), src.Elem())
+		}
+	case reflect.Map:
+		if src.Len() == 0 {
+			return
+		}
+		if dst.IsNil() {
+			dst.Set(reflect.MakeMap(src.Type()))
+		}
+		for _, k := range src.MapKeys() {
+			dst.SetMapIndex(k, src.MapIndex(k))
+		}
+	default:
+		if !src.IsZero() {
+			dst.Set(src)
+		}
+	}
 }

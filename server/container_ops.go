@@ -145,6 +145,10 @@ func (s *Server) updateContainer(ctx context.Context, c *sandbox.Container, res 
 	if res == nil {
 		return invalid("update of %s without linux resources", c.ID)
 	}
+	// Two updates must reach runc and config.json in the same order, or
+	// the record ends up with limits the cgroup does not have.
+	unlock := c.Lock()
+	defer unlock()
 	s.refreshContainer(ctx, c, false)
 	if st := c.Status().State; st == sandbox.ContainerExited {
 		return fmt.Errorf("container %s has exited: %w", c.ID, errdefs.ErrFailedPrecondition)

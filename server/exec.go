@@ -148,9 +148,31 @@ func (s *Server) ExecSync(ctx context.Context, req *runtimeapi.ExecSyncRequest) 
 	}
 	stdout, stderr, code, err := s.execSync(ctx, c, req.Cmd, time.Duration(req.Timeout)*time.Second)
 	if err != nil {
-		return nil, err
+		return nil, withPartialOutput(err, stdout, stderr)
 	}
 	return &runtimeapi.ExecSyncResponse{Stdout: stdout, Stderr: stderr, ExitCode: code}, nil
+}
+
+// partialOutputMax bounds each stream's share of a failed exec's error.
+// The message travels in the gRPC trailer, which clients cap (kubelet
+// at its 16 MiB message limit, others far lower).
+const partialOutputMax = 2048
+
+// withPartialOutput puts what a timed-out command wrote into its error.
+// kubelet tells a probe that timed out from one that failed only by the
+// DeadlineExceeded code, so the answer must stay an error; the output is
+// all the operator has to see where the command hung.
+func withPartialOutput(err error, stdout, stderr []byte) error {
+	if len(stdout) == 0 && len(stderr) == 0 {
+		return err
+	}
+	tail := func(b []byte) []byte {
+		if len(b) > partialOutputMax {
+			return b[len(b)-partialOutputMax:]
+		}
+		return b
+	}
+	return fmt.Errorf("%w; output before the timeout: stdout %q, stderr %q", err, tail(stdout), tail(stderr))
 }
 
 func (s *Server) execSync(ctx context.Context, c *sandbox.Container, cmd []string, timeout time.Duration) ([]byte, []byte, int32, error) {

@@ -3,10 +3,14 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/containerd/errdefs"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pinrt/pinrt/oci/ocitest"
 )
 
 // fakeStreams hands out fixed URLs and records the pods closed.
@@ -116,4 +120,34 @@ func mustRunPod(t *testing.T, f *ctrFixture, name string) *runtimeapi.RunPodSand
 		t.Fatalf("RunPodSandbox(%s): %v", name, err)
 	}
 	return resp
+}
+
+// A timed-out ExecSync stays a DeadlineExceeded error, as kubelet's
+// prober needs, and carries what the command wrote before the timeout.
+func TestExecSyncTimeoutKeepsOutput(t *testing.T) {
+	f := newCtrFixture(t)
+	pod, _ := f.pod(t, false)
+	ctx := context.Background()
+	resp, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr("c")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.ContainerId
+	if _, err := f.srv.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: id}); err != nil {
+		t.Fatal(err)
+	}
+	long := strings.Repeat("x", 3*partialOutputMax) + "last words"
+	f.rt.Exec = ocitest.ExecResult{Stdout: []byte(long), Stderr: []byte("warn\n"), ExitCode: -1,
+		Err: fmt.Errorf("command timed out after 1s: %w", context.DeadlineExceeded)}
+	_, err = f.srv.ExecSync(ctx, &runtimeapi.ExecSyncRequest{ContainerId: id, Cmd: []string{"sh"}, Timeout: 1})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("ExecSync = %v, want DeadlineExceeded", err)
+	}
+	msg := err.Error()
+	if !strings.Contains(msg, "last words") || !strings.Contains(msg, `stderr "warn\n"`) {
+		t.Errorf("error %q lacks the output written before the timeout", msg)
+	}
+	if len(msg) > 3*partialOutputMax {
+		t.Errorf("error is %d bytes; each stream's share should be bounded by %d", len(msg), partialOutputMax)
+	}
 }

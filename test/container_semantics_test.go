@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pinrt/pinrt/test/testimage"
@@ -27,6 +28,7 @@ func TestContainerSemantics(t *testing.T) {
 	t.Run("ExecSyncBackgroundChild", e.testExecSyncBackgroundChild)
 	t.Run("SupplementalGroupsPolicy", e.testSupplementalGroupsPolicy)
 	t.Run("Resources", e.testResourcesStatus)
+	removeAllAndCheck(t, e.d)
 }
 
 func (e *ctrEnv) privileged(name string, cmd ...string) *runtimeapi.ContainerConfig {
@@ -163,6 +165,9 @@ func (e *ctrEnv) testExecSyncBackgroundChild(t *testing.T) {
 	}
 	_, err := e.execWithin(t, 4*time.Second, &runtimeapi.ExecSyncRequest{ContainerId: id, Cmd: []string{"sh", "-c", "sleep 102 & sleep 103 >/dev/null & echo started; sleep 60"}, Timeout: 1})
 	wantCode(t, err, codes.DeadlineExceeded, "timed out after 1s")
+	if !strings.Contains(status.Convert(err).Message(), `stdout "started\n"`) {
+		t.Errorf("timed-out ExecSync %v does not return what the command wrote before the timeout", err)
+	}
 	out := e.mustExec(t, id, "ps", "-o", "args")
 	for _, left := range []string{"sleep 60", "sleep 102", "sleep 103"} {
 		if strings.Contains(out, left) {

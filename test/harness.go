@@ -273,25 +273,35 @@ func (d *Daemon) connect() error {
 			return fmt.Errorf("pinrt exited during start (%w):\n%s", err, d.Log())
 		default:
 		}
-		if _, err := os.Stat(d.Socket); err == nil {
-			conn, err := grpc.NewClient("unix://"+d.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
-			if err == nil {
-				rt := runtimeapi.NewRuntimeServiceClient(conn)
-				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-				_, err = rt.Version(ctx, &runtimeapi.VersionRequest{})
-				cancel()
-				if err == nil {
-					d.conn, d.Runtime, d.Image = conn, rt, runtimeapi.NewImageServiceClient(conn)
-					return nil
-				}
-				conn.Close()
-			}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		err := d.dial(ctx)
+		cancel()
+		if err == nil {
+			return nil
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("pinrt did not answer within 30s:\n%s", d.Log())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// dial connects the CRI clients once Version answers on the socket.
+func (d *Daemon) dial(ctx context.Context) error {
+	if _, err := os.Stat(d.Socket); err != nil {
+		return err
+	}
+	conn, err := grpc.NewClient("unix://"+d.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	rt := runtimeapi.NewRuntimeServiceClient(conn)
+	if _, err := rt.Version(ctx, &runtimeapi.VersionRequest{}); err != nil {
+		conn.Close()
+		return err
+	}
+	d.conn, d.Runtime, d.Image = conn, rt, runtimeapi.NewImageServiceClient(conn)
+	return nil
 }
 
 // Pid is the daemon's process ID.

@@ -84,6 +84,9 @@ func TestCreateContainerRacesPodRemoval(t *testing.T) {
 	for _, p := range pods {
 		left = append(left, podCgroupDirs(p)...)
 	}
+	for ip := range d.LeasedIPs(t) {
+		left = append(left, "IP "+ip)
+	}
 	if len(left) > 0 {
 		t.Errorf("left behind:\n%s", strings.Join(left, "\n"))
 	}

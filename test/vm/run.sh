@@ -22,7 +22,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 cache=${PINRT_VM_CACHE:-/var/cache/pinrt-vm}
-tests=${PINRT_VM_TESTS:-'^(TestVersionAndStatus|TestRestore|TestContainers|TestCgroupV2|TestStats)$'}
+tests=${PINRT_VM_TESTS:-'^(TestVersionAndStatus|TestRestore|TestContainers|TestCgroupV2|TestStats|TestSystemdUnit)$'}
 skip=${PINRT_VM_SKIP:-'^(TestContainers|TestStats)$/^(ManyPods|ReopenLog|UsernsPod|IDMappedVolume|RuntimeWithoutIDMap|RuntimeHandlers|Stop|ExecSync|Security|Seccomp|SharedPID|List|BadInput)$'}
 drivers=${PINRT_VM_DRIVERS:-cgroupfs systemd}
 timeout=${PINRT_VM_TIMEOUT:-3600}
