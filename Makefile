@@ -25,8 +25,10 @@ build:
 	CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o bin/pinrt ./cmd/pinrt
 	$(GO) build -o bin/pinrt-bench ./test/bench/cmd/pinrt-bench
 
-# test runs everything: unit tests, then the root end-to-end tests.
-test: test-unit test-e2e
+# test runs everything: unit tests, the root end-to-end tests on this
+# host, then the cgroup and daemon e2e tests in a cgroup v2 + systemd VM
+# with each cgroup driver (test-vm; its first run builds the VM image).
+test: test-unit test-e2e test-vm
 
 test-unit:
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /test)
@@ -55,7 +57,7 @@ lint:
 	$(GO) vet ./...
 	$(GOBIN_DIR)/golangci-lint run ./...
 
-deps: deps-apt deps-runc deps-cni deps-lint
+deps: deps-apt deps-vm deps-runc deps-cni deps-lint
 
 # iptables: the default network masquerades and maps ports through it.
 # crun: Debian's 1.8.1 lacks idmapped mounts; the tests check the refusal.

@@ -12,10 +12,9 @@ import (
 	"github.com/pinrt/pinrt/streaming"
 )
 
-// This file holds the streaming entry points: Exec, Attach and
-// PortForward only check their target and return a URL of the streaming
-// server; the work happens when the client connects to it. ExecSync lives
-// in container.go.
+// This file holds ExecSync and the streaming entry points: Exec, Attach
+// and PortForward only check their target and return a URL of the
+// streaming server; the work happens when the client connects to it.
 
 // Streams serves exec, attach and port-forward sessions (package
 // streaming).

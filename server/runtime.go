@@ -52,7 +52,7 @@ func (s *Server) Status(ctx context.Context, req *runtimeapi.StatusRequest) (*ru
 		Status:          &runtimeapi.RuntimeStatus{Conditions: []*runtimeapi.RuntimeCondition{runtimeCond, netCond}},
 		RuntimeHandlers: s.runtimeHandlers(ctx),
 		// kubelet sends Strict only to runtimes that claim it, and reads
-		// ContainerStatus.user back (see container.go).
+		// ContainerStatus.user back (container_status.go).
 		Features: &runtimeapi.RuntimeFeatures{SupplementalGroupsPolicy: true},
 	}
 	if req.Verbose {

@@ -243,6 +243,16 @@ func (e *ctrEnv) testResourcesStatus(t *testing.T) {
 	if !strings.Contains(resp.Info["info"], `"limit":100663296`) {
 		t.Errorf("verbose info's runtimeSpec lacks the updated memory limit 100663296")
 	}
+	// crictl update --cpu-shares sends the shares alone: runc keeps the
+	// memory limit, and so must the record.
+	if _, err := e.d.Runtime.UpdateContainerResources(Ctx(t), &runtimeapi.UpdateContainerResourcesRequest{
+		ContainerId: id, Linux: &runtimeapi.LinuxContainerResources{CpuShares: 768},
+	}); err != nil {
+		t.Fatalf("UpdateContainerResources of the shares alone: %v", err)
+	}
+	if r := e.status(t, id).GetResources().GetLinux(); r.GetMemoryLimitInBytes() != 96<<20 || r.GetCpuShares() != 768 {
+		t.Errorf("resources after a shares-only update: %v, want memory still 96 MiB and 768 shares", r)
+	}
 	for _, bad := range []struct {
 		res *runtimeapi.LinuxContainerResources
 		msg string
