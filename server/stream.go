@@ -2,6 +2,7 @@ package server
 
 import (
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -9,14 +10,27 @@ import (
 // so a node with thousands of containers never builds one response larger
 // than kubelet's receive limit (16 MiB by default).
 
-// streamPage is the number of items per message. A container's stats or
-// status is well under 10 KiB, so a page stays far below the limit.
-const streamPage = 100
+// streamPage is the most items a message holds, and streamPageBytes the
+// most bytes. A count alone is no bound: a pod may carry 256 KiB of labels
+// and annotations, and 100 such pods make 25 MiB.
+const (
+	streamPage      = 100
+	streamPageBytes = 4 << 20
+)
 
-// sendPages sends items in pages of streamPage; nothing for no items.
-func sendPages[T any](items []T, send func([]T) error) error {
+// sendPages sends items in pages of at most streamPage items and, unless
+// one item alone is larger, streamPageBytes bytes as size measures them;
+// nothing for no items.
+func sendPages[T any](items []T, size func(T) int, send func([]T) error) error {
 	for len(items) > 0 {
-		n := min(len(items), streamPage)
+		n, bytes := 1, size(items[0])
+		for n < len(items) && n < streamPage {
+			b := size(items[n])
+			if bytes+b > streamPageBytes {
+				break
+			}
+			n, bytes = n+1, bytes+b
+		}
 		if err := send(items[:n]); err != nil {
 			return err
 		}
@@ -25,13 +39,16 @@ func sendPages[T any](items []T, send func([]T) error) error {
 	return nil
 }
 
+// msgSize is a message's encoded size, for sendPages.
+func msgSize[T proto.Message](m T) int { return proto.Size(m) }
+
 // StreamPodSandboxes streams ListPodSandbox.
 func (s *Server) StreamPodSandboxes(req *runtimeapi.StreamPodSandboxesRequest, stream grpc.ServerStreamingServer[runtimeapi.StreamPodSandboxesResponse]) error {
 	resp, err := s.ListPodSandbox(stream.Context(), &runtimeapi.ListPodSandboxRequest{Filter: req.GetFilter()})
 	if err != nil {
 		return err
 	}
-	return sendPages(resp.Items, func(p []*runtimeapi.PodSandbox) error {
+	return sendPages(resp.Items, msgSize[*runtimeapi.PodSandbox], func(p []*runtimeapi.PodSandbox) error {
 		return stream.Send(&runtimeapi.StreamPodSandboxesResponse{PodSandboxes: p})
 	})
 }
@@ -42,7 +59,7 @@ func (s *Server) StreamContainers(req *runtimeapi.StreamContainersRequest, strea
 	if err != nil {
 		return err
 	}
-	return sendPages(resp.Containers, func(p []*runtimeapi.Container) error {
+	return sendPages(resp.Containers, msgSize[*runtimeapi.Container], func(p []*runtimeapi.Container) error {
 		return stream.Send(&runtimeapi.StreamContainersResponse{Containers: p})
 	})
 }
@@ -53,7 +70,7 @@ func (s *Server) StreamContainerStats(req *runtimeapi.StreamContainerStatsReques
 	if err != nil {
 		return err
 	}
-	return sendPages(resp.Stats, func(p []*runtimeapi.ContainerStats) error {
+	return sendPages(resp.Stats, msgSize[*runtimeapi.ContainerStats], func(p []*runtimeapi.ContainerStats) error {
 		return stream.Send(&runtimeapi.StreamContainerStatsResponse{ContainerStats: p})
 	})
 }
@@ -64,7 +81,7 @@ func (s *Server) StreamPodSandboxStats(req *runtimeapi.StreamPodSandboxStatsRequ
 	if err != nil {
 		return err
 	}
-	return sendPages(resp.Stats, func(p []*runtimeapi.PodSandboxStats) error {
+	return sendPages(resp.Stats, msgSize[*runtimeapi.PodSandboxStats], func(p []*runtimeapi.PodSandboxStats) error {
 		return stream.Send(&runtimeapi.StreamPodSandboxStatsResponse{PodSandboxStats: p})
 	})
 }
@@ -75,7 +92,7 @@ func (s *Server) StreamPodSandboxMetrics(req *runtimeapi.StreamPodSandboxMetrics
 	if err != nil {
 		return err
 	}
-	return sendPages(resp.PodMetrics, func(p []*runtimeapi.PodSandboxMetrics) error {
+	return sendPages(resp.PodMetrics, msgSize[*runtimeapi.PodSandboxMetrics], func(p []*runtimeapi.PodSandboxMetrics) error {
 		return stream.Send(&runtimeapi.StreamPodSandboxMetricsResponse{PodSandboxMetrics: p})
 	})
 }
@@ -86,7 +103,7 @@ func (s *Server) StreamImages(req *runtimeapi.StreamImagesRequest, stream grpc.S
 	if err != nil {
 		return err
 	}
-	return sendPages(resp.Images, func(p []*runtimeapi.Image) error {
+	return sendPages(resp.Images, msgSize[*runtimeapi.Image], func(p []*runtimeapi.Image) error {
 		return stream.Send(&runtimeapi.StreamImagesResponse{Images: p})
 	})
 }

@@ -28,7 +28,7 @@ func TestSendPages(t *testing.T) {
 			}
 			var pages []int
 			next := 0
-			err := sendPages(items, func(p []int) error {
+			err := sendPages(items, func(int) int { return 1 }, func(p []int) error {
 				pages = append(pages, len(p))
 				for _, v := range p {
 					if v != next {
@@ -46,9 +46,19 @@ func TestSendPages(t *testing.T) {
 			}
 		})
 	}
+	// Large items: pages stop at streamPageBytes, and an item larger than
+	// that still goes out, alone.
+	var sizes []int
+	err := sendPages([]int{3 << 20, 3 << 20, 1 << 20, 5 << 20, 10}, func(v int) int { return v }, func(p []int) error {
+		sizes = append(sizes, len(p))
+		return nil
+	})
+	if err != nil || fmt.Sprint(sizes) != "[1 2 1 1]" {
+		t.Errorf("pages by bytes = %v, %v; want [1 2 1 1]", sizes, err)
+	}
 	stop := fmt.Errorf("client gone: %w", errdefs.ErrUnavailable)
 	calls := 0
-	err := sendPages(make([]int, 250), func([]int) error { calls++; return stop })
+	err = sendPages(make([]int, 250), func(int) int { return 1 }, func([]int) error { calls++; return stop })
 	if !errors.Is(err, errdefs.ErrUnavailable) || calls != 1 {
 		t.Errorf("a failed send: err %v after %d calls, want the error after 1", err, calls)
 	}
