@@ -110,25 +110,34 @@ func convertResize(ctx context.Context, in <-chan remotecommand.TerminalSize) <-
 // dialTimeout bounds connecting to the pod's port.
 const dialTimeout = 10 * time.Second
 
+// halfCloseGrace is how long the pod may keep sending after the client
+// ended its side. The client's end is passed on as a half-close, so a
+// request is still answered, but an application that ignores half-closes
+// would hold the forward, and the client waiting for it, forever. CRI-O
+// waits 1 s here and socat 0.5 s; containerd closes both sides at once.
+const halfCloseGrace = 10 * time.Second
+
 // PortForward connects to port on the pod's loopback and copies both ways
-// until the pod's side closes, the pod stops or the server closes. An
-// error (a closed port) goes to the client's error stream.
+// until the pod's side closes (or, once the client's side ended, for at
+// most halfCloseGrace), the pod stops or the server closes. An error (a
+// closed port) goes to the client's error stream.
 func (r *runtime) PortForward(ctx context.Context, podSandboxID string, port int32, stream io.ReadWriteCloser) error {
 	if port <= 0 || port > 65535 {
 		return fmt.Errorf("port %d: %w", port, errdefs.ErrInvalidArgument)
 	}
+	// Registered before the pod is looked up: see trackForward.
+	ctx, done := r.s.trackForward(ctx, podSandboxID)
+	defer done()
 	netns, err := r.s.targets.PodNetNS(ctx, podSandboxID)
 	if err != nil {
 		return err
 	}
-	ctx, done := r.s.trackForward(ctx, podSandboxID)
-	defer done()
 	conn, err := dialPod(ctx, netns, int(port))
 	if err != nil {
 		return err
 	}
 	defer func() { _ = conn.Close() }()
-	return pipe(ctx, conn, stream)
+	return pipe(ctx, conn, stream, halfCloseGrace)
 }
 
 // dialPod dials 127.0.0.1:port, then [::1]:port if that is refused, in
@@ -170,8 +179,9 @@ type resetter interface{ Reset() error }
 
 // pipe copies between the pod's connection and the client's stream. The
 // client's EOF half-closes the connection, so a request is still answered;
-// the pod closing its side ends the forward.
-func pipe(ctx context.Context, conn net.Conn, stream io.ReadWriteCloser) error {
+// the pod closing its side ends the forward, and so does grace passing
+// after the client's EOF.
+func pipe(ctx context.Context, conn net.Conn, stream io.ReadWriteCloser, grace time.Duration) error {
 	stop := context.AfterFunc(ctx, func() {
 		_ = conn.Close()
 		if r, ok := stream.(resetter); ok {
@@ -179,13 +189,35 @@ func pipe(ctx context.Context, conn net.Conn, stream io.ReadWriteCloser) error {
 		}
 	})
 	defer stop()
+	clientDone := make(chan struct{})
 	go func() {
+		defer close(clientDone)
 		_, _ = io.Copy(conn, stream)
 		if hc, ok := conn.(halfCloser); ok {
 			_ = hc.CloseWrite()
 		}
 	}()
-	_, err := io.Copy(stream, conn)
+	podDone := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(stream, conn)
+		podDone <- err
+	}()
+
+	var err error
+	select {
+	case err = <-podDone:
+	case <-clientDone:
+		t := time.NewTimer(grace)
+		defer t.Stop()
+		select {
+		case err = <-podDone:
+		case <-t.C:
+			// Not waiting for the copy: closing the connection ends a
+			// read from the pod, but not a write to a stuck client.
+			_ = conn.Close()
+			return nil
+		}
+	}
 	if ctx.Err() != nil {
 		return fmt.Errorf("port-forward closed: %w", context.Cause(ctx))
 	}

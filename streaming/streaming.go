@@ -11,7 +11,8 @@
 //
 // Every URL is a single-use token that expires after a minute (the
 // library's request cache). Port-forwards are tracked per pod so that
-// stopping the pod closes them.
+// stopping the pod closes them. An exec or attach ends when its client
+// goes away, even when nothing is read or written (see watchedConn).
 package streaming
 
 import (
@@ -109,6 +110,8 @@ func New(ctx context.Context, cfg Config, targets Targets) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("streaming server: %w", err)
 	}
+	// Under TLS: closing a tls.Conn closes the connection it wraps.
+	ln = watchListener{ln}
 	if tlsConfig != nil {
 		ln = tls.NewListener(ln, tlsConfig)
 	}
@@ -134,7 +137,7 @@ func New(ctx context.Context, cfg Config, targets Targets) (*Server, error) {
 		return nil, err
 	}
 	s.lib = lib
-	s.http = &http.Server{Handler: s, ReadHeaderTimeout: 30 * time.Second}
+	s.http = &http.Server{Handler: s, ReadHeaderTimeout: 30 * time.Second, ConnContext: connContext}
 	return s, nil
 }
 
@@ -205,7 +208,9 @@ func (s *Server) ClosePod(id string) {
 }
 
 // trackForward registers a port-forward of pod id; the returned context
-// ends when the pod stops or the server closes.
+// ends when the pod stops or the server closes. The caller checks that the
+// pod is Ready after registering: a stop marks the pod not Ready before it
+// calls ClosePod, so a forward either sees the stop or is ended by it.
 func (s *Server) trackForward(ctx context.Context, id string) (context.Context, func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	stop := context.AfterFunc(s.ctx, cancel)
@@ -233,4 +238,68 @@ func (s *Server) Forwards(id string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.forwards[id])
+}
+
+// errConnEnded ends the streams of a connection that was closed.
+var errConnEnded = errors.New("the stream's connection was closed")
+
+// watchListener accepts watchedConns.
+type watchListener struct{ net.Listener }
+
+func (l watchListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &watchedConn{Conn: c}, nil
+}
+
+// watchedConn ends the context of the requests it carries when it is
+// closed. The library hands exec and attach the request's context, which
+// net/http cancels when a read of the connection fails: that covers a
+// client that vanished. But a SPDY client that leaves properly (client-go's
+// executor when its context ends) resets its streams and sends GOAWAY, and
+// the server answers by closing the connection without reading again. An attach to a silent container, or an exec of a silent
+// command, without stdin then outlived its client until the container
+// wrote or the command ended.
+type watchedConn struct {
+	net.Conn
+
+	mu     sync.Mutex
+	closed bool
+	cancel context.CancelCauseFunc
+}
+
+func (c *watchedConn) Close() error {
+	c.mu.Lock()
+	c.closed = true
+	if c.cancel != nil {
+		c.cancel(errConnEnded)
+	}
+	c.mu.Unlock()
+	return c.Conn.Close()
+}
+
+// watch makes the connection's close cancel ctx.
+func (c *watchedConn) watch(ctx context.Context) context.Context {
+	ctx, cancel := context.WithCancelCause(ctx)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.cancel = cancel
+	if c.closed {
+		cancel(errConnEnded)
+	}
+	return ctx
+}
+
+// connContext is the http.Server's ConnContext: a connection's requests
+// share a context that ends when the connection is closed.
+func connContext(ctx context.Context, c net.Conn) context.Context {
+	if tc, ok := c.(*tls.Conn); ok {
+		c = tc.NetConn()
+	}
+	if wc, ok := c.(*watchedConn); ok {
+		return wc.watch(ctx)
+	}
+	return ctx
 }

@@ -15,6 +15,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -23,9 +24,12 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/remotecommand"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	utilexec "k8s.io/utils/exec"
 
+	"github.com/pinrt/pinrt/conf"
 	"github.com/pinrt/pinrt/oci"
 )
 
@@ -33,21 +37,48 @@ import (
 type fakeRuntime struct {
 	code    int
 	execErr error
-	gotCmd  []string
+	// block makes exec and attach silent until their context ends, like
+	// a `sleep` exec'd or attached to without stdin: started gets a value
+	// when one begins, ended the cause of its context's end.
+	block   bool
+	started chan struct{}
+	ended   chan error
 }
 
-func (f *fakeRuntime) ExecStream(_ context.Context, _ string, o oci.ExecOptions) (int, error) {
-	f.gotCmd = o.Cmd
+// newBlockingRuntime is a fakeRuntime whose exec and attach block.
+func newBlockingRuntime() *fakeRuntime {
+	return &fakeRuntime{block: true, started: make(chan struct{}, 1), ended: make(chan error, 1)}
+}
+
+func (f *fakeRuntime) wait(ctx context.Context) error {
+	if !f.block {
+		return nil
+	}
+	f.started <- struct{}{}
+	<-ctx.Done()
+	f.ended <- context.Cause(ctx)
+	return ctx.Err()
+}
+
+func (f *fakeRuntime) ExecStream(ctx context.Context, _ string, _ oci.ExecOptions) (int, error) {
+	if err := f.wait(ctx); err != nil {
+		return -1, err
+	}
 	return f.code, f.execErr
 }
 
-func (f *fakeRuntime) Attach(context.Context, string, oci.AttachOptions) error { return nil }
+func (f *fakeRuntime) Attach(ctx context.Context, _ string, _ oci.AttachOptions) error {
+	return f.wait(ctx)
+}
 
 // fakeTargets resolves one container and pods by a map.
 type fakeTargets struct {
 	rt     *fakeRuntime
 	netns  map[string]string
 	ctrErr error
+	// afterLookup runs when PodNetNS has found the pod Ready, as a stop
+	// of the pod racing the lookup would.
+	afterLookup func(id string)
 }
 
 func (f *fakeTargets) Container(context.Context, string) (ContainerRuntime, error) {
@@ -62,12 +93,20 @@ func (f *fakeTargets) PodNetNS(_ context.Context, id string) (string, error) {
 	if !ok {
 		return "", errdefs.ErrNotFound
 	}
+	if f.afterLookup != nil {
+		f.afterLookup(id)
+	}
 	return p, nil
 }
 
 func newTestServer(t *testing.T, tg Targets, maxStreams int) *Server {
 	t.Helper()
-	s, err := New(context.Background(), Config{Address: "127.0.0.1", IdleTimeout: time.Minute, MaxStreams: maxStreams}, tg)
+	return newTestServerIdle(t, tg, maxStreams, time.Minute)
+}
+
+func newTestServerIdle(t *testing.T, tg Targets, maxStreams int, idle time.Duration) *Server {
+	t.Helper()
+	s, err := New(context.Background(), Config{Address: "127.0.0.1", IdleTimeout: idle, MaxStreams: maxStreams}, tg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -301,4 +340,145 @@ func TestTLS(t *testing.T) {
 	if r.StatusCode != http.StatusNotFound {
 		t.Fatalf("unknown token over TLS: %d, want 404", r.StatusCode)
 	}
+}
+
+// TestDefaultConfig checks the [streaming] defaults the daemon starts the
+// server with: loopback only, any free port, kubelet's 4h idle timeout.
+func TestDefaultConfig(t *testing.T) {
+	d := conf.Default().Streaming
+	want := conf.StreamingConfig{Address: "127.0.0.1", Port: 0, IdleTimeout: conf.Duration(4 * time.Hour), MaxStreams: 256}
+	if d != want {
+		t.Fatalf("default [streaming] = %+v, want %+v", d, want)
+	}
+	s, err := New(context.Background(), Config{
+		Address: d.Address, Port: d.Port, TLSCertFile: d.TLSCertFile, TLSKeyFile: d.TLSKeyFile,
+		IdleTimeout: d.IdleTimeout.Std(), MaxStreams: d.MaxStreams,
+	}, &fakeTargets{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	u, err := url.Parse(s.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.Scheme != "http" || u.Hostname() != "127.0.0.1" || u.Port() == "" || u.Port() == "0" {
+		t.Fatalf("server URL with the defaults = %q, want http://127.0.0.1:<the port picked>", s.URL())
+	}
+	if cap(s.slots) != 256 {
+		t.Fatalf("max streams = %d, want 256", cap(s.slots))
+	}
+}
+
+// clientStream drives an exec or attach URL as kubectl does, with output
+// only, until ctx ends or the server ends the stream.
+func clientStream(ctx context.Context, rawURL string, websocket bool) error {
+	var ex remotecommand.Executor
+	var err error
+	if websocket {
+		ex, err = remotecommand.NewWebSocketExecutorForProtocols(&rest.Config{}, "GET", rawURL, "v4.channel.k8s.io")
+	} else {
+		var u *url.URL
+		if u, err = url.Parse(rawURL); err == nil {
+			ex, err = remotecommand.NewSPDYExecutor(&rest.Config{}, "POST", u)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	return ex.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: io.Discard, Stderr: io.Discard})
+}
+
+// waitEnded waits for a blocked exec or attach of rt to see its context
+// end, then for the server to count no stream. Which cancellation comes
+// first is not asserted: net/http's, when a read fails, or the connection
+// close's.
+func waitEnded(t *testing.T, s *Server, rt *fakeRuntime) {
+	t.Helper()
+	select {
+	case <-rt.ended:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the stream's exec or attach still runs after its connection ended")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for s.Active() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("Active() = %d after the stream ended, want 0", s.Active())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestClientGoneEndsStream checks that an exec or attach that neither
+// reads nor writes (a silent command or container, no stdin) ends when its
+// client goes away. A cancelled SPDY client says GOAWAY, to which the
+// server answers by closing the connection without another read, so
+// net/http alone never cancels the request's context (see watchedConn).
+func TestClientGoneEndsStream(t *testing.T) {
+	tests := []struct {
+		name      string
+		url       func(*Server) (string, error)
+		websocket bool
+	}{
+		{name: "exec over SPDY", url: func(s *Server) (string, error) {
+			r, err := s.GetExec(&runtimeapi.ExecRequest{ContainerId: "c1", Cmd: []string{"sleep", "1000"}, Stdout: true, Stderr: true})
+			return r.GetUrl(), err
+		}},
+		{name: "attach over SPDY", url: func(s *Server) (string, error) {
+			r, err := s.GetAttach(&runtimeapi.AttachRequest{ContainerId: "c1", Stdout: true, Stderr: true})
+			return r.GetUrl(), err
+		}},
+		{name: "exec over WebSocket", websocket: true, url: func(s *Server) (string, error) {
+			r, err := s.GetExec(&runtimeapi.ExecRequest{ContainerId: "c1", Cmd: []string{"sleep", "1000"}, Stdout: true, Stderr: true})
+			return r.GetUrl(), err
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			rt := newBlockingRuntime()
+			s := newTestServer(t, &fakeTargets{rt: rt}, 1)
+			u, err := tc.url(s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- clientStream(ctx, u, tc.websocket) }()
+			select {
+			case <-rt.started:
+			case err := <-done:
+				t.Fatalf("the client ended before the stream started: %v", err)
+			case <-time.After(15 * time.Second):
+				t.Fatal("the stream did not start")
+			}
+			cancel()
+			<-done
+			waitEnded(t, s, rt)
+		})
+	}
+}
+
+// TestIdleTimeoutEndsStream checks that idle_timeout closes a stream with
+// no traffic, and that the exec on it ends with it.
+func TestIdleTimeoutEndsStream(t *testing.T) {
+	rt := newBlockingRuntime()
+	s := newTestServerIdle(t, &fakeTargets{rt: rt}, 1, 300*time.Millisecond)
+	resp, err := s.GetExec(&runtimeapi.ExecRequest{ContainerId: "c1", Cmd: []string{"sleep", "1000"}, Stdout: true, Stderr: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- clientStream(ctx, resp.Url, false) }()
+	select {
+	case <-done:
+		if ctx.Err() != nil {
+			t.Fatal("the client's context ended first")
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("an idle stream is still open 20s into a 300ms idle timeout")
+	}
+	waitEnded(t, s, rt)
 }
