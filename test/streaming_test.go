@@ -15,7 +15,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -66,6 +65,17 @@ func main() {
 type streamEnv struct {
 	*ctrEnv
 	pod, server, echo string
+	podCfg            *runtimeapi.PodSandboxConfig
+	// ctrs is every container the suite ran, for the final leak check.
+	ctrs []string
+}
+
+// runCtr runs a container in the suite's pod and remembers it.
+func (s *streamEnv) runCtr(t *testing.T, cfg *runtimeapi.ContainerConfig) string {
+	t.Helper()
+	id := s.run(t, s.pod, s.podCfg, cfg)
+	s.ctrs = append(s.ctrs, id)
+	return id
 }
 
 func TestStreaming(t *testing.T) {
@@ -85,11 +95,12 @@ func TestStreaming(t *testing.T) {
 	echo := e.ctr("echo", "cat")
 	echo.Image.Image = img
 	echo.Stdin = true
-	s := &streamEnv{ctrEnv: e, pod: pod}
-	s.server = e.run(t, pod, podCfg, srv)
-	s.echo = e.run(t, pod, podCfg, echo)
+	s := &streamEnv{ctrEnv: e, pod: pod, podCfg: podCfg}
+	s.server = s.runCtr(t, srv)
+	s.echo = s.runCtr(t, echo)
 
 	t.Run("ExecEcho", s.testExecEcho)
+	t.Run("ExecUserns", s.testExecUserns)
 	t.Run("ExecBackground", s.testExecBackground)
 	t.Run("ExecWebSocket", s.testExecWebSocket)
 	t.Run("ExecExitCode", s.testExecExitCode)
@@ -97,14 +108,16 @@ func TestStreaming(t *testing.T) {
 	t.Run("ExecTTYResize", s.testExecTTY)
 	t.Run("Tar", s.testTar)
 	t.Run("Attach", s.testAttach)
-	t.Run("AttachStdinOnce", func(t *testing.T) { s.testAttachStdinOnce(t, podCfg, img) })
-	t.Run("AttachTTYResize", func(t *testing.T) { s.testAttachTTY(t, podCfg, img) })
+	t.Run("AttachStdinOnce", func(t *testing.T) { s.testAttachStdinOnce(t, img) })
+	t.Run("AttachTTYResize", func(t *testing.T) { s.testAttachTTY(t, img) })
 	t.Run("PortForward", s.testPortForward)
 	t.Run("PortForwardClosedPort", s.testPortForwardClosed)
 	t.Run("TokenSingleUse", s.testTokenSingleUse)
-	t.Run("ContainerExitEndsStreams", func(t *testing.T) { s.testContainerExit(t, podCfg) })
-	t.Run("NoLeaks", s.testNoLeaks)
+	t.Run("ClientGoneEndsStreams", s.testClientGone)
+	t.Run("ContainerExitEndsStreams", s.testContainerExit)
 	t.Run("StopPodClosesForward", s.testStopPodClosesForward)
+	// Last, after every stream of the suite has ended.
+	t.Run("NoLeaks", s.testNoLeaks)
 }
 
 // execURL asks for an exec URL the way kubelet does.
@@ -156,6 +169,29 @@ func (s *streamEnv) testExecEcho(t *testing.T) {
 	out, errOut, err := s.streamExec(t, s.server, nil, "sh", "-c", "echo hello; echo oops >&2")
 	if err != nil || out != "hello\n" || errOut != "oops\n" {
 		t.Fatalf("exec echo: stdout %q stderr %q err %v", out, errOut, err)
+	}
+}
+
+// testExecUserns checks that a streaming exec joins the pod's user
+// namespace: the process sees the pod's mapping, not the host's identity
+// mapping, and runs as the container's root.
+func (s *streamEnv) testExecUserns(t *testing.T) {
+	_, info := s.d.PodStatus(t, s.pod)
+	if len(info.UIDMappings) != 1 || info.UIDMappings[0].HostID == 0 {
+		t.Fatalf("pod mappings %+v, want one allocated range", info.UIDMappings)
+	}
+	m := info.UIDMappings[0]
+	out, errOut, err := s.streamExec(t, s.server, nil, "cat", "/proc/self/uid_map")
+	if err != nil {
+		t.Fatalf("exec cat uid_map: %v (stderr %q)", err, errOut)
+	}
+	got := strings.Join(strings.Fields(out), " ")
+	if want := fmt.Sprintf("%d %d %d", m.ContainerID, m.HostID, m.Size); got != want {
+		t.Errorf("uid_map through a streaming exec = %q, want the pod's %q (not the host's 0 0 4294967295)", got, want)
+	}
+	out, errOut, err = s.streamExec(t, s.server, nil, "id", "-u")
+	if err != nil || strings.TrimSpace(out) != "0" {
+		t.Errorf("id -u through a streaming exec = %q, %v (stderr %q), want 0", out, err, errOut)
 	}
 }
 
@@ -508,6 +544,68 @@ func (s *streamEnv) testPortForwardClosed(t *testing.T) {
 	if d := time.Since(start); d > 10*time.Second {
 		t.Fatalf("a closed port took %v to fail: %v", d, err)
 	}
+
+	// What kubectl prints comes from the error stream: speak the
+	// protocol as client-go's port-forwarder does and read that stream.
+	msg := s.forwardError(t, 8081)
+	if !strings.Contains(msg, "connection refused") || !strings.Contains(msg, "8081") {
+		t.Fatalf("error stream of a forward to a closed port = %q, want the connection refused for port 8081", msg)
+	}
+}
+
+// forwardError opens one port-forward stream pair to port, the way
+// client-go's PortForwarder does for each local connection, and returns
+// what the server wrote on the error stream before ending it.
+func (s *streamEnv) forwardError(t *testing.T, port int32) string {
+	t.Helper()
+	resp, err := s.d.Runtime.PortForward(Ctx(t), &runtimeapi.PortForwardRequest{PodSandboxId: s.pod, Port: []int32{port}})
+	if err != nil {
+		t.Fatalf("PortForward: %v", err)
+	}
+	u, _ := url.Parse(resp.Url)
+	transport, upgrader, err := spdy.RoundTripperFor(&rest.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, _, err := spdy.NewDialer(upgrader, &http.Client{Transport: transport}, "POST", u).Dial(portforward.PortForwardProtocolV1Name)
+	if err != nil {
+		t.Fatalf("dialing the port-forward URL: %v", err)
+	}
+	defer conn.Close()
+	// The header names and values of k8s.io/api/core/v1 (StreamType,
+	// PortHeader, PortForwardRequestIDHeader).
+	h := http.Header{}
+	h.Set("streamType", "error")
+	h.Set("port", strconv.Itoa(int(port)))
+	h.Set("requestID", "0")
+	errStream, err := conn.CreateStream(h)
+	if err != nil {
+		t.Fatalf("creating the error stream: %v", err)
+	}
+	errStream.Close() // the client never writes to it
+	h.Set("streamType", "data")
+	if _, err := conn.CreateStream(h); err != nil {
+		t.Fatalf("creating the data stream: %v", err)
+	}
+	type result struct {
+		b   []byte
+		err error
+	}
+	read := make(chan result, 1)
+	go func() {
+		b, err := io.ReadAll(errStream)
+		read <- result{b, err}
+	}()
+	select {
+	case r := <-read:
+		if r.err != nil {
+			t.Fatalf("reading the error stream: %v (read %q)", r.err, r.b)
+		}
+		return string(r.b)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the error stream of a forward to a closed port did not end")
+	}
+	return ""
 }
 
 func (s *streamEnv) testTokenSingleUse(t *testing.T) {
@@ -529,10 +627,53 @@ func (s *streamEnv) testTokenSingleUse(t *testing.T) {
 	}
 }
 
+// testClientGone checks that an exec and an attach whose client goes away
+// end, although the container is silent and neither has stdin: nothing is
+// read or written that could fail, so only the end of the connection can
+// tell the daemon.
+func (s *streamEnv) testClientGone(t *testing.T) {
+	id := s.runCtr(t, s.ctr("silent", "sleep", "100000"))
+	before := s.streamsOpen()
+	ctx, cancel := context.WithCancel(Ctx(t))
+	defer cancel()
+	done := make(chan error, 2)
+	eu := s.execURL(t, id, []string{"sleep", "1000"}, false, false)
+	go func() { done <- spdyStream(ctx, eu, streamOpts{stdout: io.Discard, stderr: io.Discard}) }()
+	resp, err := s.d.Runtime.Attach(Ctx(t), &runtimeapi.AttachRequest{ContainerId: id, Stdout: true, Stderr: true})
+	if err != nil {
+		t.Fatalf("Attach: %v", err)
+	}
+	au, _ := url.Parse(resp.Url)
+	go func() { done <- spdyStream(ctx, au, streamOpts{stdout: io.Discard, stderr: io.Discard}) }()
+	waitFor(t, 15*time.Second, "the exec'd sleep and both streams", func() bool {
+		return len(runcExecs(id)) == 1 && s.streamsOpen() == before+2
+	})
+	// Let the attach reach conmon's socket: only its stream start shows.
+	time.Sleep(time.Second)
+
+	cancel()
+	for range 2 {
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("a client did not return after its context ended")
+		}
+	}
+	waitFor(t, 20*time.Second, "the daemon's streams ended after their client went away", func() bool {
+		return s.streamsOpen() == before
+	})
+	waitFor(t, 15*time.Second, "no runc exec left after the exec's client went away", func() bool {
+		return len(runcExecs(id)) == 0
+	})
+	if st := s.status(t, id); st.State != runtimeapi.ContainerState_CONTAINER_RUNNING {
+		t.Fatalf("container is %v after its attach client went away, want running", st.State)
+	}
+}
+
 // testContainerExit checks that an exec and an attach end when their
 // container stops.
-func (s *streamEnv) testContainerExit(t *testing.T, podCfg *runtimeapi.PodSandboxConfig) {
-	id := s.run(t, s.pod, podCfg, s.ctr("victim", "sh", "-c", "while :; do echo tick; sleep 0.2; done"))
+func (s *streamEnv) testContainerExit(t *testing.T) {
+	id := s.runCtr(t, s.ctr("victim", "sh", "-c", "while :; do echo tick; sleep 0.2; done"))
 	execDone := make(chan error, 1)
 	u := s.execURL(t, id, []string{"sleep", "1000"}, false, false)
 	go func() { execDone <- spdyStream(Ctx(t), u, streamOpts{stdout: io.Discard, stderr: io.Discard}) }()
@@ -545,7 +686,7 @@ func (s *streamEnv) testContainerExit(t *testing.T, podCfg *runtimeapi.PodSandbo
 	attachDone := make(chan error, 1)
 	go func() { attachDone <- spdyStream(Ctx(t), au, streamOpts{stdout: &out, stderr: io.Discard}) }()
 	waitFor(t, 10*time.Second, "attached output", func() bool { return strings.Contains(out.String(), "tick") })
-	waitFor(t, 10*time.Second, "the exec'd sleep", func() bool { return len(runcExecs(id, id)) == 1 })
+	waitFor(t, 10*time.Second, "the exec'd sleep", func() bool { return len(runcExecs(id)) == 1 })
 
 	if _, err := s.d.Runtime.StopContainer(Ctx(t), &runtimeapi.StopContainerRequest{ContainerId: id, Timeout: 0}); err != nil {
 		t.Fatalf("StopContainer: %v", err)
@@ -575,11 +716,11 @@ func (s *streamEnv) attachURL(t *testing.T, id string, tty bool) *url.URL {
 
 // testAttachStdinOnce checks that the end of the attached client's stdin
 // closes a stdin_once container's stdin: cat sees EOF and exits.
-func (s *streamEnv) testAttachStdinOnce(t *testing.T, podCfg *runtimeapi.PodSandboxConfig, img string) {
+func (s *streamEnv) testAttachStdinOnce(t *testing.T, img string) {
 	cfg := s.ctr("once", "cat")
 	cfg.Image.Image = img
 	cfg.Stdin, cfg.StdinOnce = true, true
-	id := s.run(t, s.pod, podCfg, cfg)
+	id := s.runCtr(t, cfg)
 	var out lockedBuffer
 	err := spdyStream(Ctx(t), s.attachURL(t, id, false), streamOpts{stdin: strings.NewReader("once\n"), stdout: &out, stderr: io.Discard})
 	if err != nil {
@@ -594,11 +735,11 @@ func (s *streamEnv) testAttachStdinOnce(t *testing.T, podCfg *runtimeapi.PodSand
 }
 
 // testAttachTTY resizes an attached TTY through conmon's control fifo.
-func (s *streamEnv) testAttachTTY(t *testing.T, podCfg *runtimeapi.PodSandboxConfig, img string) {
+func (s *streamEnv) testAttachTTY(t *testing.T, img string) {
 	cfg := s.ctr("tty", "sh")
 	cfg.Image.Image = img
 	cfg.Stdin, cfg.Tty = true, true
-	id := s.run(t, s.pod, podCfg, cfg)
+	id := s.runCtr(t, cfg)
 	sizes := make(sizeQueue, 1)
 	sizes <- remotecommand.TerminalSize{Width: 77, Height: 33}
 	inR, inW := io.Pipe()
@@ -624,16 +765,25 @@ func (s *streamEnv) testAttachTTY(t *testing.T, podCfg *runtimeapi.PodSandboxCon
 	}
 }
 
-var activeRE = regexp.MustCompile(`stream finished.*active=(-?\d+)`)
+// streamsOpen is the number of streams the daemon started and has not
+// finished, from its debug log. Counting both kinds of lines, rather than
+// reading the last count logged, holds when two streams end together and
+// log out of order, and when a stream that never ended follows one that
+// did.
+func (s *streamEnv) streamsOpen() int {
+	log := s.d.Log()
+	return strings.Count(log, `msg="stream started"`) - strings.Count(log, `msg="stream finished"`)
+}
 
-// testNoLeaks checks that no `runc exec` is left and that the daemon's
-// stream count went back to zero.
+// testNoLeaks runs after every other streaming test: no `runc exec` or
+// exec helper is left in any container the suite ran, and the daemon's
+// stream count is back at zero.
 func (s *streamEnv) testNoLeaks(t *testing.T) {
-	waitFor(t, 15*time.Second, "no runc exec processes", func() bool { return len(runcExecs(s.server, s.echo)) == 0 })
-	waitFor(t, 15*time.Second, "the active stream count back at 0", func() bool {
-		m := activeRE.FindAllStringSubmatch(s.d.Log(), -1)
-		return len(m) > 0 && m[len(m)-1][1] == "0"
-	})
+	if !strings.Contains(s.d.Log(), `msg="stream started"`) {
+		t.Skip("no stream was logged: none ran, or the daemon does not log at debug")
+	}
+	waitFor(t, 15*time.Second, "no runc exec processes", func() bool { return len(runcExecs(s.ctrs...)) == 0 })
+	waitFor(t, 15*time.Second, "the active stream count back at 0", func() bool { return s.streamsOpen() == 0 })
 }
 
 // runcExecs lists the command lines of running `runc exec` processes, and
@@ -648,8 +798,14 @@ func runcExecs(ids ...string) []string {
 		}
 		args := strings.Split(string(b), "\x00")
 		isExec := containsArg(args, oci.ExecHelperCommand) || (filepath.Base(args[0]) == "runc" && containsArg(args, "exec"))
-		if isExec && (containsArg(args, ids[0]) || containsArg(args, ids[1])) {
-			out = append(out, strings.Join(args, " "))
+		if !isExec {
+			continue
+		}
+		for _, id := range ids {
+			if containsArg(args, id) {
+				out = append(out, strings.Join(args, " "))
+				break
+			}
 		}
 	}
 	return out
