@@ -38,7 +38,7 @@ func TestCreateContainerRacesPodRemoval(t *testing.T) {
 	e := newCtrEnv(t)
 	d := e.d
 	ctx := Ctx(t)
-	const tries = 24
+	const tries = 100
 	var pods []string
 	for i := range tries {
 		cfg := PodConfig(fmt.Sprintf("race-%d", i))
