@@ -16,8 +16,10 @@
 // Layers of one pull download and unpack concurrently, but are renamed
 // into place bottom-up: layers/<chain-id> names a whole chain, so it
 // appears only after the layer below it did. A pull that fails takes
-// back the layers and blobs it published, once no other pull that might
-// use them is running. A blob whose size or digest is not the manifest's
+// back the layers and blobs it published, except those another running
+// pull relies on: a pull pins its layers and blobs from before it looks
+// for them until its image is recorded, and garbage collection skips what
+// is pinned, so a removal never waits for a pull. A blob whose size or digest is not the manifest's
 // fails the pull with errdefs.ErrDataLoss.
 //
 // A pull fails for want of progress (no byte from the registry for

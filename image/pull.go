@@ -263,8 +263,8 @@ func (s *Store) pull(ctx context.Context, r name.Reference, auth *Auth) (*Image,
 
 // pullOnce runs pullShared and, if it fails, takes back the layers and
 // blobs it published: a failed pull leaves the store as it found it.
-// They can only go once no pull is running (one may have found them
-// present and be about to record an image using them), which
+// Those another running pull has pinned (it found them present and may
+// record an image using them) stay until that pull is done, which
 // sweepOrphans sees to.
 func (s *Store) pullOnce(ctx context.Context, r name.Reference, auth *Auth, prog *pullProgress) (*Image, *fetched, string, error) {
 	added := &storeItems{}
@@ -276,11 +276,12 @@ func (s *Store) pullOnce(ctx context.Context, r name.Reference, auth *Auth, prog
 	return img, f, ep, err
 }
 
-// pullShared pulls with gcMu held shared, recording in added what it
-// publishes.
+// pullShared pulls, recording in added what it publishes. What fetch
+// pins stays pinned until the image is recorded (or the pull failed), so
+// that no garbage collection deletes it in between.
 func (s *Store) pullShared(ctx context.Context, r name.Reference, auth *Auth, prog *pullProgress, added *storeItems) (*Image, *fetched, string, error) {
-	s.gcMu.RLock()
-	defer s.gcMu.RUnlock()
+	pins := &pinSet{}
+	defer s.unpin(pins)
 
 	var files authFileCreds
 	if auth == nil || *auth == (Auth{}) {
@@ -314,7 +315,7 @@ func (s *Store) pullShared(ctx context.Context, r name.Reference, auth *Auth, pr
 		return nil, nil, "", fmt.Errorf("pull %s: %w", normalize(r), endpointsFailed(errs))
 	}
 	epName := ep.ref.Context().RegistryStr()
-	f, err := s.fetch(ctx, desc, blobs, added, normalize(r), epName)
+	f, err := s.fetch(ctx, desc, blobs, added, pins, normalize(r), epName)
 	if err != nil {
 		return nil, nil, "", fmt.Errorf("pull %s from %s: %w", normalize(r), epName, classify(err))
 	}
@@ -376,12 +377,14 @@ type fetched struct {
 }
 
 // fetch stores the layers, config and manifest of desc, recording in
-// added the ones it publishes. Layers download and unpack concurrently,
-// up to MaxConcurrentDownloads at once; each is published once the
-// layers below it are (see ensureLayer). The manifest and config are
+// added the ones it publishes. It pins them all in pins (see
+// Store.gcLock) before looking for any of them in the store. Layers
+// download and unpack concurrently, up to MaxConcurrentDownloads at
+// once; each is published once the layers below it are (see
+// ensureLayer). The manifest and config are
 // stored last. The manifest's descriptors go to blobs before any blob is
 // fetched, for the transport to check them.
-func (s *Store) fetch(ctx context.Context, desc *remote.Descriptor, blobs *blobChecks, added *storeItems, imgName, epName string) (*fetched, error) {
+func (s *Store) fetch(ctx context.Context, desc *remote.Descriptor, blobs *blobChecks, added *storeItems, pins *pinSet, imgName, epName string) (*fetched, error) {
 	img, err := desc.Image()
 	if err != nil {
 		return nil, err
@@ -436,6 +439,9 @@ func (s *Store) fetch(ctx context.Context, desc *remote.Descriptor, blobs *blobC
 		layers = append(layers, layer)
 	}
 	f.rec.Size += uint64(layerBytes)
+	if err := s.pin(ctx, pins, f.rec); err != nil {
+		return nil, err
+	}
 	log.G(ctx).WithFields(log.Fields{"image": imgName, "endpoint": epName, "layers": len(manifest.Layers), "size": layerBytes}).
 		Info("pulling image")
 

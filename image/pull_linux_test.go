@@ -131,10 +131,10 @@ func TestPullFailedLayerLeavesNothing(t *testing.T) {
 }
 
 // A failed pull takes back the layers and blobs it published, but not
-// while another pull runs that uses them: pull A publishes bottom, mid
-// and onlyA, pull B finds bottom and mid present, A fails on its damaged
-// top layer, and B then records an image on bottom and mid. Only onlyA
-// may go, and only once B is done.
+// those another running pull uses: pull A publishes bottom, mid and
+// onlyA, pull B finds bottom and mid present, A fails on its damaged top
+// layer, and B then records an image on bottom and mid. Only onlyA may
+// go, and it goes at once: no other pull pinned it.
 func TestPullFailedRollsBackWhatNoImageUses(t *testing.T) {
 	requireRoot(t)
 	reg := startTestRegistry(t)
@@ -184,8 +184,13 @@ func TestPullFailedRollsBackWhatNoImageUses(t *testing.T) {
 	if !errors.Is(resA.err, errdefs.ErrDataLoss) || !strings.Contains(resA.err.Error(), digestOf(t, topA)) {
 		t.Errorf("pull A = %v, want DataLoss naming %s", resA.err, digestOf(t, topA))
 	}
-	if _, err := os.Stat(s.blobPath(digestOf(t, onlyA))); err != nil {
-		t.Errorf("A's onlyA blob went while pull B was still running: %v", err)
+	for _, l := range []*rawLayer{bottom, mid} {
+		if _, err := os.Stat(s.blobPath(digestOf(t, l))); err != nil {
+			t.Errorf("blob %s, which pull B uses, went with failed pull A: %v", digestOf(t, l), err)
+		}
+	}
+	if _, err := os.Stat(s.blobPath(digestOf(t, onlyA))); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("A's onlyA blob, which no pull uses, is still there after A failed: %v", err)
 	}
 	close(aDone)
 	resB := <-b

@@ -217,7 +217,7 @@ func TestMountRootfsNoUserns(t *testing.T) {
 		t.Fatalf("idmapped mounts %v without userns", ms)
 	}
 	// A mounted layer survives removal of its image.
-	if err := s.Remove(img.ID); err != nil {
+	if err := s.Remove(context.Background(), img.ID); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(rootfs, "srv/data")); err != nil {

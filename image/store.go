@@ -65,11 +65,23 @@ type Store struct {
 	opts     Options
 	platform v1.Platform
 
-	// gcMu keeps Remove's garbage collection from deleting a layer a
-	// concurrent Pull has just found present: pulls hold it shared.
-	gcMu sync.RWMutex
-	// orphans are what failed pulls published, waiting for a moment
-	// when no pull runs to be removed if still unused (sweepOrphans).
+	// gcLock is held by a garbage collection while it decides what is
+	// unused and moves it out of layers/ and blobs/, and by a pull while
+	// it pins or unpins what it relies on (pinned). So an item is either
+	// pinned before a collection looks at it, or gone before the pull
+	// that pins it checks whether it is present; and a pull's layers stay
+	// pinned until its record is in the index. Pulls used to hold a
+	// read lock for their whole length instead: a Remove waiting for a
+	// slow pull then held up every new pull behind it. Nothing waits
+	// for a pull under gcLock, and the slow deletion itself runs after
+	// it is released. A channel, so that Remove can give up waiting.
+	gcLock chan struct{}
+	// pinned counts, per layer and blob, the pulls that rely on it:
+	// found it present, or are publishing it, and have not yet recorded
+	// their image. Guarded by gcLock.
+	pinned pinCounts
+	// orphans are what failed pulls published, to be removed if no
+	// image uses them once no pull has them pinned (sweepOrphans).
 	orphans storeItems
 
 	mu     sync.RWMutex
@@ -98,6 +110,8 @@ func NewStore(opts Options) (*Store, error) {
 		images:   map[string]*record{},
 		mounted:  map[string]mountedRootfs{},
 		logEvery: progressLogInterval,
+		gcLock:   make(chan struct{}, 1),
+		pinned:   pinCounts{layers: map[string]int{}, blobs: map[string]int{}},
 	}
 	if opts.Platform != nil {
 		s.platform = *opts.Platform
@@ -224,25 +238,102 @@ func (s *Store) List() []Image {
 
 // Remove deletes the image ref resolves to, with all its tags, and the
 // blobs and layers no other image uses. Layers that are the lower dir of
-// a mounted rootfs stay until a later Remove finds them unused.
-func (s *Store) Remove(ref string) error {
-	s.gcMu.Lock()
-	defer s.gcMu.Unlock()
+// a mounted rootfs stay until a later Remove finds them unused, and so
+// do those a running pull has pinned. Remove never waits for a pull; it
+// waits only for another collection to finish moving things away, and
+// gives up with ErrUnavailable, having removed nothing, when ctx ends
+// first.
+func (s *Store) Remove(ctx context.Context, ref string) error {
+	if err := s.lockGC(ctx); err != nil {
+		return withClass(fmt.Errorf("remove image %q: waiting for another image garbage collection: %w", ref, err), errdefs.ErrUnavailable)
+	}
+	trash, err := s.removeLocked(ref)
+	s.unlockGC()
+	return firstErr(err, removeTrash(trash))
+}
+
+// removeLocked drops ref's record and collects the whole store. Callers
+// hold gcLock and delete the returned trash after releasing it.
+func (s *Store) removeLocked(ref string) (trash string, err error) {
 	s.mu.Lock()
 	r, err := s.resolveLocked(ref)
 	if err != nil {
 		s.mu.Unlock()
-		return err
+		return "", err
 	}
 	delete(s.images, r.ID)
 	if err := s.saveLocked(); err != nil {
 		s.images[r.ID] = r
 		s.mu.Unlock()
-		return fmt.Errorf("remove image %s: %w", r.ID, err)
+		return "", fmt.Errorf("remove image %s: %w", r.ID, err)
 	}
 	s.mu.Unlock()
 	s.orphans.take() // the whole store is collected now
 	return s.gc(nil)
+}
+
+// lockGC takes gcLock, or fails with ctx's cause if ctx ends first.
+func (s *Store) lockGC(ctx context.Context) error {
+	select {
+	case s.gcLock <- struct{}{}:
+		return nil
+	default:
+	}
+	select {
+	case s.gcLock <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+func (s *Store) unlockGC() { <-s.gcLock }
+
+// pinCounts counts pins per layer and blob, named as in storeItems.
+type pinCounts struct{ layers, blobs map[string]int }
+
+// pinSet is what one pull has pinned.
+type pinSet struct{ layers, blobs []string }
+
+// pin pins rec's layers and blobs (config, manifest, layer blobs) for a
+// pull, before the pull looks for any of them in the store; unpin lets
+// them go once the pull has recorded its image or failed. A garbage
+// collection running meanwhile is the only thing pin waits for.
+func (s *Store) pin(ctx context.Context, ps *pinSet, rec *record) error {
+	if err := s.lockGC(ctx); err != nil {
+		return err
+	}
+	defer s.unlockGC()
+	add := func(m map[string]int, list *[]string, id string) {
+		id = strings.TrimPrefix(id, "sha256:")
+		m[id]++
+		*list = append(*list, id)
+	}
+	add(s.pinned.blobs, &ps.blobs, rec.ID)
+	add(s.pinned.blobs, &ps.blobs, rec.ManifestDigest)
+	for _, l := range rec.Layers {
+		add(s.pinned.blobs, &ps.blobs, l.Digest)
+		add(s.pinned.layers, &ps.layers, l.ChainID)
+	}
+	return nil
+}
+
+func (s *Store) unpin(ps *pinSet) {
+	if len(ps.layers) == 0 && len(ps.blobs) == 0 {
+		return
+	}
+	_ = s.lockGC(context.Background())
+	defer s.unlockGC()
+	drop := func(m map[string]int, ids []string) {
+		for _, id := range ids {
+			if m[id]--; m[id] <= 0 {
+				delete(m, id)
+			}
+		}
+	}
+	drop(s.pinned.layers, ps.layers)
+	drop(s.pinned.blobs, ps.blobs)
+	*ps = pinSet{}
 }
 
 // storeItems names layers (by chain ID) and blobs (by digest) as their
@@ -291,32 +382,47 @@ func (it *storeItems) empty() bool {
 	return len(it.layers) == 0 && len(it.blobs) == 0
 }
 
-// sweepOrphans removes what failed pulls published and no image uses,
-// if no pull or Remove is running. A running pull may have found an
-// orphan present and be about to record an image on it, so this never
-// waits for them: a pending gcMu.Lock would also hold up every new pull
-// behind the longest running one. Every pull calls this when it is done,
-// after recording its own orphans, so the last of overlapping pulls to
-// finish does the sweep; Remove collects the whole store anyway.
+// sweepOrphans removes what failed pulls published and no image uses.
+// Orphans a running pull has pinned (it found them present and may
+// record an image on them) stay orphans: every pull calls this when it is
+// done and has unpinned, after recording its own orphans, so the last of
+// the pulls that pinned one decides. Remove collects the whole store
+// anyway.
 func (s *Store) sweepOrphans(ctx context.Context) {
-	if s.orphans.empty() || !s.gcMu.TryLock() {
+	if s.orphans.empty() {
 		return
 	}
-	defer s.gcMu.Unlock()
 	layers, blobs := s.orphans.take()
-	if err := s.gc(&gcCandidates{layers: layers, blobs: blobs}); err != nil {
+	// Not ctx: a failed pull's is often cancelled, and the wait is
+	// bounded by another collection's renames, as nothing under gcLock
+	// waits for a pull.
+	if err := s.collect(context.Background(), &gcCandidates{layers: layers, blobs: blobs}); err != nil {
 		log.G(ctx).WithError(err).Warn("removing what a failed image pull left")
 	}
+}
+
+// collect runs gc under gcLock, then deletes what it moved away.
+func (s *Store) collect(ctx context.Context, cand *gcCandidates) error {
+	if err := s.lockGC(ctx); err != nil {
+		return err
+	}
+	trash, err := s.gc(cand)
+	s.unlockGC()
+	return firstErr(err, removeTrash(trash))
 }
 
 // gcCandidates limits gc to these layers and blobs, named as in
 // storeItems.
 type gcCandidates struct{ layers, blobs map[string]bool }
 
-// gc deletes blobs and layers no image references and no mounted rootfs
-// uses: among cand if set, else in the whole store. Callers hold gcMu
-// for writing.
-func (s *Store) gc(cand *gcCandidates) error {
+// gc deletes blobs and layers no image references, no mounted rootfs
+// uses and no pull has pinned: among cand if set, else in the whole
+// store. Unused items that are pinned become orphans, for the pull that
+// pinned them to sweep if it fails. Layers are only renamed into trash,
+// a directory under tmp/ that the caller removes (removeTrash) after
+// releasing gcLock, which callers hold: deleting a large layer is slow
+// and pulls pin under that lock.
+func (s *Store) gc(cand *gcCandidates) (trash string, _ error) {
 	blobs, layers := map[string]bool{}, map[string]bool{}
 	s.mu.RLock()
 	for _, r := range s.images {
@@ -343,37 +449,68 @@ func (s *Store) gc(cand *gcCandidates) error {
 	} else {
 		var err error
 		if layerNames, err = dirNames(s.path("layers")); err != nil {
-			return err
+			return "", err
 		}
 		if blobNames, err = dirNames(s.path("blobs", "sha256")); err != nil {
-			return err
+			return "", err
 		}
 	}
 	for _, name := range layerNames {
 		if layers[name] {
 			continue
 		}
-		// Rename first so the layer vanishes atomically; a crash during
+		if s.pinned.layers[name] > 0 {
+			s.orphans.addLayer(name)
+			continue
+		}
+		// Rename first so the layer vanishes atomically; a crash before
 		// the slow RemoveAll leaves garbage in tmp/, which NewStore clears.
-		tmp, err := os.MkdirTemp(s.path("tmp"), "gc-")
-		if err != nil {
-			return err
+		if trash == "" {
+			var err error
+			if trash, err = os.MkdirTemp(s.path("tmp"), "gc-"); err != nil {
+				return "", err
+			}
 		}
-		if err := os.Rename(s.path("layers", name), filepath.Join(tmp, "l")); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			errs = append(errs, err)
-		}
-		if err := os.RemoveAll(tmp); err != nil {
+		if err := os.Rename(s.path("layers", name), filepath.Join(trash, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, err)
 		}
 	}
 	for _, name := range blobNames {
-		if !blobs[name] {
-			if err := os.Remove(s.path("blobs", "sha256", name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				errs = append(errs, err)
-			}
+		if blobs[name] {
+			continue
+		}
+		if s.pinned.blobs[name] > 0 {
+			s.orphans.addBlob(name)
+			continue
+		}
+		if err := os.Remove(s.path("blobs", "sha256", name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
+		return trash, fmt.Errorf("image garbage collection: %w", err)
+	}
+	return trash, nil
+}
+
+// firstErr returns the first non-nil error. Trash left by a failed
+// removal is under tmp/, which NewStore clears, so a gc error says more.
+// Unlike errors.Join it keeps a lone error unwrapped.
+func firstErr(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// removeTrash deletes what gc moved away.
+func removeTrash(trash string) error {
+	if trash == "" {
+		return nil
+	}
+	if err := os.RemoveAll(trash); err != nil {
 		return fmt.Errorf("image garbage collection: %w", err)
 	}
 	return nil

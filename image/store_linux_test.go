@@ -169,7 +169,7 @@ func TestRemove(t *testing.T) {
 	}
 	// The busybox layer is shared: removing a (by its second tag, which
 	// removes both tags) keeps it for b.
-	if err := s.Remove(reg.Ref("a:2")); err != nil {
+	if err := s.Remove(context.Background(), reg.Ref("a:2")); err != nil {
 		t.Fatal(err)
 	}
 	for _, r := range []string{"a:1", "a:2"} {
@@ -183,10 +183,10 @@ func TestRemove(t *testing.T) {
 	if _, err := os.Stat(s.blobPath(a.ID)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("config blob of removed image: %v", err)
 	}
-	if err := s.Remove(reg.Ref("a:1")); !errors.Is(err, errdefs.ErrNotFound) {
+	if err := s.Remove(context.Background(), reg.Ref("a:1")); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("second remove: %v", err)
 	}
-	if err := s.Remove(b.ID); err != nil {
+	if err := s.Remove(context.Background(), b.ID); err != nil {
 		t.Fatal(err)
 	}
 	for _, d := range []string{"layers", "blobs/sha256"} {

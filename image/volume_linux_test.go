@@ -108,7 +108,7 @@ func TestMountImageVolume(t *testing.T) {
 		t.Errorf("write into the volume: %v, want EROFS", err)
 	}
 	// In use: removing the image keeps the layers the volume shows.
-	if err := s.Remove(img.ID); err != nil {
+	if err := s.Remove(context.Background(), img.ID); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range img.ChainIDs {
@@ -129,7 +129,7 @@ func TestMountImageVolume(t *testing.T) {
 		t.Errorf("bookkeeping left: %v", s.mounted)
 	}
 	// Unused now, a second Remove's GC drops the layers.
-	if err := s.gc(nil); err != nil {
+	if err := s.collect(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range img.ChainIDs {
@@ -187,10 +187,10 @@ func TestRemountAfterRestartWithoutImage(t *testing.T) {
 	if _, err := s.MountImageVolume(ctx, VolumeRequest{ContainerID: "c", PodID: "p", ImageID: img.ID, Dir: dir, SubPath: "data", UsernsPath: userns}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Remove(img.ID); err != nil {
+	if err := s.Remove(context.Background(), img.ID); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Remove(other.ID); err != nil {
+	if err := s.Remove(context.Background(), other.ID); err != nil {
 		t.Fatal(err)
 	}
 
@@ -202,7 +202,7 @@ func TestRemountAfterRestartWithoutImage(t *testing.T) {
 	if err != nil || src != filepath.Join(dir, "volumes/0/mnt/data") {
 		t.Fatalf("remount volume of a removed image = %q, %v", src, err)
 	}
-	if err := s2.gc(nil); err != nil {
+	if err := s2.collect(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range append(append([]string(nil), img.ChainIDs...), other.ChainIDs...) {
@@ -216,7 +216,7 @@ func TestRemountAfterRestartWithoutImage(t *testing.T) {
 	if err := s2.UnmountRootfs(ctx, "c", "p", dir); err != nil {
 		t.Fatal(err)
 	}
-	if err := s2.gc(nil); err != nil {
+	if err := s2.collect(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
 	if ents, _ := os.ReadDir(s2.path("layers")); len(ents) != 0 {

@@ -89,7 +89,7 @@ func (s *Server) RemoveImage(ctx context.Context, req *runtimeapi.RemoveImageReq
 	if err != nil {
 		return nil, err
 	}
-	if err := s.deps.Images.Remove(ref); err != nil && !errdefs.IsNotFound(err) {
+	if err := s.deps.Images.Remove(ctx, ref); err != nil && !errdefs.IsNotFound(err) {
 		return nil, err
 	}
 	return &runtimeapi.RemoveImageResponse{}, nil

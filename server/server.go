@@ -46,7 +46,7 @@ type Images interface {
 	Pull(ctx context.Context, ref string, auth *image.Auth) (*image.Image, error)
 	Get(ref string) (*image.Image, error)
 	List() []image.Image
-	Remove(ref string) error
+	Remove(ctx context.Context, ref string) error
 	FsUsage() (bytes, inodes uint64, err error)
 	// ConfigFile is the whole image config (platform, history), for a
 	// verbose ImageStatus.

@@ -91,7 +91,7 @@ func (f *Fake) List() []image.Image {
 }
 
 // Remove drops the image ref resolves to.
-func (f *Fake) Remove(ref string) error {
+func (f *Fake) Remove(_ context.Context, ref string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.RemoveErr != nil {

@@ -16,7 +16,7 @@ type imageService interface {
 	Pull(ctx context.Context, ref string, auth *image.Auth) (*image.Image, error)
 	Get(ref string) (*image.Image, error)
 	List() []image.Image
-	Remove(ref string) error
+	Remove(ctx context.Context, ref string) error
 	FsUsage() (bytes, inodes uint64, err error)
 	ConfigFile(ref string) (*v1.ConfigFile, error)
 }
@@ -34,10 +34,10 @@ func TestFake(t *testing.T) {
 	if img, err := f.Get("abcd"); err != nil || img.ID != "sha256:abcd" {
 		t.Fatalf("Get = %v, %v", img, err)
 	}
-	if err := f.Remove("a:1"); err != nil {
+	if err := f.Remove(context.Background(), "a:1"); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.Remove("a:1"); !errors.Is(err, errdefs.ErrNotFound) {
+	if err := f.Remove(context.Background(), "a:1"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("second Remove: %v", err)
 	}
 	f.PullErr = errdefs.ErrUnavailable

@@ -1,0 +1,216 @@
+package image
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+)
+
+// Bounds for waits that only a hang exceeds: the tests share two cores
+// with other test runs, so they assert what happens, not how fast.
+const hangBound = 20 * time.Second
+
+func recvWithin[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(hangBound):
+		t.Fatalf("%s: still waiting after %v", what, hangBound)
+		panic("unreachable")
+	}
+}
+
+// releaseOnCleanup lets g's held downloads go when the test ends, however
+// it ends, so no handler outlives it.
+func releaseOnCleanup(t *testing.T, g *gate) (release func()) {
+	var once sync.Once
+	release = func() { once.Do(func() { close(g.release) }) }
+	t.Cleanup(release)
+	return release
+}
+
+// isGiveUp reports whether err is Remove giving up at its deadline.
+func isGiveUp(err error) bool {
+	return errors.Is(errdefs.Resolve(err), errdefs.ErrUnavailable) && errors.Is(err, context.DeadlineExceeded)
+}
+
+func goRemove(ctx context.Context, s *Store, ref string) <-chan error {
+	ch := make(chan error, 1)
+	go func() { ch <- s.Remove(ctx, ref) }()
+	return ch
+}
+
+// Kubelet's image GC (RemoveImage) while one pull is stuck on a slow
+// layer must hold up neither itself nor the pulls that come after it.
+// With a read-write lock held shared by every pull, the Remove waited
+// for the stuck pull, and a new pull queued behind the waiting Remove.
+func TestRemoveDoesNotWaitForPulls(t *testing.T) {
+	requireRoot(t)
+	reg := startTestRegistry(t)
+	slow := fileLayer(t, "slow", []byte("held by the registry"))
+	gone := fileLayer(t, "gone", []byte("removed meanwhile"))
+	third := fileLayer(t, "third", []byte("pulled meanwhile"))
+	reg.push(t, "slow:1", imageOf(t, types.OCIManifestSchema1, types.OCIConfigJSON, slow))
+	reg.push(t, "gone:1", imageOf(t, types.OCIManifestSchema1, types.OCIConfigJSON, gone))
+	reg.push(t, "third:1", imageOf(t, types.OCIManifestSchema1, types.OCIConfigJSON, third))
+	g := newGate(digestOf(t, slow))
+	reg.pulls(g.wrap)
+	release := releaseOnCleanup(t, g)
+	s := newTestStore(t, Options{})
+	ctx := context.Background()
+	goneImg, err := s.Pull(ctx, reg.ref("gone:1"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	held := goPull(ctx, s, reg.ref("slow:1"), nil)
+	waitFor(t, g.arrived, "the slow layer's download")
+	rctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	removed := goRemove(rctx, s, reg.ref("gone:1"))
+	// Give a Remove that waits for the held pull time to start waiting,
+	// so that the pull below would queue behind it.
+	time.Sleep(100 * time.Millisecond)
+	if r := recvWithin(t, goPull(ctx, s, reg.ref("third:1"), nil), "a new pull while another is held and a Remove runs"); r.err != nil {
+		t.Fatalf("new pull: %v", r.err)
+	}
+	// With a short context Remove may finish or give up, but never hang,
+	// and a give-up is classified for the gRPC interceptor.
+	if err := recvWithin(t, removed, "Remove with a 1s context"); err != nil && !isGiveUp(err) {
+		t.Fatalf("Remove = %v, want success or Unavailable wrapping the deadline", err)
+	}
+	release()
+	if r := recvWithin(t, held, "the held pull once released"); r.err != nil {
+		t.Fatalf("held pull: %v", r.err)
+	}
+	if err := s.Remove(ctx, reg.ref("gone:1")); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(s.layerPath(goneImg.ChainIDs[0])); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("layer of the removed image: %v, want it gone", err)
+	}
+	for _, ref := range []string{"slow:1", "third:1"} {
+		img, err := s.Get(reg.ref(ref))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(s.layerPath(img.ChainIDs[0])); err != nil {
+			t.Errorf("layer of %s: %v", ref, err)
+		}
+	}
+}
+
+// Remove gives up when its context ends while another collection holds
+// the store, having removed nothing, with an error the interceptor maps
+// to Unavailable, so that kubelet retries.
+func TestRemoveGivesUpWithItsContext(t *testing.T) {
+	requireRoot(t)
+	reg := startTestRegistry(t)
+	reg.push(t, "r:1", imageOf(t, types.OCIManifestSchema1, types.OCIConfigJSON, fileLayer(t, "r", []byte("r"))))
+	reg.pulls(nil)
+	s := newTestStore(t, Options{})
+	img, err := s.Pull(context.Background(), reg.ref("r:1"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.gcLock <- struct{}{} // another collection, stuck
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	err = recvWithin(t, goRemove(ctx, s, img.ID), "Remove with a 50ms context")
+	if !isGiveUp(err) || !strings.Contains(err.Error(), "garbage collection") {
+		t.Fatalf("Remove = %v, want Unavailable naming the garbage collection it waited for", err)
+	}
+	if _, err := s.Get(img.ID); err != nil {
+		t.Fatalf("image gone after a Remove that gave up: %v", err)
+	}
+	s.unlockGC()
+	if err := s.Remove(context.Background(), img.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(s.layerPath(img.ChainIDs[0])); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("layer after Remove: %v, want it gone", err)
+	}
+}
+
+// A Remove while a pull runs deletes neither the layers the pull found
+// present (shared with the image removed) nor those it has published
+// but not yet recorded in the index, though no image references them.
+func TestRemoveKeepsWhatPullsUse(t *testing.T) {
+	requireRoot(t)
+	reg := startTestRegistry(t)
+	base := fileLayer(t, "base", []byte("shared base"))
+	onlyZ := fileLayer(t, "z", []byte("only in z"))
+	mid, top := fileLayer(t, "mid", []byte("published mid-pull")), fileLayer(t, "top", []byte("held"))
+	reg.push(t, "z:1", imageOf(t, types.OCIManifestSchema1, types.OCIConfigJSON, base, onlyZ))
+	reg.push(t, "p:1", imageOf(t, types.OCIManifestSchema1, types.OCIConfigJSON, base, mid, top))
+	g := newGate(digestOf(t, top))
+	reg.pulls(g.wrap)
+	release := releaseOnCleanup(t, g)
+	s := newTestStore(t, Options{})
+	ctx := context.Background()
+	z, err := s.Pull(ctx, reg.ref("z:1"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	p := goPull(ctx, s, reg.ref("p:1"), nil)
+	waitFor(t, g.arrived, "the top layer's download")
+	baseChain := chainID("", base.diffID.String())
+	midChain := chainID(baseChain, mid.diffID.String())
+	for deadline := time.Now().Add(hangBound); ; time.Sleep(10 * time.Millisecond) {
+		if _, err := os.Stat(s.layerPath(midChain)); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the pull never published its middle layer")
+		}
+	}
+	if err := recvWithin(t, goRemove(ctx, s, z.ID), "Remove while a pull is held"); err != nil {
+		t.Fatal(err)
+	}
+	for what, path := range map[string]string{
+		"shared base layer":      s.layerPath(baseChain),
+		"shared base blob":       s.blobPath(digestOf(t, base)),
+		"published middle layer": s.layerPath(midChain),
+		"published middle blob":  s.blobPath(digestOf(t, mid)),
+	} {
+		if _, err := os.Stat(path); err != nil {
+			t.Errorf("%s, which the running pull uses, deleted by Remove: %v", what, err)
+		}
+	}
+	for _, path := range []string{s.layerPath(z.ChainIDs[1]), s.blobPath(digestOf(t, onlyZ)), s.blobPath(z.ID)} {
+		if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s of the removed image: %v, want it gone", path, err)
+		}
+	}
+
+	release()
+	r := recvWithin(t, p, "the held pull once released")
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	for i, name := range []string{"base", "mid", "top"} {
+		want := map[string]string{"base": "shared base", "mid": "published mid-pull", "top": "held"}[name]
+		if got, err := os.ReadFile(filepath.Join(s.layerPath(r.img.ChainIDs[i]), name)); err != nil || string(got) != want {
+			t.Errorf("%s in layer %d = %q, %v; want %q", name, i, got, err, want)
+		}
+	}
+	// Once the pull is recorded, the next collection keeps it whole.
+	if err := s.collect(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range r.img.ChainIDs {
+		if _, err := os.Stat(s.layerPath(c)); err != nil {
+			t.Errorf("layer %s of the pulled image after a collection: %v", c, err)
+		}
+	}
+}
