@@ -3,10 +3,12 @@ package image
 import (
 	"context"
 	"errors"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -212,5 +214,89 @@ func TestRemoveKeepsWhatPullsUse(t *testing.T) {
 		if _, err := os.Stat(s.layerPath(c)); err != nil {
 			t.Errorf("layer %s of the pulled image after a collection: %v", c, err)
 		}
+	}
+}
+
+// Images that share a layer share its download, its blob and its
+// unpacked directory, and removing one leaves the other whole, as well
+// as the rootfs of a container still running the removed one.
+func TestPullSharesLayersBetweenImages(t *testing.T) {
+	requireRoot(t)
+	reg := startTestRegistry(t)
+	base := fileLayer(t, "base", []byte("shared base"))
+	la, lb := fileLayer(t, "a", []byte("only in A")), fileLayer(t, "b", []byte("only in B"))
+	reg.push(t, "a:1", imageOf(t, types.OCIManifestSchema1, types.OCIConfigJSON, base, la))
+	reg.push(t, "b:1", imageOf(t, types.OCIManifestSchema1, types.OCIConfigJSON, base, lb))
+	var (
+		mu   sync.Mutex
+		gets = map[string]int{} // blob digest -> GETs, during B's pull
+		onB  atomic.Bool
+	)
+	reg.pulls(func(inner http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if i := strings.LastIndex(r.URL.Path, "/blobs/"); i >= 0 && r.Method == http.MethodGet && onB.Load() {
+				mu.Lock()
+				gets[r.URL.Path[i+len("/blobs/"):]]++
+				mu.Unlock()
+			}
+			inner.ServeHTTP(w, r)
+		})
+	})
+	s := newTestStore(t, Options{})
+	ctx := context.Background()
+	a, err := s.Pull(ctx, reg.ref("a:1"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	onB.Store(true)
+	b, err := s.Pull(ctx, reg.ref("b:1"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	if n := gets[digestOf(t, base)]; n != 0 {
+		t.Errorf("B's pull fetched the shared base layer %d times, want 0", n)
+	}
+	if n := gets[digestOf(t, lb)]; n != 1 {
+		t.Errorf("B's pull fetched its own layer %d times, want 1", n)
+	}
+	mu.Unlock()
+	if a.ChainIDs[0] != b.ChainIDs[0] {
+		t.Fatalf("base chain IDs %s and %s differ", a.ChainIDs[0], b.ChainIDs[0])
+	}
+
+	mount := func(id, imageID string) string {
+		t.Helper()
+		dir := t.TempDir()
+		t.Cleanup(func() { s.UnmountRootfs(ctx, id, "", dir) })
+		rootfs, err := s.MountRootfs(ctx, MountRequest{ContainerID: id, ImageID: imageID, Dir: dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rootfs
+	}
+	checkFiles := func(what, dir string, want map[string]string) {
+		t.Helper()
+		for name, content := range want {
+			if got, err := os.ReadFile(filepath.Join(dir, name)); err != nil || string(got) != content {
+				t.Errorf("%s: %s = %q, %v; want %q", what, name, got, err, content)
+			}
+		}
+	}
+	rootfsA := mount("ca", a.ID)
+	if err := s.Remove(ctx, a.ID); err != nil {
+		t.Fatal(err)
+	}
+	checkFiles("rootfs of a container of removed A", rootfsA, map[string]string{"base": "shared base", "a": "only in A"})
+	checkFiles("B's base layer", s.layerPath(b.ChainIDs[0]), map[string]string{"base": "shared base"})
+	checkFiles("B's own layer", s.layerPath(b.ChainIDs[1]), map[string]string{"b": "only in B"})
+	for _, d := range []string{digestOf(t, base), digestOf(t, lb), b.ID} {
+		if _, err := os.Stat(s.blobPath(d)); err != nil {
+			t.Errorf("B's blob %s after removing A: %v", d, err)
+		}
+	}
+	checkFiles("rootfs of B mounted after removing A", mount("cb", b.ID), map[string]string{"base": "shared base", "b": "only in B"})
+	if _, err := os.Stat(filepath.Join(rootfsA, "b")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("B's file in A's rootfs: %v", err)
 	}
 }
