@@ -3,6 +3,7 @@ package test
 import (
 	"encoding/json"
 	"fmt"
+	"runtime"
 	"slices"
 	"testing"
 
@@ -17,7 +18,10 @@ import (
 func TestImageStatusVerboseAndPinned(t *testing.T) {
 	reg := testimage.StartRegistry(t)
 	img := testimage.Build(t, testimage.Spec{
-		Entrypoint: []string{"/bin/sh", "-c"}, Cmd: []string{"sleep 1"}, User: "1002",
+		// The host's architecture, as a real image for this node has;
+		// testimage defaults to amd64.
+		Architecture: runtime.GOARCH,
+		Entrypoint:   []string{"/bin/sh", "-c"}, Cmd: []string{"sleep 1"}, User: "1002",
 		Labels: map[string]string{"e2e": "verbose"},
 		Layers: [][]testimage.File{{{Path: "etc/motd", Content: []byte("hi\n")}}},
 	})
@@ -41,7 +45,7 @@ func TestImageStatusVerboseAndPinned(t *testing.T) {
 		t.Fatalf("verbose info: %v\n%s", err, resp.Info["info"])
 	}
 	cf := info.ImageSpec
-	if cf.OS != "linux" || cf.Architecture != "amd64" || cf.Config.User != "1002" ||
+	if cf.OS != "linux" || cf.Architecture != runtime.GOARCH || cf.Config.User != "1002" ||
 		!slices.Equal(cf.Config.Entrypoint, []string{"/bin/sh", "-c"}) || cf.Config.Labels["e2e"] != "verbose" ||
 		len(cf.RootFS.DiffIDs) != 2 || len(cf.History) != 2 {
 		t.Errorf("imageSpec = %+v, want the pushed config", cf)
