@@ -173,14 +173,14 @@ func TestWithUser(t *testing.T) {
 		wantHome  string
 		wantErr   error
 	}{
-		{name: "default root", wantHome: "HOME=/root"},
-		{name: "image user by name", imageUser: "app", wantUID: 1000, wantGID: 1001, wantGids: []uint32{10, 63}, wantHome: "HOME=/home/app"},
-		{name: "image uid:gid", imageUser: "1000:5", wantUID: 1000, wantGID: 5, wantGids: []uint32{10, 63}, wantHome: "HOME=/home/app"},
-		{name: "request uid wins over image", user: User{UID: i64v(0)}, imageUser: "app", wantHome: "HOME=/root"},
-		{name: "unknown numeric uid", user: User{UID: i64v(4242)}, wantUID: 4242, wantHome: "HOME=/"},
-		{name: "username + gid + supplemental", user: User{Username: "app", GID: i64v(7), SupplementalGroups: []int64{63, 99}}, wantUID: 1000, wantGID: 7, wantGids: []uint32{10, 63, 99}, wantHome: "HOME=/home/app"},
-		{name: "strict ignores image groups", user: User{Username: "app", GID: i64v(7), SupplementalGroups: []int64{99}, GroupsPolicy: GroupsStrict}, wantUID: 1000, wantGID: 7, wantGids: []uint32{99}, wantHome: "HOME=/home/app"},
-		{name: "strict image user", imageUser: "app", user: User{GroupsPolicy: GroupsStrict}, wantUID: 1000, wantGID: 1001, wantHome: "HOME=/home/app"},
+		{name: "default root", wantGids: []uint32{0}, wantHome: "HOME=/root"},
+		{name: "image user by name", imageUser: "app", wantUID: 1000, wantGID: 1001, wantGids: []uint32{1001, 10, 63}, wantHome: "HOME=/home/app"},
+		{name: "image uid:gid", imageUser: "1000:5", wantUID: 1000, wantGID: 5, wantGids: []uint32{5, 10, 63}, wantHome: "HOME=/home/app"},
+		{name: "request uid wins over image", user: User{UID: i64v(0)}, imageUser: "app", wantGids: []uint32{0}, wantHome: "HOME=/root"},
+		{name: "unknown numeric uid", user: User{UID: i64v(4242)}, wantUID: 4242, wantGids: []uint32{0}, wantHome: "HOME=/"},
+		{name: "username + gid + supplemental", user: User{Username: "app", GID: i64v(7), SupplementalGroups: []int64{63, 99}}, wantUID: 1000, wantGID: 7, wantGids: []uint32{7, 10, 63, 99}, wantHome: "HOME=/home/app"},
+		{name: "strict ignores image groups", user: User{Username: "app", GID: i64v(7), SupplementalGroups: []int64{99}, GroupsPolicy: GroupsStrict}, wantUID: 1000, wantGID: 7, wantGids: []uint32{7, 99}, wantHome: "HOME=/home/app"},
+		{name: "strict image user", imageUser: "app", user: User{GroupsPolicy: GroupsStrict}, wantUID: 1000, wantGID: 1001, wantGids: []uint32{1001}, wantHome: "HOME=/home/app"},
 		{name: "unknown name", user: User{Username: "nobody-here"}, wantErr: errdefs.ErrInvalidArgument},
 		{name: "negative uid", user: User{UID: i64v(-1)}, wantErr: errdefs.ErrInvalidArgument},
 	}
@@ -222,8 +222,8 @@ func TestWithUserPasswdSymlinkStaysInRootfs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if u := s.Process.User; u.UID != 5 || u.GID != 6 || len(u.AdditionalGids) != 0 {
-		t.Errorf("user = %+v, want 5:6 without host groups", u)
+	if u := s.Process.User; u.UID != 5 || u.GID != 6 || !reflect.DeepEqual(u.AdditionalGids, []uint32{6}) {
+		t.Errorf("user = %+v, want 5:6 and groups [6], none from the host", u)
 	}
 }
 

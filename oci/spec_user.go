@@ -82,6 +82,11 @@ func WithUser(rootfs string, u User, imageUser string) SpecOpt {
 				p.User.AdditionalGids = append(p.User.AdditionalGids, gid)
 			}
 		}
+		// The primary group comes first, under both policies, as in
+		// containerd and CRI-O: the CRI conformance suite expects it in
+		// the process's groups and in ContainerStatus.user, and a
+		// process that drops its gid with setgid must keep the group.
+		addGid(uint32(eu.Gid))
 		if u.GroupsPolicy != GroupsStrict {
 			for _, sg := range eu.Sgids {
 				addGid(uint32(sg))

@@ -120,9 +120,11 @@ func TestSupplementalGroupsPolicy(t *testing.T) {
 		policy runtimeapi.SupplementalGroupsPolicy
 		want   []int64
 	}{
-		// The fake rootfs's /etc/group makes root a member of group 10.
-		{"merge", runtimeapi.SupplementalGroupsPolicy_Merge, []int64{10, 99}},
-		{"strict", runtimeapi.SupplementalGroupsPolicy_Strict, []int64{99}},
+		// The fake rootfs's /etc/group makes root a member of group 10;
+		// the primary group 7 is reported under both policies, as the
+		// CRI conformance suite expects.
+		{"merge", runtimeapi.SupplementalGroupsPolicy_Merge, []int64{7, 10, 99}},
+		{"strict", runtimeapi.SupplementalGroupsPolicy_Strict, []int64{7, 99}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -619,8 +619,8 @@ func (e *ctrEnv) testSecurity(t *testing.T) {
 		t.Errorf("id -G = %q, want 0 1234 5678", out)
 	}
 	st := e.status(t, ro)
-	if g := st.GetUser().GetLinux().GetSupplementalGroups(); len(g) != 2 || g[0] != 1234 || g[1] != 5678 {
-		t.Errorf("status supplemental groups %v, want [1234 5678]", g)
+	if g := st.GetUser().GetLinux().GetSupplementalGroups(); len(g) != 3 || g[0] != 0 || g[1] != 1234 || g[2] != 5678 {
+		t.Errorf("status supplemental groups %v, want [0 1234 5678]", g)
 	}
 
 	cfg = e.ctr("user")
