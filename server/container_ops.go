@@ -133,6 +133,7 @@ func (s *Server) removeContainer(ctx context.Context, c *sandbox.Container) erro
 		return fmt.Errorf("removing container %s: %w", c.ID, err)
 	}
 	s.containers.Delete(c.ID)
+	s.forgetOOM("", c.ID)
 	s.ctrNames.Release(sandbox.ContainerNameKey(c.SandboxID, c.Name, c.Attempt), c.ID)
 	s.containerEvent(ctx, c, runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT)
 	return nil

@@ -15,6 +15,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pinrt/pinrt/cgroups"
 	"github.com/pinrt/pinrt/cni/cnitest"
 	"github.com/pinrt/pinrt/conf"
 	"github.com/pinrt/pinrt/image"
@@ -94,6 +95,7 @@ type ctrFixture struct {
 	images *ctrImages
 	ns     *nsmgrtest.Manager
 	cfg    *conf.Config
+	cg     *fakeCgroups
 }
 
 const testImageID = "sha256:1111111111111111111111111111111111111111111111111111111111111111"
@@ -115,11 +117,12 @@ func newCtrFixture(t *testing.T) *ctrFixture {
 	if _, err := fake.Pull(context.Background(), "busybox", nil); err != nil {
 		t.Fatal(err)
 	}
-	f := &ctrFixture{rt: ocitest.New(), images: &ctrImages{Fake: fake, mounted: map[string]image.MountRequest{}}, ns: nsmgrtest.New(cfg.RunRoot), cfg: cfg}
+	f := &ctrFixture{rt: ocitest.New(), images: &ctrImages{Fake: fake, mounted: map[string]image.MountRequest{}}, ns: nsmgrtest.New(cfg.RunRoot), cfg: cfg,
+		cg: &fakeCgroups{groups: map[string]cgroups.Stats{}}}
 	f.srv = New(cfg, Deps{
 		Network: &cnitest.Fake{}, Namespaces: f.ns, IDs: ids,
 		Shm: &fakeShm{mounted: map[string]bool{}}, Images: f.images,
-		Runtimes: map[string]ContainerRuntime{"runc": f.rt},
+		Runtimes: map[string]ContainerRuntime{"runc": f.rt}, Cgroups: f.cg,
 	})
 	return f
 }

@@ -279,6 +279,11 @@ func (s *Server) refreshContainer(ctx context.Context, c *sandbox.Container, che
 			}
 		}
 	}
+	if err == nil && rs.Status == oci.StatusStopped && !rs.OOMKilled && rs.ExitCode == sigkillExit && s.exitWasOOMKill(ctx, c) {
+		oom := *rs
+		oom.OOMKilled = true
+		rs = &oom
+	}
 	exited := false
 	if err := c.UpdateStatus(func(st *sandbox.ContainerStatus) {
 		was := st.State

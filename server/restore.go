@@ -134,6 +134,7 @@ func (s *Server) restorePod(ctx context.Context, id string) error {
 		}
 	}
 	s.sandboxes.Add(id, sb)
+	s.notePodOOMBase(ctx, sb)
 	return nil
 }
 

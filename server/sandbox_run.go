@@ -131,6 +131,7 @@ func (s *Server) runPod(ctx context.Context, req *podRequest) (_ *sandbox.Sandbo
 		return nil, fmt.Errorf("completing sandbox state: %w", err)
 	}
 	s.sandboxes.Add(md.ID, sb)
+	s.notePodOOMBase(ctx, sb)
 	log.G(ctx).WithFields(log.Fields{"ips": md.IPs, "phase": "state", "duration_ms": float64(time.Since(saveStart).Microseconds()) / 1000}).Debug("sandbox ready")
 	return sb, nil
 }

@@ -122,6 +122,7 @@ type Server struct {
 	stats     *statsState
 	events    *eventBus
 	exits     exitWatcher
+	oom       *podOOM
 	// podResources are the last UpdatePodSandboxResources of each pod
 	// (*runtimeapi.UpdatePodSandboxResourcesRequest), and podCIDR the
 	// last UpdateRuntimeConfig's (string); both only in memory: kubelet
@@ -158,6 +159,7 @@ func New(cfg *conf.Config, deps Deps) *Server {
 		ctrNames:   sandbox.NewNames(),
 
 		stats:          newStatsState(),
+		oom:            newPodOOM(),
 		events:         newEventBus(),
 		stopBackground: cancel,
 	}

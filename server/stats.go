@@ -23,6 +23,9 @@ import (
 type Cgroups interface {
 	Stat(group string) (*cgroups.Stats, error)
 	Update(group string, res *specs.LinuxResources) error
+	// OOMKills reads a cgroup v2 group's hierarchical oom_kill count;
+	// ok is false where there is none (v1, no memory controller).
+	OOMKills(group string) (n uint64, ok bool, err error)
 }
 
 // NetCounters reads the interface counters of a pinned netns (package

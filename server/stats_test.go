@@ -24,6 +24,25 @@ type fakeCgroups struct {
 	mu      sync.Mutex
 	groups  map[string]cgroups.Stats
 	updates []cgroupUpdate
+	// ooms are the oom_kill counters OOMKills reports; a group without
+	// one has no memory.events.
+	ooms map[string]uint64
+}
+
+func (f *fakeCgroups) OOMKills(group string) (uint64, bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n, ok := f.ooms[group]
+	return n, ok, nil
+}
+
+func (f *fakeCgroups) setOOMKills(group string, n uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.ooms == nil {
+		f.ooms = map[string]uint64{}
+	}
+	f.ooms[group] = n
 }
 
 func (f *fakeCgroups) Stat(group string) (*cgroups.Stats, error) {

@@ -21,7 +21,7 @@ cd /tmp
 for d in $DRIVERS; do
 	start=$(cut -d' ' -f1 /proc/uptime)
 	PINRT_E2E_BINARY=$share/bin/pinrt PINRT_E2E_CGROUP_DRIVER=$d \
-		"$share/bin/pinrt-e2e.test" -test.v -test.count=1 -test.timeout=40m \
+		"$share/bin/pinrt-e2e.test" -test.v -test.count="${COUNT:-1}" -test.timeout=40m \
 		-test.run "$TESTS" -test.skip "$SKIP" >"$out/$d.log" 2>&1
 	echo $? >"$out/$d.rc.tmp"
 	end=$(cut -d' ' -f1 /proc/uptime)

@@ -15,6 +15,7 @@
 #                     toolchain or crun, which the guest lacks, and those
 #                     that do not touch cgroups, to keep TCG time down)
 #   PINRT_VM_DRIVERS  cgroup drivers to run the tests with (default "cgroupfs systemd")
+#   PINRT_VM_COUNT    -test.count, to repeat a flaky test in one boot (default 1)
 #   PINRT_VM_CACHE    image cache (default /var/cache/pinrt-vm)
 #   PINRT_VM_TIMEOUT  seconds before the VM is killed (default 2400: make
 #                     test runs this in CI, which has 90 minutes in all)
@@ -63,6 +64,7 @@ cp "$here/inside.sh" "$share/inside.sh"
 	printf 'TESTS=%q\n' "$tests"
 	printf 'SKIP=%q\n' "$skip"
 	printf 'DRIVERS=%q\n' "$drivers"
+	printf 'COUNT=%q\n' "${PINRT_VM_COUNT:-1}"
 } >"$share/env"
 t2=$(now)
 echo "vm: binaries built in $(secs "$t1" "$t2")s; booting (TCG, 2 vCPUs, 3 GiB)"
