@@ -17,6 +17,10 @@ ln -sfn "$share/cni" /opt/cni/bin
 	echo "cgroup fs: $(stat -fc %T /sys/fs/cgroup); controllers: $(cat /sys/fs/cgroup/cgroup.controllers)"
 } >"$out/guest-info"
 
+# If systemd stops this unit under the tests (the VM then powers off with
+# no result), leave the journal for run.sh to show.
+trap 'journalctl -b --no-pager -n 300 >"$out/journal-on-term.log" 2>&1; sync; exit 143' TERM
+
 cd /tmp
 for d in $DRIVERS; do
 	start=$(cut -d' ' -f1 /proc/uptime)

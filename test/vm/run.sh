@@ -60,41 +60,72 @@ mkdir -p "$share/bin" "$share/cni" "$share/out"
 cp "$(command -v runc)" "$share/bin/runc"
 cp /opt/cni/bin/* "$share/cni/"
 cp "$here/inside.sh" "$share/inside.sh"
-{
-	printf 'TESTS=%q\n' "$tests"
-	printf 'SKIP=%q\n' "$skip"
-	printf 'DRIVERS=%q\n' "$drivers"
-	printf 'COUNT=%q\n' "${PINRT_VM_COUNT:-1}"
-} >"$share/env"
-t2=$(now)
-echo "vm: binaries built in $(secs "$t1" "$t2")s; booting (TCG, 2 vCPUs, 3 GiB)"
-
-# -nic none: the guest has no network at all; the tests' registry and CNI
-# bridges live inside it. snapshot=on keeps the cached image pristine.
-rc=0
-timeout --foreground -k 10 "$timeout" qemu-system-x86_64 \
-	-accel tcg -cpu max -smp 2 -m 3072 -nographic -no-reboot -nic none \
-	-kernel "$img/vmlinuz" -initrd "$img/initrd.img" \
-	-append "console=ttyS0 root=/dev/vda rw systemd.unified_cgroup_hierarchy=1 panic=-1 loglevel=4 systemd.show_status=0" \
-	-drive "file=$img/rootfs.img,if=virtio,format=raw,snapshot=on" \
-	-virtfs "local,path=$share,mount_tag=share,security_model=none,id=share" \
-	>"$share/console.log" 2>&1 || rc=$?
-t3=$(now)
-if [ "$rc" -ne 0 ]; then
-	echo "vm: qemu exited with $rc after $(secs "$t2" "$t3")s; console:"
-	tail -100 "$share/console.log"
-	exit 1
-fi
-
-status=0
-booted=$(cat "$share/out/booted" 2>/dev/null || echo "?")
-echo "vm: guest userspace up ${booted}s after kernel start; VM ran $(secs "$t2" "$t3")s in all"
-for d in $drivers; do
-	if [ ! -f "$share/out/$d.rc" ]; then
-		echo "vm: no result for driver $d; console:"
+# boot runs the tests for the drivers in $1 in one boot of the VM; their
+# results land in $share/out.
+boot() {
+	{
+		printf 'TESTS=%q\n' "$tests"
+		printf 'SKIP=%q\n' "$skip"
+		printf 'DRIVERS=%q\n' "$1"
+		printf 'COUNT=%q\n' "${PINRT_VM_COUNT:-1}"
+	} >"$share/env"
+	# -nic none: the guest has no network at all; the tests' registry and
+	# CNI bridges live inside it. snapshot=on keeps the cached image
+	# pristine.
+	local rc=0 b0
+	b0=$(now)
+	timeout --foreground -k 10 "$timeout" qemu-system-x86_64 \
+		-accel tcg -cpu max -smp 2 -m 3072 -nographic -no-reboot -nic none \
+		-kernel "$img/vmlinuz" -initrd "$img/initrd.img" \
+		-append "console=ttyS0 root=/dev/vda rw systemd.unified_cgroup_hierarchy=1 panic=-1 loglevel=4 systemd.show_status=0" \
+		-drive "file=$img/rootfs.img,if=virtio,format=raw,snapshot=on" \
+		-virtfs "local,path=$share,mount_tag=share,security_model=none,id=share" \
+		>"$share/console.log" 2>&1 || rc=$?
+	if [ "$rc" -ne 0 ]; then
+		echo "vm: qemu exited with $rc after $(secs "$b0" "$(now)")s; console:"
 		tail -100 "$share/console.log"
 		exit 1
 	fi
+	echo "vm: guest userspace up $(cat "$share/out/booted" 2>/dev/null || echo "?")s after kernel start; VM ran $(secs "$b0" "$(now)")s in all"
+}
+
+# missing lists the drivers of $1 that left no exit code: the VM went down
+# under the tests, which says nothing about them.
+missing() {
+	local d left=""
+	for d in $1; do
+		[ -f "$share/out/$d.rc" ] || left="$left $d"
+	done
+	echo "$left"
+}
+
+t2=$(now)
+echo "vm: binaries built in $(secs "$t1" "$t2")s; booting (TCG, 2 vCPUs, 3 GiB)"
+boot "$drivers"
+left=$(missing "$drivers")
+if [ -n "$left" ]; then
+	# Once, a VM powered off halfway through a run, leaving no result and
+	# no sign of why on the console. A test that failed is never
+	# retried; a run that never ended is, once, in a fresh boot.
+	echo "vm: no result for driver(s)$left; console:"
+	tail -60 "$share/console.log"
+	for d in $left; do
+		[ -f "$share/out/$d.log" ] && { echo "vm: partial test output ($d):"; tail -100 "$share/out/$d.log"; }
+	done
+	[ -f "$share/out/journal-on-term.log" ] && { echo "vm: guest journal when the test unit was stopped:"; cat "$share/out/journal-on-term.log"; }
+	echo "vm: booting again for$left"
+	rm -f "$share/out/journal-on-term.log"
+	boot "$left"
+	if [ -n "$(missing "$left")" ]; then
+		echo "vm: still no result for$(missing "$left"); console:"
+		tail -100 "$share/console.log"
+		[ -f "$share/out/journal-on-term.log" ] && cat "$share/out/journal-on-term.log"
+		exit 1
+	fi
+fi
+
+status=0
+for d in $drivers; do
 	echo "===== cgroup_driver=$d (cgroup v2): exit $(cat "$share/out/$d.rc"), $(cat "$share/out/$d.time")s"
 	cat "$share/out/$d.log"
 	[ "$(cat "$share/out/$d.rc")" = 0 ] || status=1
