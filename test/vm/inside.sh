@@ -1,6 +1,6 @@
 #!/bin/bash
 # inside.sh runs in the guest, from pinrt-vm-test.service, with the host's
-# share on /mnt/share. It runs the e2e test binary once per cgroup driver
+# share on /mnt/share. It runs each suite (suites/*.sh) once per cgroup driver
 # and leaves each run's output, exit code and duration in /mnt/share/out.
 set -u
 share=/mnt/share
@@ -21,16 +21,16 @@ ln -sfn "$share/cni" /opt/cni/bin
 # no result), leave the journal for run.sh to show.
 trap 'journalctl -b --no-pager -n 300 >"$out/journal-on-term.log" 2>&1; sync; exit 143' TERM
 
-cd /tmp
+# Each suite runs once per driver; a driver is done (out/DRIVER.done) when
+# all its suites have left an exit code.
 for d in $DRIVERS; do
-	start=$(cut -d' ' -f1 /proc/uptime)
-	PINRT_E2E_BINARY=$share/bin/pinrt PINRT_E2E_CGROUP_DRIVER=$d \
-		"$share/bin/pinrt-e2e.test" -test.v -test.count="${COUNT:-1}" -test.timeout=40m \
-		-test.run "$TESTS" -test.skip "$SKIP" >"$out/$d.log" 2>&1
-	echo $? >"$out/$d.rc.tmp"
-	end=$(cut -d' ' -f1 /proc/uptime)
-	awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f\n", b - a }' >"$out/$d.time"
-	cat "$out/guest-info" >>"$out/$d.log"
-	mv "$out/$d.rc.tmp" "$out/$d.rc"
+	for s in $SUITES; do
+		start=$(cut -d' ' -f1 /proc/uptime)
+		(cd /tmp && bash "$share/suites/$s.sh" run "$d" "$share") >"$out/$d.$s.log" 2>&1
+		echo $? >"$out/$d.$s.rc"
+		end=$(cut -d' ' -f1 /proc/uptime)
+		awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f\n", b - a }' >"$out/$d.$s.time"
+	done
+	touch "$out/$d.done"
 done
 sync

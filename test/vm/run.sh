@@ -1,7 +1,13 @@
 #!/bin/bash
 # run.sh: boots a Debian VM with systemd as PID 1 on cgroup v2 and runs
-# pinrt's e2e tests inside it, once per cgroup driver. `make test-vm` calls
-# it; it exits with the tests' exit code.
+# test suites inside it, once per cgroup driver. `make test-vm` calls it;
+# it exits non-zero when any suite failed under any driver.
+#
+# A suite is a script test/vm/suites/<name>.sh with two verbs:
+# `prepare SHARE` runs on the host and puts what the guest needs under
+# SHARE (binaries, images); `run DRIVER SHARE` runs in the guest, once per
+# cgroup driver, and its exit code is the suite's result. Every PINRT_VM_*
+# variable reaches the guest's suites.
 #
 # The disk image, kernel and initrd are cached in $PINRT_VM_CACHE, keyed by
 # a hash of build-rootfs.sh, so only the first run (or an edit to that
@@ -10,22 +16,19 @@
 # oneshot unit runs before it powers the VM off.
 #
 # Environment:
-#   PINRT_VM_TESTS    -test.run pattern (default: the cgroup and daemon tests)
-#   PINRT_VM_SKIP     -test.skip pattern (default: subtests that need a Go
-#                     toolchain or crun, which the guest lacks, and those
-#                     that do not touch cgroups, to keep TCG time down)
-#   PINRT_VM_DRIVERS  cgroup drivers to run the tests with (default "cgroupfs systemd")
-#   PINRT_VM_COUNT    -test.count, to repeat a flaky test in one boot (default 1)
+#   PINRT_VM_SUITES   suites to run, in order (default "e2e")
+#   PINRT_VM_DRIVERS  cgroup drivers to run the suites with (default "cgroupfs systemd")
 #   PINRT_VM_CACHE    image cache (default /var/cache/pinrt-vm)
+#   PINRT_VM_MEM      guest memory in MiB (default 4096)
 #   PINRT_VM_TIMEOUT  seconds before the VM is killed (default 2400: make
 #                     test runs this in CI, which has 90 minutes in all)
+#   and each suite's own (see test/vm/suites/*.sh).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 cache=${PINRT_VM_CACHE:-/var/cache/pinrt-vm}
-tests=${PINRT_VM_TESTS:-'^(TestVersionAndStatus|TestRestore|TestContainers|TestCgroupV2|TestStats|TestSystemdUnit)$'}
-skip=${PINRT_VM_SKIP:-'^(TestContainers|TestStats)$/^(ManyPods|ReopenLog|UsernsPod|IDMappedVolume|RuntimeWithoutIDMap|RuntimeHandlers|Stop|ExecSync|Security|Seccomp|SharedPID|List|BadInput)$'}
+suites=${PINRT_VM_SUITES:-e2e}
 drivers=${PINRT_VM_DRIVERS:-cgroupfs systemd}
 timeout=${PINRT_VM_TIMEOUT:-2400}
 
@@ -54,20 +57,24 @@ echo "vm: image ready after $(secs "$t0" "$t1")s ($img)"
 share=$(mktemp -d /var/tmp/pinrt-vm-share.XXXXXX)
 trap 'rm -rf "$share"' EXIT
 mkdir -p "$share/bin" "$share/cni" "$share/out"
-(cd "$repo" &&
-	CGO_ENABLED=0 go build -o "$share/bin/pinrt" ./cmd/pinrt &&
-	go test -c -o "$share/bin/pinrt-e2e.test" ./test/)
+(cd "$repo" && CGO_ENABLED=0 go build -o "$share/bin/pinrt" ./cmd/pinrt)
 cp "$(command -v runc)" "$share/bin/runc"
 cp /opt/cni/bin/* "$share/cni/"
 cp "$here/inside.sh" "$share/inside.sh"
+cp -r "$here/suites" "$share/suites"
+for s in $suites; do
+	p0=$(now)
+	bash "$here/suites/$s.sh" prepare "$share"
+	echo "vm: suite $s prepared in $(secs "$p0" "$(now)")s"
+done
 # boot runs the tests for the drivers in $1 in one boot of the VM; their
 # results land in $share/out.
 boot() {
 	{
-		printf 'TESTS=%q\n' "$tests"
-		printf 'SKIP=%q\n' "$skip"
 		printf 'DRIVERS=%q\n' "$1"
-		printf 'COUNT=%q\n' "${PINRT_VM_COUNT:-1}"
+		printf 'SUITES=%q\n' "$suites"
+		# Every PINRT_VM_* setting reaches the suites in the guest.
+		env | grep '^PINRT_VM_' | while IFS='=' read -r k v; do printf 'export %s=%q\n' "$k" "$v"; done
 	} >"$share/env"
 	# -nic none: the guest has no network at all; the tests' registry and
 	# CNI bridges live inside it. snapshot=on keeps the cached image
@@ -75,7 +82,7 @@ boot() {
 	local rc=0 b0
 	b0=$(now)
 	timeout --foreground -k 10 "$timeout" qemu-system-x86_64 \
-		-accel tcg -cpu max -smp 2 -m 3072 -nographic -no-reboot -nic none \
+		-accel tcg -cpu max -smp 2 -m "${PINRT_VM_MEM:-4096}" -nographic -no-reboot -nic none \
 		-kernel "$img/vmlinuz" -initrd "$img/initrd.img" \
 		-append "console=ttyS0 root=/dev/vda rw systemd.unified_cgroup_hierarchy=1 panic=-1 loglevel=4 systemd.show_status=0" \
 		-drive "file=$img/rootfs.img,if=virtio,format=raw,snapshot=on" \
@@ -94,13 +101,13 @@ boot() {
 missing() {
 	local d left=""
 	for d in $1; do
-		[ -f "$share/out/$d.rc" ] || left="$left $d"
+		[ -f "$share/out/$d.done" ] || left="$left $d"
 	done
 	echo "$left"
 }
 
 t2=$(now)
-echo "vm: binaries built in $(secs "$t1" "$t2")s; booting (TCG, 2 vCPUs, 3 GiB)"
+echo "vm: binaries built in $(secs "$t1" "$t2")s; booting (TCG, 2 vCPUs, ${PINRT_VM_MEM:-4096} MiB)"
 boot "$drivers"
 left=$(missing "$drivers")
 if [ -n "$left" ]; then
@@ -110,7 +117,9 @@ if [ -n "$left" ]; then
 	echo "vm: no result for driver(s)$left; console:"
 	tail -60 "$share/console.log"
 	for d in $left; do
-		[ -f "$share/out/$d.log" ] && { echo "vm: partial test output ($d):"; tail -100 "$share/out/$d.log"; }
+		for f in "$share/out/$d".*.log; do
+			[ -f "$f" ] && { echo "vm: partial output ($(basename "$f")):"; tail -100 "$f"; }
+		done
 	done
 	[ -f "$share/out/journal-on-term.log" ] && { echo "vm: guest journal when the test unit was stopped:"; cat "$share/out/journal-on-term.log"; }
 	echo "vm: booting again for$left"
@@ -126,12 +135,17 @@ fi
 
 status=0
 for d in $drivers; do
-	echo "===== cgroup_driver=$d (cgroup v2): exit $(cat "$share/out/$d.rc"), $(cat "$share/out/$d.time")s"
-	cat "$share/out/$d.log"
-	[ "$(cat "$share/out/$d.rc")" = 0 ] || status=1
+	for s in $suites; do
+		echo "===== suite $s, cgroup_driver=$d (cgroup v2): exit $(cat "$share/out/$d.$s.rc"), $(cat "$share/out/$d.$s.time")s"
+		cat "$share/out/$d.$s.log"
+		[ "$(cat "$share/out/$d.$s.rc")" = 0 ] || status=1
+	done
 done
+cat "$share/out/guest-info"
 for d in $drivers; do
-	echo "vm: $d: exit $(cat "$share/out/$d.rc") in $(cat "$share/out/$d.time")s"
+	for s in $suites; do
+		echo "vm: $s/$d: exit $(cat "$share/out/$d.$s.rc") in $(cat "$share/out/$d.$s.time")s"
+	done
 done
 echo "vm: total $(secs "$t0" "$(now)")s"
 exit $status
