@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -193,6 +194,9 @@ type exitWatcher struct {
 	once sync.Once
 	w    *fsnotify.Watcher
 	err  error
+	// active is set once the watcher runs: the read path may then trust
+	// the recorded states (see observeContainer).
+	active atomic.Bool
 }
 
 func (s *Server) exitWatch(ctx context.Context) *fsnotify.Watcher {
@@ -207,6 +211,7 @@ func (s *Server) exitWatch(ctx context.Context) *fsnotify.Watcher {
 		// attributed to an unrelated call.
 		bg := log.WithLogger(context.Background(), logrus.NewEntry(log.G(ctx).Logger).WithField("component", "exit-watcher"))
 		go s.exitLoop(bg, s.exits.w)
+		s.exits.active.Store(true)
 	})
 	return s.exits.w
 }

@@ -241,6 +241,38 @@ func (s *Server) runtimeFor(handler string) (ContainerRuntime, error) {
 
 var errGone = errors.New("container is gone from the runtime")
 
+// observeContainer is the read path's view of a container: the recorded
+// status, kept current by the operations themselves and by the exit
+// watcher, with no process started and no runtime call while nothing
+// happened. Only a transition the watcher may not have handled yet sends
+// it to refreshContainer: conmon's exit file is there (the container died
+// and the watcher's event is still queued), or, with monitor set, conmon
+// is gone (nothing will ever write the exit file: MonitorGone). Without
+// inotify every read refreshes, as before the watcher existed.
+//
+// monitor costs two small file reads; ListContainers, which kubelet calls
+// every second for every container, leaves it to ContainerStatus.
+func (s *Server) observeContainer(ctx context.Context, c *sandbox.Container, monitor bool) {
+	st := c.Status()
+	if st.State == sandbox.ContainerExited {
+		return
+	}
+	if !s.exits.active.Load() {
+		s.refreshContainer(ctx, c, false)
+		return
+	}
+	if _, err := os.Stat(filepath.Join(c.Dir, c.ID)); err == nil {
+		s.refreshContainer(ctx, c, false)
+		return
+	}
+	if !monitor {
+		return
+	}
+	if _, alive, recorded := monitorPid(c.Dir, c.ID); recorded && !alive {
+		s.refreshContainer(ctx, c, false)
+	}
+}
+
 // refreshContainer brings the recorded status in line with the runtime
 // and conmon's exit file. cheap skips the runtime call for a running
 // container whose exit file is not there yet: conmon writes it when the
