@@ -61,9 +61,9 @@ type Runtime struct {
 	Calls      []string
 	// states counts State calls (not in Calls: every status read used
 	// to make one).
-	states  int
-	nextPid int
-	exitDirs   map[string]string
+	states   int
+	nextPid  int
+	exitDirs map[string]string
 }
 
 // New returns an empty fake.
