@@ -18,6 +18,7 @@
 #   BENCH_EXEC_N=             exec: ExecSync calls (default: BENCH_N if set, else 100)
 #   BENCH_EXEC_STREAMS=100    exec: streaming Execs, whose p50 is the Exec(stream) headline
 #   BENCH_RESTORE_N=100       pods alive across the restore restart
+#   BENCH_STATUS_N=100        status: running pods whose status is read
 #   BENCH_RESTORE_CONTAINERS= set to 1 to give each restore pod a container
 #   BENCH_ALLOW_ERRORS=       set to 1 to exit 0 even when scenarios had errors
 #   BENCH_BRIDGE=pbench0      bridge name; BENCH_SUBNET=10.200.0.0/16
@@ -30,7 +31,9 @@
 #
 # The daemon runs in its own cgroup (cgroup v1 cpuacct or v2), and every
 # scenario reports the CPU time of the daemon and all it started (namespace
-# helper, CNI plugins, runc, conmon) per pod: cpu_ms_per_pod.
+# helper, CNI plugins, runc, conmon) per pod: cpu_ms_per_pod; and, counted
+# through the kernel's process events connector, the processes it started
+# per pod (procs_per_pod) and the commands it ran (execs_per_pod.<cmd>).
 set -uo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -43,6 +46,7 @@ IDLE=${BENCH_IDLE:-60s}
 EXEC_N=${BENCH_EXEC_N:-${BENCH_N:-100}}
 EXEC_STREAMS=${BENCH_EXEC_STREAMS:-100}
 RESTORE_N=${BENCH_RESTORE_N:-100}
+STATUS_N=${BENCH_STATUS_N:-100}
 BRIDGE=${BENCH_BRIDGE:-pbench0}
 SUBNET=${BENCH_SUBNET:-10.200.0.0/16}
 TIMEOUT=${BENCH_TIMEOUT:-60s}
@@ -259,6 +263,10 @@ run_bench() {
 		/^Exec\(stream\) / { k = k " Exec(stream)-p50=" $4 }
 		/^portforward_mb_per_s = / { k = k " port-forward=" $3 "MB/s" }
 		/^idle_cpu_ms_per_min = / { k = k " idle-cpu=" $3 "ms/min" }
+		/^ContainerStatus / { k = k " ContainerStatus-p50=" $4 }
+		/^ListContainers / { k = k " ListContainers-p50=" $4 }
+		/^status_procs_started = / { k = k " status-procs=" $3 }
+		/^procs_per_pod = / { k = k " procs/pod=" $3 }
 		END { print k }' "$OUT/$name.txt")
 	SUMMARY+=("$(printf '%-22s %s%s' "$name" "$last" "$key")")
 	[ "$rc" = 0 ] || FAILED=$((FAILED + 1))
@@ -275,6 +283,10 @@ for v in netns userns; do
 done
 run_bench "pod-p1" pod -n "$N" -p 1 --image "$IMAGE"
 run_bench "pod-p$PAR" pod -n "$N" -p "$PAR" --image "$IMAGE"
+# ContainerStatus (plain and verbose) and ListContainers with
+# BENCH_STATUS_N pods running, one call at a time; status_procs_started
+# counts the processes the runtime started meanwhile (want 0).
+run_bench "status" status -n "$STATUS_N" -p "$PAR" --image "$IMAGE" --stats-rounds 5
 # ExecSync and streaming Exec (client-go SPDY) of "echo hi" in one pod;
 # --streams, because the tool's default is a tenth of -n.
 run_bench "exec" exec -n "$EXEC_N" --streams "$EXEC_STREAMS" --image "$IMAGE"

@@ -31,6 +31,8 @@ commands:
   exec       one running pod: N ExecSync and N/10 streaming Exec of "echo hi"
   portforward one pod serving a file: read it through PortForward (MB/s)
   restore    N pods, restart the runtime, time until all are Ready again
+  status     N running pods: ContainerStatus (plain, verbose) of each and ListContainers,
+             --stats-rounds times; counts the processes the runtime starts meanwhile
   cleanup    remove pods and containers (bench-labelled, or --all)
   registry   serve a busybox test image from an in-process registry
 
@@ -52,7 +54,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	cmd, args := args[0], args[1:]
 	switch cmd {
 	case bench.ScenarioSandbox, bench.ScenarioPod, bench.ScenarioDensity, bench.ScenarioRestore,
-		bench.ScenarioExec, bench.ScenarioPortForward:
+		bench.ScenarioExec, bench.ScenarioPortForward, bench.ScenarioStatus:
 		return runScenario(ctx, cmd, args, stdout, stderr)
 	case "cleanup":
 		return runCleanup(ctx, args, stdout, stderr)
@@ -80,7 +82,7 @@ func runScenario(ctx context.Context, scenario string, args []string, stdout, st
 	usernsBase := fs.Uint("userns-base", bench.UsernsBlock, "first host ID for userns pods (multiple of 65536, not 0)")
 	fs.IntVar(&cfg.UsernsCount, "userns-count", 1024, "number of 65536-ID blocks for userns pods")
 	fs.BoolVar(&cfg.Keep, "keep", false, "density: leave the pods running")
-	fs.IntVar(&cfg.StatsRounds, "stats-rounds", 0, "density: list container and pod stats this many times while the pods run")
+	fs.IntVar(&cfg.StatsRounds, "stats-rounds", 0, "density: list container and pod stats this many times while the pods run; status: rounds of reads (0: 5)")
 	fs.IntVar(&cfg.Streams, "streams", 0, "exec: streaming execs (0: N/10, at least 1; negative: none); portforward: reads (0: 3)")
 	fs.IntVar(&cfg.ForwardMB, "forward-mb", 64, "portforward: MiB read through the port-forward per read")
 	fs.DurationVar(&cfg.IdleWindow, "idle", 0, "density: with --cgroup, measure the runtime's CPU while the pods idle this long (0: skip)")
