@@ -290,48 +290,61 @@ func (r *Runtime) Kill(ctx context.Context, id string, sig syscall.Signal, all b
 // Stop sends sig, waits up to timeout for the container to exit, then
 // SIGKILLs it and waits for conmon to record the exit. A stopped container
 // is fine.
+//
+// It asks the runtime nothing but the kills: conmon's exit file says the
+// container has exited (conmon writes it after reaping the container's
+// init and draining its log), so that is what Stop waits for, and a kill
+// of a container that is already stopped is classed moot by failure.
 func (r *Runtime) Stop(ctx context.Context, id string, sig syscall.Signal, timeout time.Duration) error {
-	st, err := r.State(ctx, id)
+	if err := validateID(id); err != nil {
+		return err
+	}
+	rec, err := r.loadRecord(id)
 	if err != nil {
 		return err
 	}
-	if st.Status == StatusStopped {
+	exitFile := filepath.Join(rec.ExitDir, id)
+	if _, _, ok := readExitFile(exitFile); ok {
 		return nil
 	}
 	if sig == 0 {
 		sig = syscall.SIGTERM
 	}
 	if timeout > 0 && sig != syscall.SIGKILL {
-		if err := r.Kill(ctx, id, sig, false); err != nil && !errdefs.IsNotFound(err) {
+		if err := r.Kill(ctx, id, sig, false); err != nil {
 			return err
 		}
-		if r.waitStopped(ctx, id, timeout) {
+		if waitExitFile(ctx, exitFile, timeout) {
 			return nil
 		}
 		log.G(ctx).WithField("container", id).Debugf("container did not stop within %s after %s; killing", timeout, sig)
 	}
-	if err := r.Kill(ctx, id, syscall.SIGKILL, true); err != nil && !errdefs.IsNotFound(err) {
+	if err := r.Kill(ctx, id, syscall.SIGKILL, true); err != nil {
 		return err
 	}
-	if !r.waitStopped(ctx, id, 0) {
+	if !waitExitFile(ctx, exitFile, 0) {
 		return fmt.Errorf("container %s did not exit after SIGKILL: %w", id, ctx.Err())
 	}
 	return nil
 }
 
-// waitStopped polls until the container has stopped and conmon wrote its
-// exit file (so the log is drained too), for at most d (0 = until ctx ends).
-func (r *Runtime) waitStopped(ctx context.Context, id string, d time.Duration) bool {
+// exitPoll is how often Stop looks for the exit file: a stat, so it can
+// be short.
+const exitPoll = 5 * time.Millisecond
+
+// waitExitFile waits until conmon wrote the exit file p (so the container
+// has exited and its log is drained), for at most d (0 = until ctx ends).
+func waitExitFile(ctx context.Context, p string, d time.Duration) bool {
 	var deadline <-chan time.Time
 	if d > 0 {
 		t := time.NewTimer(d)
 		defer t.Stop()
 		deadline = t.C
 	}
-	tick := time.NewTicker(20 * time.Millisecond)
+	tick := time.NewTicker(exitPoll)
 	defer tick.Stop()
 	for {
-		if st, err := r.State(ctx, id); err == nil && st.Status == StatusStopped && st.ExitCode != -1 {
+		if _, _, ok := readExitFile(p); ok {
 			return true
 		}
 		select {
@@ -412,6 +425,29 @@ func (r *Runtime) State(ctx context.Context, id string) (*State, error) {
 		st.OOMKilled = true
 	}
 	return st, nil
+}
+
+// ExitState is the state of a container conmon saw exit, from its exit
+// and oom files alone, with no runtime call: conmon writes the exit file
+// after the container's init died, when the runtime says stopped too.
+// ok is false while there is no exit file (or no record of id).
+func (r *Runtime) ExitState(id string) (st *State, ok bool) {
+	if validateID(id) != nil {
+		return nil, false
+	}
+	rec, err := r.loadRecord(id)
+	if err != nil {
+		return nil, false
+	}
+	code, finished, ok := readExitFile(filepath.Join(rec.ExitDir, id))
+	if !ok {
+		return nil, false
+	}
+	st = &State{ID: id, Status: StatusStopped, Bundle: rec.Bundle, ExitCode: code, FinishedAt: finished}
+	if _, err := os.Stat(filepath.Join(rec.Bundle, "oom")); err == nil {
+		st.OOMKilled = true
+	}
+	return st, true
 }
 
 func readExitFile(p string) (int32, time.Time, bool) {

@@ -157,12 +157,17 @@ func (e *testEnv) waitStopped(id string) *State {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if !e.rt.waitStopped(ctx, id, 0) {
+	if !waitExitFile(ctx, filepath.Join(e.exitDir, id), 0) {
 		e.t.Fatalf("container %s did not stop", id)
 	}
 	st, err := e.rt.State(ctx, id)
 	if err != nil {
 		e.t.Fatal(err)
+	}
+	// What the exit file alone says must be what runc and conmon say.
+	xs, ok := e.rt.ExitState(id)
+	if !ok || xs.Status != st.Status || xs.ExitCode != st.ExitCode || xs.OOMKilled != st.OOMKilled || !xs.FinishedAt.Equal(st.FinishedAt) {
+		e.t.Errorf("ExitState = %+v, %v; State = %+v", xs, ok, st)
 	}
 	return st
 }
@@ -459,7 +464,7 @@ func BenchmarkContainerLifecycle(b *testing.B) {
 		i++
 		id := fmt.Sprintf("bench-%d", i)
 		e.create(id, true, "sh", "-c", "exit 0")
-		if !e.rt.waitStopped(ctx, id, 10*time.Second) {
+		if !waitExitFile(ctx, filepath.Join(e.exitDir, id), 10*time.Second) {
 			b.Fatal("container did not exit")
 		}
 		if err := e.rt.Delete(ctx, id, false); err != nil {

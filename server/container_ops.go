@@ -85,7 +85,9 @@ func (s *Server) stopContainer(ctx context.Context, c *sandbox.Container, timeou
 }
 
 func (s *Server) stopLocked(ctx context.Context, c *sandbox.Container, timeout time.Duration) error {
-	s.refreshContainer(ctx, c, false)
+	// The recorded state is current (see observeContainer); a container
+	// that died unnoticed makes the kill moot, which the runtime tells.
+	s.observeContainer(ctx, c, true)
 	if c.Status().State == sandbox.ContainerExited {
 		return nil
 	}

@@ -569,3 +569,38 @@ func TestContainerStatusFromMemory(t *testing.T) {
 		t.Errorf("reading an exited container asked the runtime %d times, want 0", n)
 	}
 }
+
+// A container's whole lifecycle (create, start, stop, remove) asks the
+// runtime for no state: the operations know their outcome, and the exit
+// is read from conmon's exit file.
+func TestLifecycleAsksNoState(t *testing.T) {
+	f := newCtrFixture(t)
+	ctx := context.Background()
+	pod, podCfg := f.pod(t, false)
+	before := f.rt.StateCalls()
+	resp, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr("life"), SandboxConfig: podCfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.ContainerId
+	if _, err := f.srv.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: id}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.srv.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: id}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := f.srv.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Status.State != runtimeapi.ContainerState_CONTAINER_EXITED || st.Status.ExitCode != 138 {
+		t.Errorf("stopped container = %v exit %d, want EXITED 138 (the image stops with SIGUSR1)", st.Status.State, st.Status.ExitCode)
+	}
+	if _, err := f.srv.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: id}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond) // the exit watcher's turn
+	if n := f.rt.StateCalls() - before; n != 0 {
+		t.Errorf("the lifecycle asked the runtime for its state %d times, want 0", n)
+	}
+}

@@ -192,6 +192,9 @@ type ContainerRuntime interface {
 	Stop(ctx context.Context, id string, sig syscall.Signal, timeout time.Duration) error
 	Delete(ctx context.Context, id string, force bool) error
 	State(ctx context.Context, id string) (*oci.State, error)
+	// ExitState is the state of a container whose exit conmon recorded,
+	// without a runtime call; ok is false while it has not exited.
+	ExitState(id string) (st *oci.State, ok bool)
 	ExecSync(ctx context.Context, id string, cmd []string, timeout time.Duration) ([]byte, []byte, int32, error)
 	Update(ctx context.Context, id string, res *specs.LinuxResources) error
 	ReopenLog(ctx context.Context, id string) error
@@ -292,7 +295,11 @@ func (s *Server) refreshContainer(ctx context.Context, c *sandbox.Container, che
 	if err != nil {
 		return
 	}
-	rs, err := rt.State(ctx, c.ID)
+	// An exit conmon recorded needs no runtime call.
+	rs, recorded := rt.ExitState(c.ID)
+	if !recorded {
+		rs, err = rt.State(ctx, c.ID)
+	}
 	if err != nil && !errdefs.IsNotFound(err) {
 		log.G(ctx).WithError(err).WithField("container", c.ID).Warn("refreshing container state")
 		return

@@ -217,6 +217,22 @@ func (r *Runtime) Delete(_ context.Context, id string, force bool) error {
 	return nil
 }
 
+// ExitState reports a stopped container whose exit file was written,
+// as the real runtime does from conmon's files.
+func (r *Runtime) ExitState(id string) (*oci.State, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	st, ok := r.Containers[id]
+	if !ok || st.Status != oci.StatusStopped {
+		return nil, false
+	}
+	if _, err := os.Stat(filepath.Join(r.exitDirs[id], id)); err != nil {
+		return nil, false
+	}
+	c := *st
+	return &c, true
+}
+
 // StateCalls is how many times State was called.
 func (r *Runtime) StateCalls() int {
 	r.mu.Lock()
