@@ -19,6 +19,9 @@
 #   BENCH_EXEC_STREAMS=100    exec: streaming Execs, whose p50 is the Exec(stream) headline
 #   BENCH_RESTORE_N=100       pods alive across the restore restart
 #   BENCH_STATUS_N=100        status: running pods whose status is read
+#   BENCH_PULL_N=3            pull: pulls of the generated 345 MB image (kept in /var/tmp/pinrt-bench-pull)
+#   BENCH_PULL_MBPS=125       pull: the registry's bandwidth in MB/s (125: a 1 Gbit/s link; 0: unlimited)
+#   BENCH_PULL_SCALE=1        pull: image size relative to the 345 MB
 #   BENCH_RESTORE_CONTAINERS= set to 1 to give each restore pod a container
 #   BENCH_ALLOW_ERRORS=       set to 1 to exit 0 even when scenarios had errors
 #   BENCH_BRIDGE=pbench0      bridge name; BENCH_SUBNET=10.200.0.0/16
@@ -47,6 +50,9 @@ EXEC_N=${BENCH_EXEC_N:-${BENCH_N:-100}}
 EXEC_STREAMS=${BENCH_EXEC_STREAMS:-100}
 RESTORE_N=${BENCH_RESTORE_N:-100}
 STATUS_N=${BENCH_STATUS_N:-100}
+PULL_N=${BENCH_PULL_N:-3}
+PULL_MBPS=${BENCH_PULL_MBPS:-125}
+PULL_SCALE=${BENCH_PULL_SCALE:-1}
 BRIDGE=${BENCH_BRIDGE:-pbench0}
 SUBNET=${BENCH_SUBNET:-10.200.0.0/16}
 TIMEOUT=${BENCH_TIMEOUT:-60s}
@@ -267,6 +273,9 @@ run_bench() {
 		/^ListContainers / { k = k " ListContainers-p50=" $4 }
 		/^status_procs_started = / { k = k " status-procs=" $3 }
 		/^procs_per_pod = / { k = k " procs/pod=" $3 }
+		/^PullImage / { k = k " PullImage-p50=" $4 }
+		/^download / { k = k " download-p50=" $6 }
+		/^pull_over_download = / { k = k " pull/download=" $3 }
 		END { print k }' "$OUT/$name.txt")
 	SUMMARY+=("$(printf '%-22s %s%s' "$name" "$last" "$key")")
 	[ "$rc" = 0 ] || FAILED=$((FAILED + 1))
@@ -298,6 +307,11 @@ run_bench "density" density -n "$DENSITY_N" -p "$PAR" --image "$IMAGE" --stats-r
 restore_args=()
 [ "${BENCH_RESTORE_CONTAINERS:-}" = 1 ] && restore_args=(--with-containers --image "$IMAGE")
 run_bench "restore" restore -n "$RESTORE_N" -p "$PAR" --restart-cmd "sh $TMP/restart-pinrt.sh" "${restore_args[@]}"
+
+# Pulls of issue 22's image (3 gzip layers: 300 MB of binary data, 20 000
+# small files, 74 MB of executables) from a local registry limited to
+# BENCH_PULL_MBPS, against the download of its blobs alone.
+run_bench "pull" pull -n "$PULL_N" --limit-mbps "$PULL_MBPS" --scale "$PULL_SCALE"
 
 # The image pull path on its own, in process: a cold pull of a 10-layer,
 # 200 MB image (MB/s, download and unpack seconds).

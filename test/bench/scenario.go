@@ -126,6 +126,10 @@ type Config struct {
 	// while its pods idle for this long, reported per minute.
 	IdleWindow time.Duration
 
+	// DropCaches makes pull drop the kernel's page cache before every
+	// pull (root; affects the whole machine).
+	DropCaches bool
+
 	// DaemonLog, when set, is the runtime's log file; the phase timings it
 	// logs at debug level during the run are reported per phase.
 	DaemonLog string
@@ -280,6 +284,8 @@ func Run(ctx context.Context, c *Client, scenario string, cfg Config) (*Result, 
 		wall = r.portforward(ctx)
 	case ScenarioStatus:
 		wall = r.status(ctx)
+	case ScenarioPull:
+		wall = r.pull(ctx)
 	default:
 		return nil, fmt.Errorf("unknown scenario %q", scenario)
 	}

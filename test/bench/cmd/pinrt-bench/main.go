@@ -31,6 +31,8 @@ commands:
   exec       one running pod: N ExecSync and N/10 streaming Exec of "echo hi"
   portforward one pod serving a file: read it through PortForward (MB/s)
   restore    N pods, restart the runtime, time until all are Ready again
+  pull       generate issue 22's image (3 gzip layers, 345 MB), serve it from a local
+             registry and time N pulls (removing it before each) against the raw download
   status     N running pods: ContainerStatus (plain, verbose) of each and ListContainers,
              --stats-rounds times; counts the processes the runtime starts meanwhile
   cleanup    remove pods and containers (bench-labelled, or --all)
@@ -54,7 +56,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	cmd, args := args[0], args[1:]
 	switch cmd {
 	case bench.ScenarioSandbox, bench.ScenarioPod, bench.ScenarioDensity, bench.ScenarioRestore,
-		bench.ScenarioExec, bench.ScenarioPortForward, bench.ScenarioStatus:
+		bench.ScenarioExec, bench.ScenarioPortForward, bench.ScenarioStatus, bench.ScenarioPull:
 		return runScenario(ctx, cmd, args, stdout, stderr)
 	case "cleanup":
 		return runCleanup(ctx, args, stdout, stderr)
@@ -97,6 +99,10 @@ func runScenario(ctx context.Context, scenario string, args []string, stdout, st
 	rounds := fs.Int("rounds", 2, "compare: rounds of A then B")
 	cgroupB := fs.String("cgroup-b", "", "compare: cgroup directory holding runtime B, for its CPU per pod")
 	asJSON := fs.Bool("json", false, "print JSON instead of the table")
+	genDir := fs.String("gen-dir", "/var/tmp/pinrt-bench-pull", "pull: where the generated layers are kept between runs")
+	scale := fs.Float64("scale", 1, "pull: size of the generated image relative to issue 22's 345 MB")
+	limitMBps := fs.Float64("limit-mbps", 0, "pull: the registry serves blobs at this many MB/s in all (0: as fast as it can)")
+	fs.BoolVar(&cfg.DropCaches, "drop-caches", false, "pull: drop the page cache before every pull (whole machine)")
 	out := fs.String("out", "", "also write the JSON result to this file")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -141,6 +147,25 @@ func runScenario(ctx context.Context, scenario string, args []string, stdout, st
 		}
 	}
 
+	if scenario == bench.ScenarioPull {
+		layers, err := bench.GeneratePullImage(ctx, *genDir, *scale)
+		if err != nil {
+			_, _ = fmt.Fprintln(stderr, err)
+			return 2
+		}
+		img, err := bench.PullImage(layers)
+		if err != nil {
+			_, _ = fmt.Fprintln(stderr, err)
+			return 2
+		}
+		reg, err := bench.StartPullRegistry(ctx, "127.0.0.1:0", img, *limitMBps)
+		if err != nil {
+			_, _ = fmt.Fprintln(stderr, err)
+			return 2
+		}
+		defer func() { _ = reg.Close() }()
+		cfg.Image = reg.Image
+	}
 	if *compare != "" {
 		cfgB := cfg
 		cfgB.CPU, cfgB.DaemonLog = nil, ""
