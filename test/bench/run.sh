@@ -273,7 +273,7 @@ run_bench() {
 		/^ListContainers / { k = k " ListContainers-p50=" $4 }
 		/^status_procs_started = / { k = k " status-procs=" $3 }
 		/^procs_per_pod = / { k = k " procs/pod=" $3 }
-		/^PullImage / { k = k " PullImage-p50=" $4 }
+		/^PullImage +[0-9]/ { k = k " PullImage-p50=" $4 }
 		/^download / { k = k " download-p50=" $6 }
 		/^pull_over_download = / { k = k " pull/download=" $3 }
 		END { print k }' "$OUT/$name.txt")
