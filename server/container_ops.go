@@ -152,7 +152,7 @@ func (s *Server) updateContainer(ctx context.Context, c *sandbox.Container, res 
 	// the record ends up with limits the cgroup does not have.
 	unlock := c.Lock()
 	defer unlock()
-	s.refreshContainer(ctx, c, false)
+	s.observeContainer(ctx, c, true)
 	if st := c.Status().State; st == sandbox.ContainerExited {
 		return fmt.Errorf("container %s has exited: %w", c.ID, errdefs.ErrFailedPrecondition)
 	}
@@ -174,7 +174,7 @@ func (s *Server) updateContainer(ctx context.Context, c *sandbox.Container, res 
 }
 
 func (s *Server) reopenLog(ctx context.Context, c *sandbox.Container) error {
-	s.refreshContainer(ctx, c, false)
+	s.observeContainer(ctx, c, true)
 	if st := c.Status().State; st != sandbox.ContainerRunning {
 		return fmt.Errorf("container %s is %s, not running: %w", c.ID, st, errdefs.ErrFailedPrecondition)
 	}
