@@ -294,7 +294,7 @@ func StartPullRegistry(ctx context.Context, listen string, img v1.Image, mbps fl
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", listen, err)
 	}
-	var h http.Handler = registry.New(registry.Logger(discardLogger()))
+	h := registry.New(registry.Logger(discardLogger()))
 	if mbps > 0 {
 		inner, l := h, &limiter{rate: mbps * 1e6}
 		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
