@@ -52,7 +52,9 @@ test-vm: deps-vm deps-runc deps-cni
 bench: build
 	bash test/bench/run.sh
 
+# lint also refuses build outputs in git (hack/check-tracked-files.sh).
 lint:
+	bash hack/check-tracked-files.sh
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GOBIN_DIR)/golangci-lint run ./...
