@@ -15,7 +15,7 @@ GOBIN_DIR := $(shell $(GO) env GOPATH)/bin
 VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS  := -X github.com/pinrt/pinrt/version.Version=$(VERSION)
 
-.PHONY: all build test test-unit test-e2e test-vm chaos bench lint deps deps-apt deps-runc deps-cni deps-lint deps-vm run install clean
+.PHONY: all build test test-unit test-e2e test-vm chaos bench lint docs deps deps-apt deps-runc deps-cni deps-lint deps-vm run install clean
 
 all: build
 
@@ -51,6 +51,11 @@ test-vm: deps-vm deps-runc deps-cni
 
 bench: build
 	bash test/bench/run.sh
+
+# docs regenerates the configuration reference from the conf package
+# (hack/configref); make test-unit fails while docs/config.md is stale.
+docs:
+	$(GO) run ./hack/configref -o docs/config.md
 
 # lint also refuses build outputs in git (hack/check-tracked-files.sh).
 lint:
