@@ -58,14 +58,14 @@ func TestEveryKeyDocumented(t *testing.T) {
 	check = func(prefix string, m map[string]any) {
 		for k, v := range m {
 			key := prefix + k
-			switch {
-			case key == "runtime.runtimes":
+			switch key {
+			case "runtime.runtimes":
 				// A map of tables: documented once as <name>.
 				for _, h := range v.(map[string]any) {
 					check(key+".<name>.", h.(map[string]any))
 				}
 				continue
-			case key == "image.registries":
+			case "image.registries":
 				continue // empty by default; its fields are checked below
 			}
 			if sub, ok := v.(map[string]any); ok {

@@ -364,6 +364,8 @@ func typeName(t reflect.Type) string {
 		return "duration"
 	}
 	switch t.Kind() {
+	case reflect.Pointer:
+		return typeName(t.Elem()) + " (optional)"
 	case reflect.String:
 		return "string"
 	case reflect.Bool:
@@ -386,6 +388,11 @@ func value(v reflect.Value) string {
 		return strconv.Quote(v.Interface().(conf.Duration).Std().String())
 	}
 	switch v.Kind() {
+	case reflect.Pointer:
+		if v.IsNil() {
+			return "unset"
+		}
+		return value(v.Elem())
 	case reflect.String:
 		return strconv.Quote(v.String())
 	case reflect.Slice:
