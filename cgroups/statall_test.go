@@ -17,16 +17,16 @@ func v1TreeAll(group string) map[string]string {
 		"memory/" + group + "/memory.stat": "cache 8192\nrss 4096\nmapped_file 4096\npgfault 100\npgmajfault 2\n" +
 			"total_cache 1048576\ntotal_rss 2097152\ntotal_mapped_file 65536\ntotal_inactive_file 524288\ntotal_active_file 524288\n" +
 			"total_pgfault 1234\ntotal_pgmajfault 5\n",
-		"memory/" + group + "/memory.failcnt":            "7\n",
-		"memory/" + group + "/memory.kmem.usage_in_bytes": "262144\n",
-		"memory/" + group + "/memory.oom_control":        "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n",
+		"memory/" + group + "/memory.failcnt":              "7\n",
+		"memory/" + group + "/memory.kmem.usage_in_bytes":  "262144\n",
+		"memory/" + group + "/memory.oom_control":          "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n",
 		"memory/" + group + "/memory.memsw.limit_in_bytes": "134217728\n",
-		"memory/" + group + "/cgroup.procs":              "100\n101\n102\n",
-		"cpu/" + group + "/cpu.stat":                     "nr_periods 50\nnr_throttled 9\nthrottled_time 1500000000\nnr_bursts 0\nburst_time 0\n",
-		"cpu/" + group + "/cpu.cfs_period_us":            "100000\n",
-		"cpu/" + group + "/cpu.cfs_quota_us":             "20000\n",
-		"cpu/" + group + "/cpu.shares":                   "1024\n",
-		"pids/" + group + "/pids.max":                    "1024\n",
+		"memory/" + group + "/cgroup.procs":                "100\n101\n102\n",
+		"cpu/" + group + "/cpu.stat":                       "nr_periods 50\nnr_throttled 9\nthrottled_time 1500000000\nnr_bursts 0\nburst_time 0\n",
+		"cpu/" + group + "/cpu.cfs_period_us":              "100000\n",
+		"cpu/" + group + "/cpu.cfs_quota_us":               "20000\n",
+		"cpu/" + group + "/cpu.shares":                     "1024\n",
+		"pids/" + group + "/pids.max":                      "1024\n",
 		"blkio/" + group + "/blkio.throttle.io_service_bytes_recursive": "254:0 Read 8192\n254:0 Write 4096\n254:0 Sync 12288\n" +
 			"254:0 Async 0\n254:0 Discard 0\n254:0 Total 12288\n8:16 Read 0\n8:16 Write 512\n8:16 Sync 512\n8:16 Async 0\n" +
 			"8:16 Discard 0\n8:16 Total 512\nTotal 12800\n",
