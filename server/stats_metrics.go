@@ -122,9 +122,15 @@ type metricSet struct {
 }
 
 func (m *metricSet) add(d metricDef, v uint64, extra ...string) {
+	// The samples without extra labels share the base ones: nothing
+	// changes them once the response is built.
+	labels := m.labels
+	if len(extra) > 0 {
+		labels = append(m.labels[:len(m.labels):len(m.labels)], extra...)
+	}
 	m.out = append(m.out, &runtimeapi.Metric{
 		Name: d.name, Timestamp: m.at, MetricType: d.typ,
-		LabelValues: append(append([]string{}, m.labels...), extra...),
+		LabelValues: labels,
 		Value:       &runtimeapi.UInt64Value{Value: v},
 	})
 }

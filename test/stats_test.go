@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -114,8 +115,12 @@ func (e *ctrEnv) testPodMetrics(t *testing.T) {
 	}
 	id := e.run(t, pod, podCfg, cfg)
 	e.mustExec(t, id, "sh", "-c", "mkdir -p /var/lib/mydisktest && for i in $(seq 1 10); do echo hi >> /var/lib/mydisktest/inode_test_file_$i; done; sync")
-	// Direct I/O reaches the disk as the container's own bios, which v1
-	// blk-throttle and v2's io controller account to its cgroup.
+	// Direct I/O reaches the disk as the container's own bios, which v2's
+	// io controller accounts to its cgroup, and v1's blk-throttle too once
+	// the device has a rule.
+	if !CgroupV2() {
+		throttleV1(t, e, id)
+	}
 	e.mustExec(t, id, "dd", "if=/dev/zero", "of=/direct", "bs=1M", "count=8", "oflag=direct")
 
 	descs, err := e.d.Runtime.ListMetricDescriptors(Ctx(t), &runtimeapi.ListMetricDescriptorsRequest{})
@@ -209,10 +214,25 @@ func (e *ctrEnv) testPodMetrics(t *testing.T) {
 	}
 }
 
+// throttleV1 sets a write limit far above what the test writes on the
+// disk under the daemon's root, in the container's v1 blkio cgroup:
+// blk-throttle on recent kernels accounts no I/O on a device without a
+// rule. A partition or a device that takes no rule leaves it unaccounted.
+func throttleV1(t *testing.T, e *ctrEnv, id string) {
+	var st unix.Stat_t
+	if err := unix.Stat(e.d.Root, &st); err != nil {
+		t.Fatal(err)
+	}
+	dir := CgroupDir(t, e.info(t, id).Pid, "blkio")
+	rule := fmt.Sprintf("%d:%d %d", unix.Major(st.Dev), unix.Minor(st.Dev), uint64(1)<<40)
+	if err := os.WriteFile(filepath.Join(dir, "blkio.throttle.write_bps_device"), []byte(rule), 0o644); err != nil {
+		t.Logf("no throttle rule %q for the container: %v", rule, err)
+	}
+}
+
 // ioAccounted tells whether the kernel counted any block I/O for the
-// container's cgroup: on this v1 host blk-throttle counts nothing
-// without a throttle rule on the device, and critest too accepts no
-// I/O series then.
+// container's cgroup; critest too accepts no I/O series where it did
+// not.
 func ioAccounted(t *testing.T, e *ctrEnv, id string) bool {
 	pid := e.info(t, id).Pid
 	if CgroupV2() {
