@@ -133,8 +133,9 @@ func (e *ctrEnv) testPodMetrics(t *testing.T) {
 	}
 	var pm *runtimeapi.PodSandboxMetrics
 	var before int64
-	// nc may not listen yet.
-	waitFor(t, 10*time.Second, "nc's socket in container_sockets", func() bool {
+	// nc may not listen yet, and the background loop (every 200ms here)
+	// may have measured the writable layer before the files were written.
+	waitFor(t, 10*time.Second, "nc's socket and the written files in the metrics", func() bool {
 		before = time.Now().Unix()
 		resp, err := e.d.Runtime.ListPodSandboxMetrics(Ctx(t), &runtimeapi.ListPodSandboxMetricsRequest{})
 		if err != nil {
@@ -149,12 +150,16 @@ func (e *ctrEnv) testPodMetrics(t *testing.T) {
 		if pm == nil || len(pm.ContainerMetrics) != 1 || pm.ContainerMetrics[0].ContainerId != id {
 			t.Fatalf("metrics of pod %s: %v", pod, pm)
 		}
+		var sockets, inodes uint64
 		for _, m := range pm.ContainerMetrics[0].Metrics {
-			if m.Name == "container_sockets" {
-				return m.Value.GetValue() > 0
+			switch m.Name {
+			case "container_sockets":
+				sockets = m.Value.GetValue()
+			case "container_fs_inodes_total":
+				inodes = m.Value.GetValue()
 			}
 		}
-		return false
+		return sockets > 0 && inodes >= 11
 	})
 	// The id label is the cgroup's directory, as cAdvisor names it: under
 	// systemd, the pod's slice and the container's scope in it.
