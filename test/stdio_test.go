@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -55,7 +56,15 @@ func TestStdioReopen(t *testing.T) {
 			cfg.Linux.SecurityContext.RunAsUser = &runtimeapi.Int64Value{Value: uid}
 		}
 		id := e.run(t, pod, podCfg, cfg)
-		run := &reopenRun{res: map[string]map[string]string{}}
+		run := &reopenRun{res: map[string]map[string]string{}, owners: map[int]uint32{}}
+		pid := e.info(t, id).Pid
+		for fd := range 3 {
+			var st syscall.Stat_t
+			if err := syscall.Stat(fmt.Sprintf("/proc/%d/fd/%d", pid, fd), &st); err != nil {
+				t.Fatalf("stat the main process's fd %d: %v", fd, err)
+			}
+			run.owners[fd] = st.Uid
+		}
 		logPath := e.status(t, id).LogPath
 		waitFor(t, 10*time.Second, "the main process's results in its log", func() bool {
 			run.log = readCRILogIfAny(t, logPath)
@@ -94,6 +103,14 @@ func TestStdioReopen(t *testing.T) {
 				}
 			}
 		}
+		// The pipes are the pod root's on the host; stdin is /dev/null,
+		// which must stay root's.
+		if want := podRootUID(t, e, usernsPod); run.owners[1] != want || run.owners[2] != want {
+			t.Errorf("stdout and stderr pipes owned by %d and %d on the host, want the pod's root %d", run.owners[1], run.owners[2], want)
+		}
+		if run.owners[0] != 0 {
+			t.Errorf("stdin (/dev/null) owned by %d, want 0: the host's /dev/null was chowned", run.owners[0])
+		}
 		// What was written through the reopened paths reached the log and
 		// the exec output, on the right stream.
 		for _, w := range []struct{ stream, text string }{
@@ -127,6 +144,12 @@ func TestStdioReopen(t *testing.T) {
 			if !maps.Equal(userns.res[who], host.res[who]) {
 				t.Errorf("%s as uid 1000: with a user namespace %v, without %v", who, userns.res[who], host.res[who])
 			}
+		}
+		if want := podRootUID(t, e, usernsPod) + 1000; userns.owners[1] != want {
+			t.Errorf("uid 1000's stdout pipe owned by %d on the host, want %d", userns.owners[1], want)
+		}
+		if host.owners[1] != 1000 {
+			t.Errorf("without a user namespace uid 1000's stdout pipe is owned by %d, want 1000 (runc chowns it)", host.owners[1])
 		}
 		if t.Failed() {
 			t.Logf("with a user namespace:\n%s\nwithout:\n%s", userns, host)
@@ -212,7 +235,9 @@ func TestStdioReopen(t *testing.T) {
 	// Attach still reaches a userns container's stdin and stdout through
 	// conmon's (now chowned) pipes.
 	t.Run("Attach", func(t *testing.T) {
-		cfg := e.ctr("attach-userns", "cat")
+		// Each read reopens /dev/stdin: conmon's stdin pipe is the
+		// container's too.
+		cfg := e.ctr("attach-userns", "sh", "-c", `while read l </dev/stdin; do echo "got $l"; done; echo "stdin gone"`)
 		cfg.Stdin = true
 		id := e.run(t, usernsPod, usernsCfg, cfg)
 		u := s.attachURL(t, id, false)
@@ -220,10 +245,10 @@ func TestStdioReopen(t *testing.T) {
 		var out lockedBuffer
 		done := make(chan error, 1)
 		go func() { done <- spdyStream(Ctx(t), u, streamOpts{stdin: inR, stdout: &out, stderr: io.Discard}) }()
-		waitFor(t, 10*time.Second, "the attached cat's echo", func() bool {
+		waitFor(t, 10*time.Second, "the attached shell's echo", func() bool {
 			fmt.Fprintf(inW, "ping\n")
 			time.Sleep(100 * time.Millisecond)
-			return strings.Contains(out.String(), "ping")
+			return strings.Contains(out.String(), "got ping")
 		})
 		inW.Close()
 		select {
@@ -232,8 +257,8 @@ func TestStdioReopen(t *testing.T) {
 			t.Fatal("attach did not end after the client's stdin closed")
 		}
 		lines := readCRILogIfAny(t, e.status(t, id).LogPath)
-		if !slices.ContainsFunc(lines, func(l criLine) bool { return l.text == "ping" }) {
-			t.Errorf("the log of the attached cat lacks ping: %+v", lines)
+		if !slices.ContainsFunc(lines, func(l criLine) bool { return l.text == "got ping" }) {
+			t.Errorf("the log of the attached shell lacks its echo: %+v", lines)
 		}
 	})
 }
@@ -242,6 +267,8 @@ func TestStdioReopen(t *testing.T) {
 type reopenRun struct {
 	// res is per process ("main", "execsync", "stream") per path.
 	res map[string]map[string]string
+	// owners are the host owners of the main process's fds 0-2.
+	owners map[int]uint32
 	log []criLine
 	// out and errOut are the execs' output.
 	out, errOut map[string]string
@@ -265,6 +292,16 @@ func (r *reopenRun) String() string {
 		fmt.Fprintf(&b, "%s stdout:\n%s%s stderr:\n%s", who, r.out[who], who, r.errOut[who])
 	}
 	return b.String()
+}
+
+// podRootUID is the host UID of the pod's root.
+func podRootUID(t *testing.T, e *ctrEnv, pod string) uint32 {
+	t.Helper()
+	_, info := e.d.PodStatus(t, pod)
+	if len(info.UIDMappings) == 0 || info.UIDMappings[0].ContainerID != 0 {
+		t.Fatalf("pod mappings %+v, want one starting at 0", info.UIDMappings)
+	}
+	return info.UIDMappings[0].HostID
 }
 
 // readCRILogIfAny is readCRILog for a log that may be missing or empty.
