@@ -269,7 +269,7 @@ type reopenRun struct {
 	res map[string]map[string]string
 	// owners are the host owners of the main process's fds 0-2.
 	owners map[int]uint32
-	log []criLine
+	log    []criLine
 	// out and errOut are the execs' output.
 	out, errOut map[string]string
 }
