@@ -265,6 +265,12 @@ func (s *Server) networkUsage(ctx context.Context, sb *sandbox.Sandbox) *runtime
 			out.DefaultInterface = iface
 		}
 	}
+	if out.DefaultInterface == nil {
+		// Only a loopback: kubelet (1.36, criInterfaceToSummary) reads the
+		// default interface of any network block it gets without a nil
+		// check, and a nil one panics its summary and eviction manager.
+		return nil
+	}
 	return out
 }
 
