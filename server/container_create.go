@@ -102,6 +102,9 @@ func (s *Server) containerRequest(sb *sandbox.Sandbox, cfg *runtimeapi.Container
 		}
 		r.spec.Devices = append(r.spec.Devices, oci.Device{HostPath: d.HostPath, ContainerPath: d.ContainerPath, Permissions: d.Permissions})
 	}
+	if err := s.cdiDevices(&r.spec, cfg); err != nil {
+		return nil, err
+	}
 	linux := cfg.GetLinux()
 	if err := validResources(linux.GetResources()); err != nil {
 		return nil, err
@@ -130,6 +133,27 @@ func (s *Server) containerRequest(sb *sandbox.Sandbox, cfg *runtimeapi.Container
 	r.spec.Annotations[annContainerName] = m.Name
 	r.spec.Annotations[annImageName] = cfg.Image.Image
 	return r, nil
+}
+
+// cdiDevices merges the CDI devices of the CRI field and the cdi.k8s.io/
+// annotations and checks they are all defined, before anything is made.
+func (s *Server) cdiDevices(c *oci.ContainerSpec, cfg *runtimeapi.ContainerConfig) error {
+	var field []string
+	for _, d := range cfg.CDIDevices {
+		field = append(field, d.GetName())
+	}
+	names, err := oci.CDIDeviceNames(field, cfg.Annotations)
+	if err != nil || len(names) == 0 {
+		return err
+	}
+	if s.deps.CDI == nil {
+		return fmt.Errorf("CDI devices requested, but CDI is not configured: %w", errdefs.ErrFailedPrecondition)
+	}
+	if err := s.deps.CDI.Resolve(names); err != nil {
+		return err
+	}
+	c.CDIDevices, c.CDI = names, s.deps.CDI
+	return nil
 }
 
 // podPIDMode is the PID mode a container gets when it names none: the pod's.

@@ -23,6 +23,7 @@ import (
 	"github.com/pinrt/pinrt/conf"
 	"github.com/pinrt/pinrt/image"
 	"github.com/pinrt/pinrt/nsmgr"
+	"github.com/pinrt/pinrt/oci"
 	"github.com/pinrt/pinrt/sandbox"
 )
 
@@ -97,6 +98,8 @@ type Deps struct {
 	// CgroupDriver places pods and containers in cgroups; nil means
 	// cgroupfs under runtime.cgroup_parent.
 	CgroupDriver cgroups.Driver
+	// CDI resolves CDI devices; nil refuses containers that ask for one.
+	CDI *oci.CDIRegistry
 }
 
 // Server serves CRI. RPCs not built yet answer Unimplemented through the

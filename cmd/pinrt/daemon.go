@@ -316,7 +316,11 @@ func newServer(ctx context.Context, cfg *conf.Config, m *metrics.Metrics) (*serv
 		}
 		runtimes[name] = rt
 	}
-	srv := server.New(cfg, server.Deps{Network: network, Namespaces: nsm, IDs: ids, Images: images, Runtimes: runtimes, Metrics: m, CgroupDriver: cg})
+	cdi, err := oci.NewCDIRegistry(cfg.CDI.SpecDirs)
+	if err != nil {
+		return nil, err
+	}
+	srv := server.New(cfg, server.Deps{Network: network, Namespaces: nsm, IDs: ids, Images: images, Runtimes: runtimes, Metrics: m, CgroupDriver: cg, CDI: cdi})
 	srv.Restore(ctx)
 	return srv, nil
 }
