@@ -384,6 +384,15 @@ func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *run
 	if err != nil {
 		return nil, err
 	}
+	// From the NRI event until the container is in the store, a plugin
+	// connecting now waits: it then sees the container in its sync.
+	defer s.nri.BlockSync()()
+	if err := s.nriCreate(ctx, sb, &md, spec); err != nil {
+		return nil, err
+	}
+	undo.add("NRI RemoveContainer", func(ctx context.Context) error {
+		return s.nri.RemoveContainer(ctx, nriPod(&sb.Metadata), nriContainer(&md, sandbox.ContainerStatus{State: sandbox.ContainerExited}, nil))
+	})
 	md.User = sandbox.ContainerUser{UID: spec.Process.User.UID, GID: spec.Process.User.GID, SupplementalGroups: spec.Process.User.AdditionalGids}
 	if md.LogPath != "" {
 		if err := os.MkdirAll(filepath.Dir(md.LogPath), 0o755); err != nil {
@@ -410,6 +419,7 @@ func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *run
 		return nil, fmt.Errorf("completing container state: %w", err)
 	}
 	s.containers.Add(md.ID, c)
+	nriNotify(ctx, "PostCreateContainer", s.nri.PostCreateContainer(ctx, nriPod(&sb.Metadata), nriContainer(&md, c.Status(), spec)))
 	log.G(ctx).Debug("container created")
 	return c, nil
 }

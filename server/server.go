@@ -22,6 +22,7 @@ import (
 	"github.com/pinrt/pinrt/cni"
 	"github.com/pinrt/pinrt/conf"
 	"github.com/pinrt/pinrt/image"
+	"github.com/pinrt/pinrt/nri"
 	"github.com/pinrt/pinrt/nsmgr"
 	"github.com/pinrt/pinrt/oci"
 	"github.com/pinrt/pinrt/sandbox"
@@ -122,6 +123,9 @@ type Server struct {
 	probeOnce sync.Once
 	probes    map[string]error
 	streams   Streams // nil until SetStreams
+	// nri relays lifecycle events to NRI plugins; a nil *nri.NRI (NRI
+	// disabled) until SetNRI.
+	nri NRI
 	stats     *statsState
 	events    *eventBus
 	exits     exitWatcher
@@ -165,6 +169,7 @@ func New(cfg *conf.Config, deps Deps) *Server {
 		oom:            newPodOOM(),
 		events:         newEventBus(),
 		stopBackground: cancel,
+		nri:            (*nri.NRI)(nil),
 	}
 	if s.deps.Network != nil {
 		s.deps.Network = cidrNetwork{Network: s.deps.Network, cidrs: s.podCIDRs}
