@@ -387,12 +387,9 @@ func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *run
 	// From the NRI event until the container is in the store, a plugin
 	// connecting now waits: it then sees the container in its sync.
 	defer s.nri.BlockSync()()
-	if err := s.nriCreate(ctx, sb, &md, spec); err != nil {
+	if err := s.nriCreate(ctx, sb, &md, spec, &undo); err != nil {
 		return nil, err
 	}
-	undo.add("NRI RemoveContainer", func(ctx context.Context) error {
-		return s.nri.RemoveContainer(ctx, nriPod(&sb.Metadata), nriContainer(&md, sandbox.ContainerStatus{State: sandbox.ContainerExited}, nil))
-	})
 	md.User = sandbox.ContainerUser{UID: spec.Process.User.UID, GID: spec.Process.User.GID, SupplementalGroups: spec.Process.User.AdditionalGids}
 	if md.LogPath != "" {
 		if err := os.MkdirAll(filepath.Dir(md.LogPath), 0o755); err != nil {

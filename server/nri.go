@@ -207,11 +207,16 @@ func (s *Server) evict(ctx context.Context, evictions []*nriapi.ContainerEvictio
 
 // nriCreate asks plugins for their adjustments to a container about to be
 // created and applies them to spec. A refusal fails the creation.
-func (s *Server) nriCreate(ctx context.Context, sb *sandbox.Sandbox, md *sandbox.ContainerMetadata, spec *specs.Spec) error {
+// Once plugins have seen the event, a failure tells them the container
+// is gone again: they may have reserved resources for it.
+func (s *Server) nriCreate(ctx context.Context, sb *sandbox.Sandbox, md *sandbox.ContainerMetadata, spec *specs.Spec, undo *cleanups) error {
 	adj, err := s.nri.CreateContainer(ctx, nriPod(&sb.Metadata), nriContainer(md, sandbox.ContainerStatus{State: sandbox.ContainerCreated}, spec))
 	if err != nil {
 		return fmt.Errorf("container %q: %w", md.Name, err)
 	}
+	undo.add("NRI RemoveContainer", func(ctx context.Context) error {
+		return s.nri.RemoveContainer(ctx, nriPod(&sb.Metadata), nriContainer(md, sandbox.ContainerStatus{State: sandbox.ContainerExited}, nil))
+	})
 	if err := oci.ApplyNRIAdjustment(spec, adj.Adjust, s.deps.CDI); err != nil {
 		return fmt.Errorf("container %q: %w", md.Name, err)
 	}
