@@ -125,11 +125,11 @@ type Server struct {
 	streams   Streams // nil until SetStreams
 	// nri relays lifecycle events to NRI plugins; a nil *nri.NRI (NRI
 	// disabled) until SetNRI.
-	nri NRI
-	stats     *statsState
-	events    *eventBus
-	exits     exitWatcher
-	oom       *podOOM
+	nri    NRI
+	stats  *statsState
+	events *eventBus
+	exits  exitWatcher
+	oom    *podOOM
 	// podResources are the last UpdatePodSandboxResources of each pod
 	// (*runtimeapi.UpdatePodSandboxResourcesRequest), and podCIDR the
 	// last UpdateRuntimeConfig's (string); both only in memory: kubelet

@@ -26,7 +26,7 @@ type Fake struct {
 	// CreateErr fails CreateContainer, RunPodErr RunPodSandbox and
 	// StartErr StartContainer, as a plugin's refusal would.
 	CreateErr, RunPodErr, StartErr error
-	blocked int
+	blocked                        int
 }
 
 // Events returns the events seen so far.
