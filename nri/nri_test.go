@@ -175,3 +175,35 @@ func TestDisabledIsNoop(t *testing.T) {
 		t.Errorf("New without a runtime: %v", err)
 	}
 }
+
+// BenchmarkCreateContainerNoPlugin is what NRI enabled, with no plugin
+// connected, adds to every CreateContainer: the event through the
+// adaptation (its built-in validator included).
+func BenchmarkCreateContainerNoPlugin(b *testing.B) {
+	dir, err := os.MkdirTemp("", "nri-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	cfg := Config{SocketPath: filepath.Join(dir, "nri.sock"), PluginPath: filepath.Join(dir, "p"), PluginConfigPath: filepath.Join(dir, "c")}
+	n, err := New(cfg, &fakeRuntime{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := n.Start(cfg); err != nil {
+		b.Fatal(err)
+	}
+	defer n.Stop()
+	pod := &api.PodSandbox{Id: "p1", Name: "pod", Namespace: "ns", Uid: "u", Labels: map[string]string{"app": "x"}}
+	ctr := &api.Container{Id: "c1", PodSandboxId: "p1", Name: "c", Args: []string{"sleep", "1000"}, Env: []string{"PATH=/bin", "A=1"}}
+	for range 10 {
+		ctr.Mounts = append(ctr.Mounts, &api.Mount{Destination: "/v", Source: "/tmp", Type: "bind", Options: []string{"rbind", "ro"}})
+	}
+	for b.Loop() {
+		unblock := n.BlockSync()
+		if _, err := n.CreateContainer(context.Background(), pod, ctr); err != nil {
+			b.Fatal(err)
+		}
+		unblock()
+	}
+}
