@@ -152,6 +152,32 @@ func TestNRI(t *testing.T) {
 		}
 	})
 
+	// What NRI's device-injector and hook-injector samples do: a device
+	// node, a mount and an OCI hook.
+	t.Run("device, mount and hook injection", func(t *testing.T) {
+		share := filepath.Join(e.d.Dir, "nri-share")
+		if err := os.MkdirAll(share, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(share, "f"), []byte("from nri\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		hooked := filepath.Join(t.TempDir(), "hooked")
+		startNRIPlugin(t, e.d, "injector", "-only", "inj", "-device", "/dev/nri-null:1:3", "-mount", share+":/nri-share", "-hook", hooked)
+		pod, podCfg := e.pod(t, PodConfig("nri-inj"))
+		id := e.run(t, pod, podCfg, e.ctr("inj", "sleep", "300"))
+		if out := e.mustExec(t, id, "stat", "-c", "%F %t:%T", "/dev/nri-null"); strings.TrimSpace(out) != "character special file 1:3" {
+			t.Errorf("/dev/nri-null is %q", out)
+		}
+		e.mustExec(t, id, "sh", "-c", "echo x > /dev/nri-null")
+		if out := e.mustExec(t, id, "cat", "/nri-share/f"); out != "from nri\n" {
+			t.Errorf("/nri-share/f = %q", out)
+		}
+		if b, err := os.ReadFile(hooked); err != nil || strings.TrimSpace(string(b)) != id {
+			t.Errorf("the plugin's createRuntime hook wrote %q (%v), want the container ID %s", b, err, id)
+		}
+	})
+
 	t.Run("namespace move refused", func(t *testing.T) {
 		p := startNRIPlugin(t, e.d, "nsmover", "-only", "nsmove", "-netns", "/proc/1/ns/net")
 		pod, podCfg := e.pod(t, UsernsPod(PodConfig("nri-ns"), 0))

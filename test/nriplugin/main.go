@@ -26,6 +26,9 @@ type plugin struct {
 	ann    string // annotation key=value
 	netns  string // a network namespace path to move the container to
 	hang   string // container name whose CreateContainer never answers
+	device string // path:major:minor of a char device to add
+	mount  string // host:container read-only bind to add
+	hook   string // file a createRuntime hook writes the container ID to
 }
 
 // record appends one line to the event file; the tests poll it.
@@ -80,6 +83,19 @@ func (p *plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, c *api.
 	}
 	if p.oom != 0 {
 		adj.SetLinuxOomScoreAdj(&p.oom)
+	}
+	if path, mm, ok := strings.Cut(p.device, ":"); ok {
+		var major, minor int64
+		if _, err := fmt.Sscanf(mm, "%d:%d", &major, &minor); err != nil {
+			return nil, nil, err
+		}
+		adj.AddDevice(&api.LinuxDevice{Path: path, Type: "c", Major: major, Minor: minor, FileMode: api.FileMode(0o666)})
+	}
+	if src, dst, ok := strings.Cut(p.mount, ":"); ok {
+		adj.AddMount(&api.Mount{Source: src, Destination: dst, Type: "bind", Options: []string{"rbind", "ro"}})
+	}
+	if p.hook != "" {
+		adj.AddHooks(&api.Hooks{CreateRuntime: []*api.Hook{{Path: "/bin/sh", Args: []string{"sh", "-c", "cat >/dev/null; echo " + c.GetId() + " >" + p.hook}}}})
 	}
 	if p.netns != "" {
 		adj.AddOrReplaceNamespace(&api.LinuxNamespace{Type: "network", Path: p.netns})
@@ -139,6 +155,9 @@ func main() {
 	flag.StringVar(&p.ann, "annotation", "", "key=value annotation to add")
 	flag.StringVar(&p.netns, "netns", "", "network namespace to move containers to")
 	flag.StringVar(&p.hang, "hang", "", "container name whose creation never gets an answer")
+	flag.StringVar(&p.device, "device", "", "path:major:minor of a char device to add")
+	flag.StringVar(&p.mount, "mount", "", "host:container read-only bind to add")
+	flag.StringVar(&p.hook, "hook", "", "file a createRuntime hook writes the container ID to")
 	flag.Parse()
 	f, err := os.OpenFile(events, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
