@@ -92,6 +92,7 @@ func New(cfg Config, rt Runtime) (*NRI, error) {
 		// namespaces or its user namespace; the validator names the
 		// plugin that tried.
 		adaptation.WithDefaultValidator(&validator.DefaultValidatorConfig{Enable: true, RejectNamespaceAdjustment: true}),
+		adaptation.WithBuiltinPlugins(checker()),
 	}
 	a, err := adaptation.New(name, cfg.RuntimeVersion, syncFn, rt.UpdateContainers, opts...)
 	if err != nil {
@@ -180,9 +181,14 @@ func (n *NRI) RemovePodSandbox(ctx context.Context, pod *api.PodSandbox) error {
 
 // CreateContainer asks plugins for their adjustments to a container
 // about to be created. An error is a refusal: the creation must fail.
-func (n *NRI) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) (*Adjustment, error) {
+// check, when set, tries the merged adjustment first, so that one pinrt
+// cannot apply is refused naming the plugins that made it.
+func (n *NRI) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *api.Container, check CheckFunc) (*Adjustment, error) {
 	if n == nil {
 		return &Adjustment{}, nil
+	}
+	if check != nil {
+		ctx = context.WithValue(ctx, checkKey{}, check)
 	}
 	rpl, err := n.a.CreateContainer(ctx, &api.CreateContainerRequest{Pod: pod, Container: ctr})
 	if err != nil {

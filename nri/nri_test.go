@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -116,7 +117,7 @@ func TestSyncAndAdjust(t *testing.T) {
 	// in the list by asking until it answers.
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		adj, err := n.CreateContainer(context.Background(), &api.PodSandbox{Id: "p1"}, &api.Container{Id: "c2", PodSandboxId: "p1", Name: "web"})
+		adj, err := n.CreateContainer(context.Background(), &api.PodSandbox{Id: "p1"}, &api.Container{Id: "c2", PodSandboxId: "p1", Name: "web"}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -127,6 +128,17 @@ func TestSyncAndAdjust(t *testing.T) {
 			t.Fatalf("no adjustment from the plugin: %v", adj.Adjust)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	// An adjustment the runtime cannot apply is refused, naming its plugin.
+	check := func(a *api.ContainerAdjustment) error {
+		if len(a.GetEnv()) == 0 {
+			return errors.New("check saw no adjustment")
+		}
+		return errors.New("cannot apply this")
+	}
+	_, err := n.CreateContainer(context.Background(), &api.PodSandbox{Id: "p1"}, &api.Container{Id: "c3", PodSandboxId: "p1", Name: "bad"}, check)
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), `"10-adder"`) || !strings.Contains(err.Error(), "cannot apply this") {
+		t.Errorf("err = %v, want FailedPrecondition naming 10-adder", err)
 	}
 }
 
@@ -141,7 +153,7 @@ func TestHungPluginBounded(t *testing.T) {
 	<-p.synced
 	time.Sleep(100 * time.Millisecond) // registration ends after the sync
 	start := time.Now()
-	_, err := n.CreateContainer(context.Background(), &api.PodSandbox{Id: "p1"}, &api.Container{Id: "c1", PodSandboxId: "p1", Name: "c"})
+	_, err := n.CreateContainer(context.Background(), &api.PodSandbox{Id: "p1"}, &api.Container{Id: "c1", PodSandboxId: "p1", Name: "c"}, nil)
 	if err != nil {
 		t.Fatalf("a hung plugin failed the creation: %v", err)
 	}
@@ -149,7 +161,7 @@ func TestHungPluginBounded(t *testing.T) {
 		t.Errorf("a hung plugin held the creation %v with a 500ms request timeout", d)
 	}
 	start = time.Now()
-	if _, err := n.CreateContainer(context.Background(), &api.PodSandbox{Id: "p1"}, &api.Container{Id: "c2", PodSandboxId: "p1", Name: "c2"}); err != nil {
+	if _, err := n.CreateContainer(context.Background(), &api.PodSandbox{Id: "p1"}, &api.Container{Id: "c2", PodSandboxId: "p1", Name: "c2"}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if d := time.Since(start); d > 250*time.Millisecond {
@@ -160,7 +172,7 @@ func TestHungPluginBounded(t *testing.T) {
 func TestDisabledIsNoop(t *testing.T) {
 	var n *NRI
 	defer n.BlockSync()()
-	adj, err := n.CreateContainer(context.Background(), nil, nil)
+	adj, err := n.CreateContainer(context.Background(), nil, nil, nil)
 	if err != nil || adj == nil || adj.Adjust != nil {
 		t.Errorf("disabled CreateContainer = %v, %v", adj, err)
 	}
@@ -201,7 +213,7 @@ func BenchmarkCreateContainerNoPlugin(b *testing.B) {
 	}
 	for b.Loop() {
 		unblock := n.BlockSync()
-		if _, err := n.CreateContainer(context.Background(), pod, ctr); err != nil {
+		if _, err := n.CreateContainer(context.Background(), pod, ctr, nil); err != nil {
 			b.Fatal(err)
 		}
 		unblock()

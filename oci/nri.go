@@ -2,6 +2,7 @@ package oci
 
 import (
 	"fmt"
+	"path"
 	"slices"
 
 	"github.com/containerd/errdefs"
@@ -30,6 +31,9 @@ func ApplyNRIAdjustment(s *specs.Spec, adj *nriapi.ContainerAdjustment, cdi *CDI
 	if n := adj.GetLinux().GetNamespaces(); len(n) > 0 {
 		return fmt.Errorf("NRI adjustment changes the namespaces (%s ...): a container stays in its pod's namespaces: %w", n[0].GetType(), errdefs.ErrInvalidArgument)
 	}
+	if err := validNRIAdjustment(adj); err != nil {
+		return fmt.Errorf("NRI adjustment: %w: %w", err, errdefs.ErrInvalidArgument)
+	}
 	before := slices.Clone(s.Linux.Namespaces)
 	g := generate.NewFromSpec(s)
 	ng := nrigen.SpecGenerator(&g, nrigen.WithCDIDeviceInjector(func(sp *specs.Spec, names []string) error {
@@ -50,6 +54,54 @@ func ApplyNRIAdjustment(s *specs.Spec, adj *nriapi.ContainerAdjustment, cdi *CDI
 	}
 	if !slices.Equal(before, s.Linux.Namespaces) {
 		return fmt.Errorf("NRI adjustment changed the namespaces: %w", errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// rlimitTypes are the resource limits runc knows; runc refuses others
+// only once conmon and runc already run.
+var rlimitTypes = map[string]bool{
+	"RLIMIT_AS": true, "RLIMIT_CORE": true, "RLIMIT_CPU": true, "RLIMIT_DATA": true,
+	"RLIMIT_FSIZE": true, "RLIMIT_LOCKS": true, "RLIMIT_MEMLOCK": true, "RLIMIT_MSGQUEUE": true,
+	"RLIMIT_NICE": true, "RLIMIT_NOFILE": true, "RLIMIT_NPROC": true, "RLIMIT_RSS": true,
+	"RLIMIT_RTPRIO": true, "RLIMIT_RTTIME": true, "RLIMIT_SIGPENDING": true, "RLIMIT_STACK": true,
+}
+
+// validNRIAdjustment checks what the generator copies into the spec
+// unchecked, so that a bad adjustment is refused before anything runs,
+// with the plugin's name (the adaptation's validators call this).
+func validNRIAdjustment(adj *nriapi.ContainerAdjustment) error {
+	for _, r := range adj.GetRlimits() {
+		if !rlimitTypes[r.GetType()] {
+			return fmt.Errorf("unknown rlimit %q", r.GetType())
+		}
+		if r.GetSoft() > r.GetHard() {
+			return fmt.Errorf("rlimit %s: soft limit %d above hard limit %d", r.GetType(), r.GetSoft(), r.GetHard())
+		}
+	}
+	for _, m := range adj.GetMounts() {
+		if _, removed := m.IsMarkedForRemoval(); !removed && !path.IsAbs(m.GetDestination()) {
+			return fmt.Errorf("mount destination %q is not absolute", m.GetDestination())
+		}
+	}
+	for _, d := range adj.GetLinux().GetDevices() {
+		if _, removed := d.IsMarkedForRemoval(); removed {
+			continue
+		}
+		if !path.IsAbs(d.GetPath()) {
+			return fmt.Errorf("device path %q is not absolute", d.GetPath())
+		}
+		if !slices.Contains([]string{"c", "b", "u", "p"}, d.GetType()) {
+			return fmt.Errorf("device %s: unknown type %q", d.GetPath(), d.GetType())
+		}
+	}
+	h := adj.GetHooks()
+	for _, list := range [][]*nriapi.Hook{h.GetPrestart(), h.GetCreateRuntime(), h.GetCreateContainer(), h.GetStartContainer(), h.GetPoststart(), h.GetPoststop()} {
+		for _, hk := range list {
+			if !path.IsAbs(hk.GetPath()) {
+				return fmt.Errorf("hook path %q is not absolute", hk.GetPath())
+			}
+		}
 	}
 	return nil
 }

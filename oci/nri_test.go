@@ -130,3 +130,32 @@ func TestApplyNRIAdjustmentCDI(t *testing.T) {
 		t.Errorf("CDI device without a registry: %v", err)
 	}
 }
+
+func TestApplyNRIAdjustmentRefusesBadValues(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		adj  func(a *nriapi.ContainerAdjustment)
+		msg  string
+	}{
+		{"unknown rlimit", func(a *nriapi.ContainerAdjustment) { a.AddRlimit("RLIMIT_BOGUS", 1, 1) }, `unknown rlimit "RLIMIT_BOGUS"`},
+		{"soft above hard", func(a *nriapi.ContainerAdjustment) { a.AddRlimit("RLIMIT_NOFILE", 10, 20) }, "soft limit 20 above hard limit 10"},
+		{"relative mount", func(a *nriapi.ContainerAdjustment) {
+			a.AddMount(&nriapi.Mount{Destination: "rel", Source: "/tmp", Type: "bind"})
+		}, `mount destination "rel"`},
+		{"device type", func(a *nriapi.ContainerAdjustment) {
+			a.AddDevice(&nriapi.LinuxDevice{Path: "/dev/x", Type: "z"})
+		}, `unknown type "z"`},
+		{"relative hook", func(a *nriapi.ContainerAdjustment) {
+			a.AddHooks(&nriapi.Hooks{Poststart: []*nriapi.Hook{{Path: "true"}}})
+		}, `hook path "true"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			adj := &nriapi.ContainerAdjustment{}
+			tc.adj(adj)
+			err := ApplyNRIAdjustment(nriBaseSpec(t), adj, nil)
+			if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.msg) {
+				t.Errorf("err = %v, want InvalidArgument with %q", err, tc.msg)
+			}
+		})
+	}
+}

@@ -25,7 +25,7 @@ type NRI interface {
 	RunPodSandbox(ctx context.Context, pod *nriapi.PodSandbox) error
 	StopPodSandbox(ctx context.Context, pod *nriapi.PodSandbox) error
 	RemovePodSandbox(ctx context.Context, pod *nriapi.PodSandbox) error
-	CreateContainer(ctx context.Context, pod *nriapi.PodSandbox, ctr *nriapi.Container) (*nri.Adjustment, error)
+	CreateContainer(ctx context.Context, pod *nriapi.PodSandbox, ctr *nriapi.Container, check nri.CheckFunc) (*nri.Adjustment, error)
 	PostCreateContainer(ctx context.Context, pod *nriapi.PodSandbox, ctr *nriapi.Container) error
 	StartContainer(ctx context.Context, pod *nriapi.PodSandbox, ctr *nriapi.Container) error
 	PostStartContainer(ctx context.Context, pod *nriapi.PodSandbox, ctr *nriapi.Container) error
@@ -210,7 +210,20 @@ func (s *Server) evict(ctx context.Context, evictions []*nriapi.ContainerEvictio
 // Once plugins have seen the event, a failure tells them the container
 // is gone again: they may have reserved resources for it.
 func (s *Server) nriCreate(ctx context.Context, sb *sandbox.Sandbox, md *sandbox.ContainerMetadata, spec *specs.Spec, undo *cleanups) error {
-	adj, err := s.nri.CreateContainer(ctx, nriPod(&sb.Metadata), nriContainer(md, sandbox.ContainerStatus{State: sandbox.ContainerCreated}, spec))
+	// Tried on a copy inside NRI, where the plugins that made an
+	// adjustment pinrt cannot apply are still known.
+	check := func(adj *nriapi.ContainerAdjustment) error {
+		var try specs.Spec
+		b, err := json.Marshal(spec)
+		if err == nil {
+			err = json.Unmarshal(b, &try)
+		}
+		if err != nil {
+			return err
+		}
+		return oci.ApplyNRIAdjustment(&try, adj, s.deps.CDI)
+	}
+	adj, err := s.nri.CreateContainer(ctx, nriPod(&sb.Metadata), nriContainer(md, sandbox.ContainerStatus{State: sandbox.ContainerCreated}, spec), check)
 	if err != nil {
 		return fmt.Errorf("container %q: %w", md.Name, err)
 	}

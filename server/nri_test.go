@@ -105,6 +105,11 @@ func TestNRICreateRefused(t *testing.T) {
 			fake.Adjust = &nriapi.ContainerAdjustment{}
 			fake.Adjust.AddOrReplaceNamespace(&nriapi.LinuxNamespace{Type: "network", Path: "/proc/1/ns/net"})
 		}, errdefs.ErrInvalidArgument, "namespaces", true},
+		{"checked before it is applied", func(fake *nritest.Fake) {
+			fake.Check = true
+			fake.Adjust = &nriapi.ContainerAdjustment{}
+			fake.Adjust.AddRlimit("RLIMIT_BOGUS", 1, 1)
+		}, errdefs.ErrInvalidArgument, "RLIMIT_BOGUS", false},
 		{"leave the user namespace", func(fake *nritest.Fake) {
 			fake.Adjust = &nriapi.ContainerAdjustment{}
 			fake.Adjust.RemoveNamespace(&nriapi.LinuxNamespace{Type: "user"})

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
@@ -194,6 +195,21 @@ func TestNRI(t *testing.T) {
 		e.run(t, pod, podCfg, e.ctr("other", "sleep", "300"))
 		p.kill()
 		e.run(t, pod, podCfg, e.ctr("nsmove", "sleep", "300"))
+	})
+
+	t.Run("invalid adjustment refused naming the plugin", func(t *testing.T) {
+		startNRIPlugin(t, e.d, "bogus", "-only", "bogus", "-rlimit", "RLIMIT_BOGUS")
+		pod, podCfg := e.pod(t, PodConfig("nri-bogus"))
+		before := e.containerDirs(t)
+		_, err := e.d.Runtime.CreateContainer(Ctx(t), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: e.ctr("bogus", "sleep", "300"), SandboxConfig: podCfg})
+		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), `"50-bogus"`) || !strings.Contains(err.Error(), "RLIMIT_BOGUS") {
+			t.Fatalf("CreateContainer with a bad rlimit = %v, want FailedPrecondition naming 50-bogus and the rlimit", err)
+		}
+		t.Logf("refused: %v", err)
+		if after := e.containerDirs(t); after != before {
+			t.Errorf("container dirs %d -> %d", before, after)
+		}
+		e.run(t, pod, podCfg, e.ctr("fine", "sleep", "300"))
 	})
 
 	t.Run("plugin killed mid-creation", func(t *testing.T) {

@@ -21,6 +21,8 @@ type Fake struct {
 	Adjust *api.ContainerAdjustment
 	Update []*api.ContainerUpdate
 	Evict  []*api.ContainerEviction
+	// Check runs the caller's check on Adjust, as pinrt's validator does.
+	Check bool
 	// UpdateReply answers UpdateContainer.
 	UpdateReply []*api.ContainerUpdate
 	// CreateErr fails CreateContainer, RunPodErr RunPodSandbox and
@@ -78,10 +80,15 @@ func (f *Fake) RemovePodSandbox(_ context.Context, pod *api.PodSandbox) error {
 	return nil
 }
 
-func (f *Fake) CreateContainer(_ context.Context, _ *api.PodSandbox, c *api.Container) (*nri.Adjustment, error) {
+func (f *Fake) CreateContainer(_ context.Context, _ *api.PodSandbox, c *api.Container, check nri.CheckFunc) (*nri.Adjustment, error) {
 	f.record("CreateContainer", c.GetName())
 	if f.CreateErr != nil {
 		return nil, f.CreateErr
+	}
+	if check != nil && f.Adjust != nil && f.Check {
+		if err := check(f.Adjust); err != nil {
+			return nil, err
+		}
 	}
 	return &nri.Adjustment{Adjust: f.Adjust, Update: f.Update, Evict: f.Evict}, nil
 }

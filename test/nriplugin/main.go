@@ -22,6 +22,7 @@ type plugin struct {
 	only   string // adjust only containers of this name ("" = all)
 	env    string // KEY=VALUE added to the environment
 	nofile uint64 // RLIMIT_NOFILE soft and hard, 0 = leave
+	rlimit string // an rlimit type set to 1024, possibly one that does not exist
 	oom    int    // oom_score_adj, 0 = leave
 	ann    string // annotation key=value
 	netns  string // a network namespace path to move the container to
@@ -80,6 +81,9 @@ func (p *plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, c *api.
 	}
 	if p.nofile > 0 {
 		adj.AddRlimit("RLIMIT_NOFILE", p.nofile, p.nofile)
+	}
+	if p.rlimit != "" {
+		adj.AddRlimit(p.rlimit, 1024, 1024)
 	}
 	if p.oom != 0 {
 		adj.SetLinuxOomScoreAdj(&p.oom)
@@ -152,6 +156,7 @@ func main() {
 	flag.StringVar(&p.env, "env", "", "KEY=VALUE to add")
 	flag.Uint64Var(&p.nofile, "nofile", 0, "RLIMIT_NOFILE to set")
 	flag.IntVar(&p.oom, "oom", 0, "oom_score_adj to set")
+	flag.StringVar(&p.rlimit, "rlimit", "", "rlimit type to set to 1024")
 	flag.StringVar(&p.ann, "annotation", "", "key=value annotation to add")
 	flag.StringVar(&p.netns, "netns", "", "network namespace to move containers to")
 	flag.StringVar(&p.hang, "hang", "", "container name whose creation never gets an answer")
