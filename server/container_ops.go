@@ -118,14 +118,13 @@ func (s *Server) stopLocked(ctx context.Context, c *sandbox.Container, timeout t
 		return fmt.Errorf("stopping container %s: %w", c.ID, err)
 	}
 	s.refreshContainer(ctx, c, false)
-	s.nriStopped(ctx, c)
 	return nil
 }
 
-// nriStopped tells plugins a container stopped and applies the updates
-// to other containers they answer with. c is locked: an update of c
-// itself would wait for that lock, and a stopped container has no limits
-// to change.
+// nriStopped tells plugins a container exited and applies the updates
+// to other containers they answer with. c may be locked (a stop): an
+// update of c itself would wait for that lock, and an exited container
+// has no limits to change.
 func (s *Server) nriStopped(ctx context.Context, c *sandbox.Container) {
 	pod, ctr := s.nriOf(c, nil)
 	updates, err := s.nri.StopContainer(ctx, pod, ctr)

@@ -252,3 +252,33 @@ func TestNRIEviction(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// A container that exits on its own is a StopContainer to plugins too.
+func TestNRIExitIsStop(t *testing.T) {
+	f, fake := newNRIFixture(t)
+	ctx := context.Background()
+	pod, _ := f.pod(t, false)
+	resp, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr("c")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.srv.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: resp.ContainerId}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.rt.Kill(ctx, resp.ContainerId, 9, false); err != nil {
+		t.Fatal(err)
+	}
+	st, err := f.srv.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: resp.ContainerId})
+	if err != nil || st.Status.State != runtimeapi.ContainerState_CONTAINER_EXITED {
+		t.Fatalf("status = %v, %v", st, err)
+	}
+	var stops int
+	for _, e := range fake.Events() {
+		if e == "StopContainer c" {
+			stops++
+		}
+	}
+	if stops != 1 {
+		t.Errorf("plugins saw %d StopContainer for one exit: %q", stops, fake.Events())
+	}
+}
