@@ -66,6 +66,7 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GOBIN_DIR)/golangci-lint run ./...
+	$(GO) run ./hack/longfuncs
 
 deps: deps-apt deps-vm deps-runc deps-cni deps-lint
 
