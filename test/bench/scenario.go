@@ -252,42 +252,14 @@ func Run(ctx context.Context, c *Client, scenario string, cfg Config) (*Result, 
 	if cfg.DaemonLog != "" {
 		tail = NewLogTail(cfg.DaemonLog)
 	}
-	// The restore scenario restarts the daemon: its successor is not
-	// watched.
-	var procsBefore ProcCounts
-	if cfg.PID != nil && scenario != ScenarioRestore {
-		if pid, err := cfg.PID(); err == nil {
-			if w, err := WatchProcs(pid); err == nil {
-				r.procs = w
-				defer w.Close()
-				procsBefore = w.Counts()
-			}
-		}
+	procsBefore := r.watchProcs(scenario)
+	if r.procs != nil {
+		defer r.procs.Close()
 	}
 
-	var wall time.Duration
-	switch scenario {
-	case ScenarioSandbox:
-		wall = r.sandbox(ctx)
-	case ScenarioPod:
-		wall = r.pod(ctx)
-	case ScenarioDensity:
-		wall = r.density(ctx)
-	case ScenarioRestore:
-		if cfg.Restart == nil {
-			return nil, errors.New("restore needs a restart command")
-		}
-		wall = r.restore(ctx)
-	case ScenarioExec:
-		wall = r.exec(ctx)
-	case ScenarioPortForward:
-		wall = r.portforward(ctx)
-	case ScenarioStatus:
-		wall = r.status(ctx)
-	case ScenarioPull:
-		wall = r.pull(ctx)
-	default:
-		return nil, fmt.Errorf("unknown scenario %q", scenario)
+	wall, err := r.run(ctx, scenario)
+	if err != nil {
+		return nil, err
 	}
 	res.WallMs = ms(wall)
 	r.resourceMetrics(cpuBefore, daemonBefore, daemonPID, tail)
@@ -872,6 +844,52 @@ func PerMinute(cpu, window time.Duration) float64 {
 		return 0
 	}
 	return ms(cpu) * float64(time.Minute) / float64(window)
+}
+
+// run runs scenario and returns its wall time.
+func (r *runner) run(ctx context.Context, scenario string) (time.Duration, error) {
+	switch scenario {
+	case ScenarioSandbox:
+		return r.sandbox(ctx), nil
+	case ScenarioPod:
+		return r.pod(ctx), nil
+	case ScenarioDensity:
+		return r.density(ctx), nil
+	case ScenarioRestore:
+		if r.cfg.Restart == nil {
+			return 0, errors.New("restore needs a restart command")
+		}
+		return r.restore(ctx), nil
+	case ScenarioExec:
+		return r.exec(ctx), nil
+	case ScenarioPortForward:
+		return r.portforward(ctx), nil
+	case ScenarioStatus:
+		return r.status(ctx), nil
+	case ScenarioPull:
+		return r.pull(ctx), nil
+	}
+	return 0, fmt.Errorf("unknown scenario %q", scenario)
+}
+
+// watchProcs starts counting the daemon's processes when its PID is
+// known and the process events connector is there (root), and returns
+// the counts before the scenario. The restore scenario restarts the
+// daemon, whose successor would not be watched: it is not counted.
+func (r *runner) watchProcs(scenario string) ProcCounts {
+	if r.cfg.PID == nil || scenario == ScenarioRestore {
+		return ProcCounts{}
+	}
+	pid, err := r.cfg.PID()
+	if err != nil {
+		return ProcCounts{}
+	}
+	w, err := WatchProcs(pid)
+	if err != nil {
+		return ProcCounts{}
+	}
+	r.procs = w
+	return w.Counts()
 }
 
 // procMetrics reports the processes the daemon started per pod (forks,

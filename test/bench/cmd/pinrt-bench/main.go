@@ -148,17 +148,7 @@ func runScenario(ctx context.Context, scenario string, args []string, stdout, st
 	}
 
 	if scenario == bench.ScenarioPull {
-		layers, err := bench.GeneratePullImage(ctx, *genDir, *scale)
-		if err != nil {
-			_, _ = fmt.Fprintln(stderr, err)
-			return 2
-		}
-		img, err := bench.PullImage(layers)
-		if err != nil {
-			_, _ = fmt.Fprintln(stderr, err)
-			return 2
-		}
-		reg, err := bench.StartPullRegistry(ctx, "127.0.0.1:0", img, *limitMBps)
+		reg, err := startPullRegistry(ctx, *genDir, *scale, *limitMBps)
 		if err != nil {
 			_, _ = fmt.Fprintln(stderr, err)
 			return 2
@@ -206,6 +196,20 @@ func runScenario(ctx context.Context, scenario string, args []string, stdout, st
 		return 1
 	}
 	return 0
+}
+
+// startPullRegistry generates the pull scenario's image (or reuses the
+// one in genDir) and serves it from a local registry.
+func startPullRegistry(ctx context.Context, genDir string, scale, mbps float64) (*bench.Registry, error) {
+	layers, err := bench.GeneratePullImage(ctx, genDir, scale)
+	if err != nil {
+		return nil, err
+	}
+	img, err := bench.PullImage(layers)
+	if err != nil {
+		return nil, err
+	}
+	return bench.StartPullRegistry(ctx, "127.0.0.1:0", img, mbps)
 }
 
 // runCompare runs scenario against endpoints A and B alternately, A, B,
