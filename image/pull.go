@@ -422,6 +422,32 @@ func (s *Store) fetch(ctx context.Context, desc *remote.Descriptor, blobs *blobC
 		Size:           uint64(manifest.Config.Size),
 		Config:         cfg.Config,
 	}}
+	layers, layerBytes, err := recordLayers(img, manifest, cfg, f.rec)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.pin(ctx, pins, f.rec); err != nil {
+		return nil, err
+	}
+	log.G(ctx).WithFields(log.Fields{"image": imgName, "endpoint": epName, "layers": len(manifest.Layers), "size": layerBytes}).
+		Info("pulling image")
+
+	if err := s.fetchLayers(ctx, layers, f, added); err != nil {
+		return nil, err
+	}
+	if err := s.putBlob(f.rec.ID, rawConfig, added); err != nil {
+		return nil, err
+	}
+	if err := s.putBlob(mdigest.String(), rawManifest, added); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+// recordLayers appends manifest's layers to rec, with their diffIDs
+// from cfg and their chain IDs, adds their size to rec's, and returns
+// them as img's layers and their compressed size in bytes.
+func recordLayers(img v1.Image, manifest *v1.Manifest, cfg *v1.ConfigFile, rec *record) ([]v1.Layer, int64, error) {
 	var (
 		layerBytes int64
 		layers     []v1.Layer
@@ -430,21 +456,22 @@ func (s *Store) fetch(ctx context.Context, desc *remote.Descriptor, blobs *blobC
 	for i, ld := range manifest.Layers {
 		diffID := cfg.RootFS.DiffIDs[i].String()
 		chain = chainID(chain, diffID)
-		f.rec.Layers = append(f.rec.Layers, layerRecord{Digest: ld.Digest.String(), DiffID: diffID, ChainID: chain, Size: ld.Size, MediaType: string(ld.MediaType)})
+		rec.Layers = append(rec.Layers, layerRecord{Digest: ld.Digest.String(), DiffID: diffID, ChainID: chain, Size: ld.Size, MediaType: string(ld.MediaType)})
 		layerBytes += ld.Size
 		layer, err := img.LayerByDigest(ld.Digest)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		layers = append(layers, layer)
 	}
-	f.rec.Size += uint64(layerBytes)
-	if err := s.pin(ctx, pins, f.rec); err != nil {
-		return nil, err
-	}
-	log.G(ctx).WithFields(log.Fields{"image": imgName, "endpoint": epName, "layers": len(manifest.Layers), "size": layerBytes}).
-		Info("pulling image")
+	rec.Size += uint64(layerBytes)
+	return layers, layerBytes, nil
+}
 
+// fetchLayers ensures each of f.rec's layers (layers, in the same
+// order) is in the store: up to MaxConcurrentDownloads download at
+// once, and each is published once its parent is (see ensureLayer).
+func (s *Store) fetchLayers(ctx context.Context, layers []v1.Layer, f *fetched, added *storeItems) error {
 	n := s.opts.MaxConcurrentDownloads
 	if n <= 0 {
 		n = DefaultMaxConcurrentDownloads
@@ -466,16 +493,7 @@ func (s *Store) fetch(ctx context.Context, desc *remote.Descriptor, blobs *blobC
 			return nil
 		})
 	}
-	if err := g.Wait(); err != nil {
-		return nil, err
-	}
-	if err := s.putBlob(f.rec.ID, rawConfig, added); err != nil {
-		return nil, err
-	}
-	if err := s.putBlob(mdigest.String(), rawManifest, added); err != nil {
-		return nil, err
-	}
-	return f, nil
+	return g.Wait()
 }
 
 // chainID is the OCI chain ID: the first diffID, then

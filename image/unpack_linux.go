@@ -278,6 +278,8 @@ func removeExisting(dirFd int, base string, keepDir bool) error {
 	return unix.Unlinkat(dirFd, base, 0)
 }
 
+// entry unpacks one tar entry: a whiteout, or a file of hdr's type,
+// made beneath the layer's root without following any symlink.
 func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 	name, err := cleanName(hdr.Name)
 	if err != nil {
@@ -298,120 +300,146 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 		return unix.Fsetxattr(pfd, overlayOpaqueXattr, []byte("y"), 0)
 	}
 	if strings.HasPrefix(base, whiteoutPrefix) {
-		target := strings.TrimPrefix(base, whiteoutPrefix)
-		if err := removeExisting(pfd, target, false); err != nil {
-			return err
-		}
-		// overlayfs: a 0/0 character device hides the lower entry.
-		if err := unix.Mknodat(pfd, target, unix.S_IFCHR, 0); err != nil {
-			return err
-		}
-		return unix.Fchownat(pfd, target, 0, 0, unix.AT_SYMLINK_NOFOLLOW)
+		return whiteout(pfd, strings.TrimPrefix(base, whiteoutPrefix))
 	}
 
 	mode := uint32(hdr.Mode) & 0o7777
 	switch hdr.Typeflag {
 	case tar.TypeDir:
-		if base != "." {
-			if err := removeExisting(pfd, base, true); err != nil {
-				return err
-			}
-			if err := unix.Mkdirat(pfd, base, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
-				return err
-			}
-		}
-		fd, err := u.openBeneath(name, unix.O_DIRECTORY|unix.O_RDONLY)
-		if err != nil {
-			return err
-		}
-		defer unix.Close(fd)
-		if err := setFdMeta(fd, hdr, mode); err != nil {
-			return err
-		}
-		u.dirTimes = append(u.dirTimes, dirTime{name: name, mtime: hdr.ModTime})
-		return nil
-
+		return u.dir(pfd, name, base, hdr, mode)
 	case tar.TypeReg:
-		if err := removeExisting(pfd, base, false); err != nil {
-			return err
-		}
-		fd, err := unix.Openat(pfd, base, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-		if err != nil {
-			return err
-		}
-		f := os.NewFile(uintptr(fd), base)
-		_, cerr := io.Copy(f, r)
-		if cerr == nil {
-			cerr = setFdMeta(fd, hdr, mode)
-		}
-		if err := f.Close(); cerr == nil {
-			cerr = err
-		}
-		if cerr != nil {
-			return cerr
-		}
-		return setTimesAt(pfd, base, hdr.ModTime)
-
+		return regular(pfd, base, hdr, mode, r)
 	case tar.TypeSymlink:
-		// The target is stored verbatim: it is only ever resolved inside
-		// the container's root, and unpacking never follows it.
-		if err := removeExisting(pfd, base, false); err != nil {
-			return err
-		}
-		if err := unix.Symlinkat(hdr.Linkname, pfd, base); err != nil {
-			return err
-		}
-		if err := unix.Fchownat(pfd, base, hdr.Uid, hdr.Gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			return err
-		}
-		if err := setXattrsAt(pfd, base, hdr); err != nil {
-			return err
-		}
-		return setTimesAt(pfd, base, hdr.ModTime)
-
+		return symlink(pfd, base, hdr)
 	case tar.TypeLink:
-		target, err := cleanName(hdr.Linkname)
-		if err != nil {
-			return err
-		}
-		tparent, tbase := path.Split(target)
-		tfd, err := u.openBeneath(orDot(strings.TrimSuffix(tparent, "/")), unix.O_DIRECTORY|unix.O_RDONLY)
-		if err != nil {
-			return err
-		}
-		defer unix.Close(tfd)
-		if err := removeExisting(pfd, base, false); err != nil {
-			return err
-		}
-		// No AT_SYMLINK_FOLLOW: a link to a symlink links the symlink.
-		return unix.Linkat(tfd, tbase, pfd, base, 0)
-
+		return u.hardlink(pfd, base, hdr)
 	case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
-		typ := map[byte]uint32{tar.TypeChar: unix.S_IFCHR, tar.TypeBlock: unix.S_IFBLK, tar.TypeFifo: unix.S_IFIFO}[hdr.Typeflag]
-		if err := removeExisting(pfd, base, false); err != nil {
-			return err
-		}
-		dev := unix.Mkdev(uint32(hdr.Devmajor), uint32(hdr.Devminor))
-		if err := unix.Mknodat(pfd, base, typ|mode, int(dev)); err != nil {
-			return err
-		}
-		if err := unix.Fchownat(pfd, base, hdr.Uid, hdr.Gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			return err
-		}
-		// chown clears setuid/setgid, and mknod applied the umask.
-		if err := unix.Fchmodat(pfd, base, mode, 0); err != nil {
-			return err
-		}
-		if err := setXattrsAt(pfd, base, hdr); err != nil {
-			return err
-		}
-		return setTimesAt(pfd, base, hdr.ModTime)
-
+		return device(pfd, base, hdr, mode)
 	case tar.TypeXGlobalHeader:
 		return nil
 	default:
 		return fmt.Errorf("tar type %q: %w", hdr.Typeflag, errdefs.ErrNotImplemented)
 	}
+}
+
+// whiteout hides target of the layers below: overlayfs reads a 0/0
+// character device as a whiteout.
+func whiteout(pfd int, target string) error {
+	if err := removeExisting(pfd, target, false); err != nil {
+		return err
+	}
+	if err := unix.Mknodat(pfd, target, unix.S_IFCHR, 0); err != nil {
+		return err
+	}
+	return unix.Fchownat(pfd, target, 0, 0, unix.AT_SYMLINK_NOFOLLOW)
+}
+
+// dir makes (or merges into) the directory name, base in pfd, and
+// records its mtime to set once its contents are unpacked.
+func (u *unpacker) dir(pfd int, name, base string, hdr *tar.Header, mode uint32) error {
+	if base != "." {
+		if err := removeExisting(pfd, base, true); err != nil {
+			return err
+		}
+		if err := unix.Mkdirat(pfd, base, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
+			return err
+		}
+	}
+	fd, err := u.openBeneath(name, unix.O_DIRECTORY|unix.O_RDONLY)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := setFdMeta(fd, hdr, mode); err != nil {
+		return err
+	}
+	u.dirTimes = append(u.dirTimes, dirTime{name: name, mtime: hdr.ModTime})
+	return nil
+}
+
+// regular writes the regular file base in pfd from r.
+func regular(pfd int, base string, hdr *tar.Header, mode uint32, r io.Reader) error {
+	if err := removeExisting(pfd, base, false); err != nil {
+		return err
+	}
+	fd, err := unix.Openat(pfd, base, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	f := os.NewFile(uintptr(fd), base)
+	_, cerr := io.Copy(f, r)
+	if cerr == nil {
+		cerr = setFdMeta(fd, hdr, mode)
+	}
+	if err := f.Close(); cerr == nil {
+		cerr = err
+	}
+	if cerr != nil {
+		return cerr
+	}
+	return setTimesAt(pfd, base, hdr.ModTime)
+}
+
+// symlink makes the symlink base in pfd. The target is stored verbatim:
+// it is only ever resolved inside the container's root, and unpacking
+// never follows it.
+func symlink(pfd int, base string, hdr *tar.Header) error {
+	if err := removeExisting(pfd, base, false); err != nil {
+		return err
+	}
+	if err := unix.Symlinkat(hdr.Linkname, pfd, base); err != nil {
+		return err
+	}
+	if err := unix.Fchownat(pfd, base, hdr.Uid, hdr.Gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return err
+	}
+	if err := setXattrsAt(pfd, base, hdr); err != nil {
+		return err
+	}
+	return setTimesAt(pfd, base, hdr.ModTime)
+}
+
+// hardlink links base in pfd to hdr.Linkname, an earlier entry of the
+// layer.
+func (u *unpacker) hardlink(pfd int, base string, hdr *tar.Header) error {
+	target, err := cleanName(hdr.Linkname)
+	if err != nil {
+		return err
+	}
+	tparent, tbase := path.Split(target)
+	tfd, err := u.openBeneath(orDot(strings.TrimSuffix(tparent, "/")), unix.O_DIRECTORY|unix.O_RDONLY)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(tfd)
+	if err := removeExisting(pfd, base, false); err != nil {
+		return err
+	}
+	// No AT_SYMLINK_FOLLOW: a link to a symlink links the symlink.
+	return unix.Linkat(tfd, tbase, pfd, base, 0)
+}
+
+// device makes the character device, block device or FIFO base in pfd.
+func device(pfd int, base string, hdr *tar.Header, mode uint32) error {
+	typ := map[byte]uint32{tar.TypeChar: unix.S_IFCHR, tar.TypeBlock: unix.S_IFBLK, tar.TypeFifo: unix.S_IFIFO}[hdr.Typeflag]
+	if err := removeExisting(pfd, base, false); err != nil {
+		return err
+	}
+	dev := unix.Mkdev(uint32(hdr.Devmajor), uint32(hdr.Devminor))
+	if err := unix.Mknodat(pfd, base, typ|mode, int(dev)); err != nil {
+		return err
+	}
+	if err := unix.Fchownat(pfd, base, hdr.Uid, hdr.Gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return err
+	}
+	// chown clears setuid/setgid, and mknod applied the umask.
+	if err := unix.Fchmodat(pfd, base, mode, 0); err != nil {
+		return err
+	}
+	if err := setXattrsAt(pfd, base, hdr); err != nil {
+		return err
+	}
+	return setTimesAt(pfd, base, hdr.ModTime)
 }
 
 func orDot(s string) string {
