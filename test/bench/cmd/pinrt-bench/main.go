@@ -67,88 +67,21 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return 2
 }
 
+// runScenario runs one scenario (or, with --compare, alternates it
+// between two runtimes) and prints its result.
 func runScenario(ctx context.Context, scenario string, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet(scenario, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	endpoint := fs.String("endpoint", "unix:///run/pinrt/pinrt.sock", "CRI endpoint (unix:///path or /path)")
 	var cfg bench.Config
-	fs.IntVar(&cfg.N, "n", 10, "number of pods (exec: ExecSync calls)")
-	fs.IntVar(&cfg.P, "p", 1, "parallel workers")
-	fs.StringVar(&cfg.Variant, "variant", bench.VariantNetns, "netns, userns or hostnet")
-	fs.StringVar(&cfg.RunID, "run-id", "", "run ID used in pod names and labels (random if empty)")
-	fs.DurationVar(&cfg.RPCTimeout, "timeout", 30*time.Second, "timeout of every RPC")
-	fs.DurationVar(&cfg.WaitTimeout, "wait-timeout", time.Minute, "timeout for RUNNING / restore waits")
-	fs.StringVar(&cfg.Image, "image", "", "container image (pod, density, restore --with-containers)")
-	command := fs.String("cmd", "sleep 3600", "container command, split on spaces")
-	fs.StringVar(&cfg.LogDir, "log-dir", "", "parent of pod log directories (empty: none)")
-	usernsBase := fs.Uint("userns-base", bench.UsernsBlock, "first host ID for userns pods (multiple of 65536, not 0)")
-	fs.IntVar(&cfg.UsernsCount, "userns-count", 1024, "number of 65536-ID blocks for userns pods")
-	fs.BoolVar(&cfg.Keep, "keep", false, "density: leave the pods running")
-	fs.IntVar(&cfg.StatsRounds, "stats-rounds", 0, "density: list container and pod stats this many times while the pods run; status: rounds of reads (0: 5)")
-	fs.IntVar(&cfg.Streams, "streams", 0, "exec: streaming execs (0: N/10, at least 1; negative: none); portforward: reads (0: 3)")
-	fs.IntVar(&cfg.ForwardMB, "forward-mb", 64, "portforward: MiB read through the port-forward per read")
-	fs.DurationVar(&cfg.IdleWindow, "idle", 0, "density: with --cgroup, measure the runtime's CPU while the pods idle this long (0: skip)")
-	pid := fs.Int("pid", 0, "runtime daemon PID for RSS (density)")
-	pidFile := fs.String("pid-file", "", "file holding the runtime daemon PID (density)")
-	fs.DurationVar(&cfg.Settle, "settle", time.Second, "density: wait this long before reading RSS after start")
-	restartCmd := fs.String("restart-cmd", "", "restore: shell command that restarts the runtime")
-	fs.BoolVar(&cfg.WithContainers, "with-containers", false, "restore: one running container per pod")
-	cgroup := fs.String("cgroup", "", "cgroup directory holding the runtime (v1 cpuacct or v2): report CPU per pod")
-	fs.StringVar(&cfg.DaemonLog, "daemon-log", "", "runtime log file with debug phase timings (phase=, duration_ms=)")
-	compare := fs.String("compare", "", "second CRI endpoint B: run the scenario against --endpoint (A) and B alternately and print B/A ratios")
-	rounds := fs.Int("rounds", 2, "compare: rounds of A then B")
-	cgroupB := fs.String("cgroup-b", "", "compare: cgroup directory holding runtime B, for its CPU per pod")
-	asJSON := fs.Bool("json", false, "print JSON instead of the table")
-	genDir := fs.String("gen-dir", "/var/tmp/pinrt-bench-pull", "pull: where the generated layers are kept between runs")
-	scale := fs.Float64("scale", 1, "pull: size of the generated image relative to issue 22's 345 MB")
-	limitMBps := fs.Float64("limit-mbps", 0, "pull: the registry serves blobs at this many MB/s in all (0: as fast as it can)")
-	fs.BoolVar(&cfg.DropCaches, "drop-caches", false, "pull: drop the page cache before every pull (whole machine)")
-	out := fs.String("out", "", "also write the JSON result to this file")
-	if err := fs.Parse(args); err != nil {
+	f, ok := parseScenarioFlags(scenario, args, &cfg, stderr)
+	if !ok {
 		return 2
 	}
-	if fs.NArg() > 0 {
-		_, _ = fmt.Fprintf(stderr, "unexpected arguments: %q\n", fs.Args())
+	if err := f.apply(&cfg); err != nil {
+		_, _ = fmt.Fprintln(stderr, err)
 		return 2
-	}
-	if *usernsBase > 1<<32-1 {
-		_, _ = fmt.Fprintf(stderr, "--userns-base %d out of range\n", *usernsBase)
-		return 2
-	}
-	cfg.UsernsBase = uint32(*usernsBase)
-	cfg.Command = strings.Fields(*command)
-	switch {
-	case *pid > 0:
-		p := *pid
-		cfg.PID = func() (int, error) { return p, nil }
-	case *pidFile != "":
-		cfg.PID = bench.PIDFromFile(*pidFile)
-	}
-	if *cgroup != "" {
-		cpu, err := bench.NewCgroupCPU(*cgroup)
-		if err != nil {
-			_, _ = fmt.Fprintln(stderr, err)
-			return 2
-		}
-		cfg.CPU = cpu.Usage
-	}
-	if *restartCmd != "" {
-		rc := *restartCmd
-		cfg.Restart = func(ctx context.Context) error {
-			c := exec.CommandContext(ctx, "sh", "-c", rc)
-			// Files, not pipes: a daemon started in the background by the
-			// command inherits them, and Wait would block on a pipe until
-			// that daemon exits.
-			c.Stdout, c.Stderr = os.Stderr, os.Stderr
-			if err := c.Run(); err != nil {
-				return fmt.Errorf("restart command %q: %w", rc, err)
-			}
-			return nil
-		}
 	}
 
 	if scenario == bench.ScenarioPull {
-		reg, err := startPullRegistry(ctx, *genDir, *scale, *limitMBps)
+		reg, err := startPullRegistry(ctx, *f.genDir, *f.scale, *f.limitMBps)
 		if err != nil {
 			_, _ = fmt.Fprintln(stderr, err)
 			return 2
@@ -156,20 +89,20 @@ func runScenario(ctx context.Context, scenario string, args []string, stdout, st
 		defer func() { _ = reg.Close() }()
 		cfg.Image = reg.Image
 	}
-	if *compare != "" {
+	if *f.compare != "" {
 		cfgB := cfg
 		cfgB.CPU, cfgB.DaemonLog = nil, ""
-		if *cgroupB != "" {
-			cpu, err := bench.NewCgroupCPU(*cgroupB)
+		if *f.cgroupB != "" {
+			cpu, err := bench.NewCgroupCPU(*f.cgroupB)
 			if err != nil {
 				_, _ = fmt.Fprintln(stderr, err)
 				return 2
 			}
 			cfgB.CPU = cpu.Usage
 		}
-		return runCompare(ctx, scenario, []string{*endpoint, *compare}, []bench.Config{cfg, cfgB}, *rounds, stdout, stderr)
+		return runCompare(ctx, scenario, []string{*f.endpoint, *f.compare}, []bench.Config{cfg, cfgB}, *f.rounds, stdout, stderr)
 	}
-	c, err := bench.Dial(*endpoint, cfg.RPCTimeout)
+	c, err := bench.Dial(*f.endpoint, cfg.RPCTimeout)
 	if err != nil {
 		_, _ = fmt.Fprintln(stderr, err)
 		return 2
@@ -180,13 +113,121 @@ func runScenario(ctx context.Context, scenario string, args []string, stdout, st
 		_, _ = fmt.Fprintln(stderr, err)
 		return 2
 	}
-	if *asJSON {
+	return printResult(res, *f.asJSON, *f.out, stdout, stderr)
+}
+
+// scenarioFlags are runScenario's flags that are not fields of
+// bench.Config as they are.
+type scenarioFlags struct {
+	endpoint, command, pidFile, restartCmd, cgroup, compare, cgroupB, genDir, out *string
+	usernsBase                                                                    *uint
+	pid, rounds                                                                   *int
+	asJSON                                                                        *bool
+	scale, limitMBps                                                              *float64
+}
+
+// parseScenarioFlags parses args into cfg and the returned flags; false
+// when they are bad (the flag package has said why on stderr).
+func parseScenarioFlags(scenario string, args []string, cfg *bench.Config, stderr io.Writer) (*scenarioFlags, bool) {
+	f := &scenarioFlags{}
+	fs := flag.NewFlagSet(scenario, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	f.endpoint = fs.String("endpoint", "unix:///run/pinrt/pinrt.sock", "CRI endpoint (unix:///path or /path)")
+	fs.IntVar(&cfg.N, "n", 10, "number of pods (exec: ExecSync calls)")
+	fs.IntVar(&cfg.P, "p", 1, "parallel workers")
+	fs.StringVar(&cfg.Variant, "variant", bench.VariantNetns, "netns, userns or hostnet")
+	fs.StringVar(&cfg.RunID, "run-id", "", "run ID used in pod names and labels (random if empty)")
+	fs.DurationVar(&cfg.RPCTimeout, "timeout", 30*time.Second, "timeout of every RPC")
+	fs.DurationVar(&cfg.WaitTimeout, "wait-timeout", time.Minute, "timeout for RUNNING / restore waits")
+	fs.StringVar(&cfg.Image, "image", "", "container image (pod, density, restore --with-containers)")
+	f.command = fs.String("cmd", "sleep 3600", "container command, split on spaces")
+	fs.StringVar(&cfg.LogDir, "log-dir", "", "parent of pod log directories (empty: none)")
+	f.usernsBase = fs.Uint("userns-base", bench.UsernsBlock, "first host ID for userns pods (multiple of 65536, not 0)")
+	fs.IntVar(&cfg.UsernsCount, "userns-count", 1024, "number of 65536-ID blocks for userns pods")
+	fs.BoolVar(&cfg.Keep, "keep", false, "density: leave the pods running")
+	fs.IntVar(&cfg.StatsRounds, "stats-rounds", 0, "density: list container and pod stats this many times while the pods run; status: rounds of reads (0: 5)")
+	fs.IntVar(&cfg.Streams, "streams", 0, "exec: streaming execs (0: N/10, at least 1; negative: none); portforward: reads (0: 3)")
+	fs.IntVar(&cfg.ForwardMB, "forward-mb", 64, "portforward: MiB read through the port-forward per read")
+	fs.DurationVar(&cfg.IdleWindow, "idle", 0, "density: with --cgroup, measure the runtime's CPU while the pods idle this long (0: skip)")
+	f.pid = fs.Int("pid", 0, "runtime daemon PID for RSS (density)")
+	f.pidFile = fs.String("pid-file", "", "file holding the runtime daemon PID (density)")
+	fs.DurationVar(&cfg.Settle, "settle", time.Second, "density: wait this long before reading RSS after start")
+	f.restartCmd = fs.String("restart-cmd", "", "restore: shell command that restarts the runtime")
+	fs.BoolVar(&cfg.WithContainers, "with-containers", false, "restore: one running container per pod")
+	f.cgroup = fs.String("cgroup", "", "cgroup directory holding the runtime (v1 cpuacct or v2): report CPU per pod")
+	fs.StringVar(&cfg.DaemonLog, "daemon-log", "", "runtime log file with debug phase timings (phase=, duration_ms=)")
+	f.compare = fs.String("compare", "", "second CRI endpoint B: run the scenario against --endpoint (A) and B alternately and print B/A ratios")
+	f.rounds = fs.Int("rounds", 2, "compare: rounds of A then B")
+	f.cgroupB = fs.String("cgroup-b", "", "compare: cgroup directory holding runtime B, for its CPU per pod")
+	f.asJSON = fs.Bool("json", false, "print JSON instead of the table")
+	f.genDir = fs.String("gen-dir", "/var/tmp/pinrt-bench-pull", "pull: where the generated layers are kept between runs")
+	f.scale = fs.Float64("scale", 1, "pull: size of the generated image relative to issue 22's 345 MB")
+	f.limitMBps = fs.Float64("limit-mbps", 0, "pull: the registry serves blobs at this many MB/s in all (0: as fast as it can)")
+	fs.BoolVar(&cfg.DropCaches, "drop-caches", false, "pull: drop the page cache before every pull (whole machine)")
+	f.out = fs.String("out", "", "also write the JSON result to this file")
+	if err := fs.Parse(args); err != nil {
+		return nil, false
+	}
+	if fs.NArg() > 0 {
+		_, _ = fmt.Fprintf(stderr, "unexpected arguments: %q\n", fs.Args())
+		return nil, false
+	}
+	return f, true
+}
+
+// apply sets the fields of cfg that f's flags give.
+func (f *scenarioFlags) apply(cfg *bench.Config) error {
+	if *f.usernsBase > 1<<32-1 {
+		return fmt.Errorf("--userns-base %d out of range", *f.usernsBase)
+	}
+	cfg.UsernsBase = uint32(*f.usernsBase)
+	cfg.Command = strings.Fields(*f.command)
+	switch {
+	case *f.pid > 0:
+		p := *f.pid
+		cfg.PID = func() (int, error) { return p, nil }
+	case *f.pidFile != "":
+		cfg.PID = bench.PIDFromFile(*f.pidFile)
+	}
+	if *f.cgroup != "" {
+		cpu, err := bench.NewCgroupCPU(*f.cgroup)
+		if err != nil {
+			return err
+		}
+		cfg.CPU = cpu.Usage
+	}
+	if *f.restartCmd != "" {
+		cfg.Restart = restartFunc(*f.restartCmd)
+	}
+	return nil
+}
+
+// restartFunc runs the shell command rc to restart the runtime.
+func restartFunc(rc string) func(context.Context) error {
+	return func(ctx context.Context) error {
+		c := exec.CommandContext(ctx, "sh", "-c", rc)
+		// Files, not pipes: a daemon started in the background by the
+		// command inherits them, and Wait would block on a pipe until
+		// that daemon exits.
+		c.Stdout, c.Stderr = os.Stderr, os.Stderr
+		if err := c.Run(); err != nil {
+			return fmt.Errorf("restart command %q: %w", rc, err)
+		}
+		return nil
+	}
+}
+
+// printResult prints res as a table or JSON, and to the file out too
+// when it is set; 1 when that fails or res counts errors.
+func printResult(res *bench.Result, asJSON bool, out string, stdout, stderr io.Writer) int {
+	var err error
+	if asJSON {
 		err = res.WriteJSON(stdout)
 	} else {
 		err = res.WriteTable(stdout)
 	}
-	if err == nil && *out != "" {
-		err = writeJSONFile(*out, res)
+	if err == nil && out != "" {
+		err = writeJSONFile(out, res)
 	}
 	if err != nil {
 		_, _ = fmt.Fprintln(stderr, err)
