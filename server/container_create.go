@@ -248,14 +248,6 @@ func imageVolume(m *runtimeapi.Mount) (sandbox.ContainerMount, error) {
 	}, nil
 }
 
-func idMappings(in []*runtimeapi.IDMapping) []specs.LinuxIDMapping {
-	var out []specs.LinuxIDMapping
-	for _, m := range in {
-		out = append(out, specs.LinuxIDMapping{ContainerID: m.ContainerId, HostID: m.HostId, Size: m.Length})
-	}
-	return out
-}
-
 func toResources(r *runtimeapi.LinuxContainerResources) *oci.Resources {
 	if r == nil {
 		return nil
@@ -597,4 +589,53 @@ func (s *Server) CreateContainer(ctx context.Context, req *runtimeapi.CreateCont
 	}
 	s.containerEvent(ctx, c, runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT)
 	return &runtimeapi.CreateContainerResponse{ContainerId: c.ID}, nil
+}
+
+// lockReadyPod finds a pod and takes its lifecycle lock for a
+// CreateContainer. Under the lock, the pod must still be in the store and
+// Ready: a StopPodSandbox or RemovePodSandbox that got the lock first has
+// stopped or removed it, and a container created after that would outlive
+// its pod, holding its rootfs mount and its cgroup directories. The caller
+// holds the lock until the container is recorded, so a Stop or Remove that
+// comes later sees it and cleans it up.
+func (s *Server) lockReadyPod(id string) (*sandbox.Sandbox, func(), error) {
+	sb, err := s.sandboxes.Get(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	unlock := sb.Lock()
+	if cur, err := s.sandboxes.Get(sb.ID); err != nil || cur != sb {
+		unlock()
+		return nil, nil, fmt.Errorf("sandbox %s was removed: %w", sb.ID, errdefs.ErrNotFound)
+	}
+	if st := sb.Status().State; st != sandbox.StateReady {
+		unlock()
+		return nil, nil, fmt.Errorf("sandbox %s is not ready: %w", sb.ID, errdefs.ErrFailedPrecondition)
+	}
+	return sb, unlock, nil
+}
+
+// makeContainerDir creates <root>/containers/<id>, which holds the
+// container's rootfs mount. Any host user who could reach the rootfs could
+// run its setuid binaries or read its files, so the directory is 0700. A
+// userns container's runc init resolves the rootfs path after joining the
+// pod's user namespace, as the pod's root, which has no rights over files
+// of the host's root: for it the directory is 0710 with the group of the
+// pod's root (the host GID of container GID 0), as Docker does for its
+// remapped root (CVE-2021-41091). Other users still cannot enter.
+func makeContainerDir(dir string, sb *sandbox.Sandbox) error {
+	if err := os.MkdirAll(filepath.Dir(dir), 0o711); err != nil {
+		return err
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return err
+	}
+	if sb.Modes.User != sandbox.ModePod {
+		return os.Chmod(dir, 0o700)
+	}
+	// The daemon runs as root; unit tests may not, and cannot chown.
+	if err := os.Chown(dir, -1, int(rootOf(sb.GIDMappings))); err != nil && os.Geteuid() == 0 {
+		return fmt.Errorf("giving the pod's root access to %s: %w", dir, err)
+	}
+	return os.Chmod(dir, 0o710)
 }

@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"syscall"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -44,55 +43,6 @@ func lookupForRemoval[T any](store *sandbox.Store[T], id string) (v T, gone bool
 // validName checks a pod or container name, namespace or uid against the
 // one shared rule.
 func validName(what, v string) error { return validate.Name(what, v) }
-
-// lockReadyPod finds a pod and takes its lifecycle lock for a
-// CreateContainer. Under the lock, the pod must still be in the store and
-// Ready: a StopPodSandbox or RemovePodSandbox that got the lock first has
-// stopped or removed it, and a container created after that would outlive
-// its pod, holding its rootfs mount and its cgroup directories. The caller
-// holds the lock until the container is recorded, so a Stop or Remove that
-// comes later sees it and cleans it up.
-func (s *Server) lockReadyPod(id string) (*sandbox.Sandbox, func(), error) {
-	sb, err := s.sandboxes.Get(id)
-	if err != nil {
-		return nil, nil, err
-	}
-	unlock := sb.Lock()
-	if cur, err := s.sandboxes.Get(sb.ID); err != nil || cur != sb {
-		unlock()
-		return nil, nil, fmt.Errorf("sandbox %s was removed: %w", sb.ID, errdefs.ErrNotFound)
-	}
-	if st := sb.Status().State; st != sandbox.StateReady {
-		unlock()
-		return nil, nil, fmt.Errorf("sandbox %s is not ready: %w", sb.ID, errdefs.ErrFailedPrecondition)
-	}
-	return sb, unlock, nil
-}
-
-// makeContainerDir creates <root>/containers/<id>, which holds the
-// container's rootfs mount. Any host user who could reach the rootfs could
-// run its setuid binaries or read its files, so the directory is 0700. A
-// userns container's runc init resolves the rootfs path after joining the
-// pod's user namespace, as the pod's root, which has no rights over files
-// of the host's root: for it the directory is 0710 with the group of the
-// pod's root (the host GID of container GID 0), as Docker does for its
-// remapped root (CVE-2021-41091). Other users still cannot enter.
-func makeContainerDir(dir string, sb *sandbox.Sandbox) error {
-	if err := os.MkdirAll(filepath.Dir(dir), 0o711); err != nil {
-		return err
-	}
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		return err
-	}
-	if sb.Modes.User != sandbox.ModePod {
-		return os.Chmod(dir, 0o700)
-	}
-	// The daemon runs as root; unit tests may not, and cannot chown.
-	if err := os.Chown(dir, -1, int(rootOf(sb.GIDMappings))); err != nil && os.Geteuid() == 0 {
-		return fmt.Errorf("giving the pod's root access to %s: %w", dir, err)
-	}
-	return os.Chmod(dir, 0o710)
-}
 
 func labelsMatch(labels, selector map[string]string) bool {
 	for k, v := range selector {
@@ -184,28 +134,6 @@ func pinnedKinds(sb *sandbox.Sandbox) []nsmgr.Kind {
 	return kinds
 }
 
-// ContainerRuntime is one OCI runtime handler (package oci, *oci.Runtime).
-type ContainerRuntime interface {
-	Create(ctx context.Context, o oci.CreateOptions) (int, error)
-	Start(ctx context.Context, id string) error
-	Kill(ctx context.Context, id string, sig syscall.Signal, all bool) error
-	Stop(ctx context.Context, id string, sig syscall.Signal, timeout time.Duration) error
-	Delete(ctx context.Context, id string, force bool) error
-	State(ctx context.Context, id string) (*oci.State, error)
-	// ExitState is the state of a container whose exit conmon recorded,
-	// without a runtime call; ok is false while it has not exited.
-	ExitState(id string) (st *oci.State, ok bool)
-	ExecSync(ctx context.Context, id string, cmd []string, timeout time.Duration) ([]byte, []byte, int32, error)
-	Update(ctx context.Context, id string, res *specs.LinuxResources) error
-	ReopenLog(ctx context.Context, id string) error
-	Features(ctx context.Context) (*oci.Features, error)
-	CheckIDMap(ctx context.Context) error
-	// Probe fails when the runtime cannot run the containers pinrt makes.
-	Probe(ctx context.Context) error
-}
-
-var _ ContainerRuntime = (*oci.Runtime)(nil)
-
 // podContainers lists a pod's containers.
 func (s *Server) podContainers(id string) []*sandbox.Container {
 	var out []*sandbox.Container
@@ -213,17 +141,6 @@ func (s *Server) podContainers(id string) []*sandbox.Container {
 		if c.SandboxID == id {
 			out = append(out, c)
 		}
-	}
-	return out
-}
-
-// containersByPod lists every container once, by sandbox ID, for the
-// RPCs that report all pods with their containers: podContainers per pod
-// would list and sort the whole store once per pod.
-func (s *Server) containersByPod() map[string][]*sandbox.Container {
-	out := map[string][]*sandbox.Container{}
-	for _, c := range s.containers.List() {
-		out[c.SandboxID] = append(out[c.SandboxID], c)
 	}
 	return out
 }
@@ -373,4 +290,13 @@ func applyState(st *sandbox.ContainerStatus, rs *oci.State, err error) {
 			st.Message = "conmon recorded no exit code"
 		}
 	}
+}
+
+// idMappings converts CRI user or group ID mappings to OCI ones.
+func idMappings(in []*runtimeapi.IDMapping) []specs.LinuxIDMapping {
+	var out []specs.LinuxIDMapping
+	for _, m := range in {
+		out = append(out, specs.LinuxIDMapping{ContainerID: m.ContainerId, HostID: m.HostId, Size: m.Length})
+	}
+	return out
 }

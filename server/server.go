@@ -13,8 +13,11 @@ import (
 	"io"
 	"sync"
 	"sync/atomic"
+	"syscall"
+	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/grpc"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -70,11 +73,32 @@ type Shm interface {
 	Unmount(path string) error
 }
 
+// ContainerRuntime is one OCI runtime handler (package oci, *oci.Runtime).
+type ContainerRuntime interface {
+	Create(ctx context.Context, o oci.CreateOptions) (int, error)
+	Start(ctx context.Context, id string) error
+	Kill(ctx context.Context, id string, sig syscall.Signal, all bool) error
+	Stop(ctx context.Context, id string, sig syscall.Signal, timeout time.Duration) error
+	Delete(ctx context.Context, id string, force bool) error
+	State(ctx context.Context, id string) (*oci.State, error)
+	// ExitState is the state of a container whose exit conmon recorded,
+	// without a runtime call; ok is false while it has not exited.
+	ExitState(id string) (st *oci.State, ok bool)
+	ExecSync(ctx context.Context, id string, cmd []string, timeout time.Duration) ([]byte, []byte, int32, error)
+	Update(ctx context.Context, id string, res *specs.LinuxResources) error
+	ReopenLog(ctx context.Context, id string) error
+	Features(ctx context.Context) (*oci.Features, error)
+	CheckIDMap(ctx context.Context) error
+	// Probe fails when the runtime cannot run the containers pinrt makes.
+	Probe(ctx context.Context) error
+}
+
 var (
-	_ Shm        = sandbox.Tmpfs{}
-	_ Network    = (*cni.Manager)(nil)
-	_ Namespaces = (*nsmgr.Manager)(nil)
-	_ Images     = (*image.Store)(nil)
+	_ Shm              = sandbox.Tmpfs{}
+	_ Network          = (*cni.Manager)(nil)
+	_ Namespaces       = (*nsmgr.Manager)(nil)
+	_ Images           = (*image.Store)(nil)
+	_ ContainerRuntime = (*oci.Runtime)(nil)
 )
 
 // Deps are the side-effect boundaries the server drives, plus the ID

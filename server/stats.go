@@ -389,3 +389,14 @@ func (s *Server) containerFilesystem() *runtimeapi.FilesystemUsage {
 		InodesUsed: &runtimeapi.UInt64Value{Value: inodes},
 	}
 }
+
+// containersByPod lists every container once, by sandbox ID, for the
+// RPCs that report all pods with their containers: podContainers per pod
+// would list and sort the whole store once per pod.
+func (s *Server) containersByPod() map[string][]*sandbox.Container {
+	out := map[string][]*sandbox.Container{}
+	for _, c := range s.containers.List() {
+		out[c.SandboxID] = append(out[c.SandboxID], c)
+	}
+	return out
+}
