@@ -300,3 +300,13 @@ func idMappings(in []*runtimeapi.IDMapping) []specs.LinuxIDMapping {
 	}
 	return out
 }
+
+// rootOf is the host ID of container ID 0, or 0 without a mapping.
+func rootOf(m []specs.LinuxIDMapping) uint32 {
+	for _, e := range m {
+		if e.ContainerID == 0 {
+			return e.HostID
+		}
+	}
+	return 0
+}

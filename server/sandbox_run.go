@@ -201,16 +201,6 @@ func (s *Server) resolveMappings(md *sandbox.Metadata, req *podRequest) error {
 	return nil
 }
 
-// rootOf is the host ID of container ID 0, or 0 without a mapping.
-func rootOf(m []specs.LinuxIDMapping) uint32 {
-	for _, e := range m {
-		if e.ContainerID == 0 {
-			return e.HostID
-		}
-	}
-	return 0
-}
-
 // podHostname is the name nsmgr gives the pod's own UTS namespace; a pod
 // on the host network keeps the node's.
 func podHostname(md sandbox.Metadata) string {
