@@ -26,6 +26,10 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
 	"github.com/pinrt/pinrt/contrib"
 )
 
@@ -89,6 +93,11 @@ func startNode(t *testing.T, imgs images) *node {
 		t.Fatal(err)
 	}
 	n.dir = dir
+	// MkdirTemp makes it 0700; a user namespace's root must traverse it
+	// to reach the rootfs and volumes, as under /var/lib.
+	if err := os.Chmod(dir, 0o711); err != nil {
+		t.Fatal(err)
+	}
 	// Cleanups run last-in first-out: the directory goes after every
 	// process that uses it has stopped.
 	t.Cleanup(func() {
@@ -107,7 +116,7 @@ func startNode(t *testing.T, imgs images) *node {
 	n.pinrtSock = filepath.Join(n.pinrtRun, "pinrt.sock")
 	n.kubeletRoot = filepath.Join(dir, "kubelet")
 	n.cniDataDir = filepath.Join(dir, "cni-ipam")
-	n.podLogDir = "/var/log/pods"
+	n.podLogDir = filepath.Join(dir, "pod-logs")
 	t.Cleanup(func() { _ = os.RemoveAll(n.pinrtRun) })
 
 	n.ip = n.nodeIP()
@@ -118,6 +127,9 @@ func startNode(t *testing.T, imgs images) *node {
 	n.startControlPlane()
 	t.Logf("control plane up in %s", time.Since(start).Round(100*time.Millisecond))
 	n.startPinrt()
+	// After kubelet has stopped: what a test that failed halfway left.
+	t.Cleanup(func() { removeKubepods(n.systemd) })
+	t.Cleanup(n.removeSandboxes)
 	n.startKubelet()
 	n.waitNodeReady(3 * time.Minute)
 	t.Logf("node %s Ready %s after start (cgroup driver %s, node IP %s)", nodeName, time.Since(start).Round(100*time.Millisecond), n.driver, n.ip)
@@ -321,11 +333,11 @@ func (n *node) startProc(name string, args ...string) *proc {
 }
 
 // exited fails the test if a control-plane process is gone.
-func (n *node) checkProcs() {
+func (n *node) checkProcs(t testing.TB) {
 	for _, p := range n.procs {
 		select {
 		case <-p.done:
-			n.t.Fatalf("%s exited: %v\n%s", p.name, p.err, tail(readFile(p.log), 60))
+			t.Fatalf("%s exited: %v\n%s", p.name, p.err, tail(readFile(p.log), 60))
 		default:
 		}
 	}
@@ -387,8 +399,8 @@ func (n *node) startControlPlane() {
 		t.Fatal(err)
 	}
 	n.cs = cs
-	n.poll("kube-apiserver /readyz", 4*time.Minute, func() (bool, error) {
-		n.checkProcs()
+	n.poll(n.t, "kube-apiserver /readyz", 4*time.Minute, func() (bool, error) {
+		n.checkProcs(n.t)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		body, err := cs.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
@@ -583,7 +595,7 @@ cgroup_driver = %q
 	n.pinrtSvc = n.newService("k8snode-pinrt.service", contrib.SystemdUnit, argv)
 	n.pinrtSvc.start()
 	if !n.systemd {
-		n.poll("pinrt socket", 30*time.Second, func() (bool, error) {
+		n.poll(n.t, "pinrt socket", 30*time.Second, func() (bool, error) {
 			_, err := os.Stat(n.pinrtSock)
 			return err == nil, err
 		})
@@ -625,19 +637,24 @@ cgroupDriver: %s
 address: %s
 port: %d
 healthzPort: 0
+podLogsDir: %s
 authentication:
   anonymous: {enabled: false}
   webhook: {enabled: true}
   x509: {clientCAFile: %s}
 authorization:
   mode: Webhook
+# As contrib/kubelet-config.yaml has it: pod stats, with their network,
+# from pinrt's ListPodSandboxStats.
+featureGates:
+  PodAndContainerStatsFromCRI: true
 # The VM's disk is small; the default eviction thresholds on it would
 # evict the test's pods, which is not what this test is about.
 evictionHard:
   memory.available: 100Mi
   nodefs.available: 1%%
   imagefs.available: 1%%
-%s`, n.pinrtSock, n.driver, n.ip, n.kubeletPort, n.path("pki/ca.crt"), extra))
+%s`, n.pinrtSock, n.driver, n.ip, n.kubeletPort, n.podLogDir, n.path("pki/ca.crt"), extra))
 	argv := []string{n.k8s, "kubelet", "--config=" + config,
 		"--kubeconfig=" + n.kubeconfig("kubelet"),
 		"--root-dir=" + n.kubeletRoot,
@@ -645,11 +662,41 @@ evictionHard:
 	n.kubeletSvc = n.newService("k8snode-kubelet.service", kubeletUnit, argv)
 	n.kubeletSvc.start()
 	t.Cleanup(func() {
-		// kubelet leaves its pods' volume mounts under its root dir when
-		// it stops with pods; the test deletes every pod first, this is
-		// for a test that failed halfway.
+		// kubelet makes its root dir a mount point, and leaves its pods'
+		// volume mounts under it when it stops with pods (the test
+		// deletes every pod first; this is for one that failed halfway);
+		// and it leaves its QoS cgroups (removed after the pods).
 		unmountUnder(n.kubeletRoot)
+		_ = syscall.Unmount(n.kubeletRoot, syscall.MNT_DETACH)
 	})
+}
+
+// removeSandboxes removes every pod sandbox pinrt still has, through the
+// CRI, once kubelet has stopped: what a test that failed halfway left.
+func (n *node) removeSandboxes() {
+	conn, err := grpc.NewClient("unix://"+n.pinrtSock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		n.t.Logf("cleanup: %v", err)
+		return
+	}
+	defer conn.Close()
+	rs := runtimeapi.NewRuntimeServiceClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	l, err := rs.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
+	if err != nil {
+		n.t.Logf("cleanup: %v", err)
+		return
+	}
+	for _, p := range l.Items {
+		n.t.Logf("cleanup: removing pod sandbox %s (%s)", p.Id, p.Metadata.GetName())
+		if _, err := rs.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: p.Id}); err != nil {
+			n.t.Logf("cleanup: %v", err)
+		}
+		if _, err := rs.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: p.Id}); err != nil {
+			n.t.Logf("cleanup: %v", err)
+		}
+	}
 }
 
 func cgroupFS() string {
@@ -661,6 +708,28 @@ func cgroupFS() string {
 		return "cgroup2fs"
 	}
 	return "tmpfs"
+}
+
+// removeKubepods removes kubelet's cgroup tree once kubelet has stopped
+// and no pod is left in it.
+func removeKubepods(systemd bool) {
+	if systemd {
+		_ = exec.Command("systemctl", "stop", "kubepods.slice").Run()
+	}
+	roots, _ := filepath.Glob("/sys/fs/cgroup/*/kubepods")
+	roots = append(roots, "/sys/fs/cgroup/kubepods")
+	for _, r := range roots {
+		var dirs []string
+		_ = filepath.WalkDir(r, func(p string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+		for i := len(dirs) - 1; i >= 0; i-- {
+			_ = os.Remove(dirs[i])
+		}
+	}
 }
 
 // unmountUnder unmounts every mount point under dir, deepest first.
@@ -687,8 +756,8 @@ func mountsUnder(dir string) []string {
 }
 
 func (n *node) waitNodeReady(timeout time.Duration) {
-	n.poll("node Ready", timeout, func() (bool, error) {
-		n.checkProcs()
+	n.poll(n.t, "node Ready", timeout, func() (bool, error) {
+		n.checkProcs(n.t)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		node, err := n.cs.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
@@ -706,8 +775,8 @@ func (n *node) waitNodeReady(timeout time.Duration) {
 
 // poll calls f until it returns true, failing the test after timeout
 // with f's last error.
-func (n *node) poll(what string, timeout time.Duration, f func() (bool, error)) {
-	n.t.Helper()
+func (n *node) poll(t testing.TB, what string, timeout time.Duration, f func() (bool, error)) {
+	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
 		ok, err := f()
@@ -715,7 +784,7 @@ func (n *node) poll(what string, timeout time.Duration, f func() (bool, error)) 
 			return
 		}
 		if time.Now().After(deadline) {
-			n.t.Fatalf("%s: not after %s: %v", what, timeout, err)
+			t.Fatalf("%s: not after %s: %v", what, timeout, err)
 		}
 		time.Sleep(500 * time.Millisecond)
 	}

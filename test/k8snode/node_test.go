@@ -45,19 +45,24 @@ func TestNode(t *testing.T) {
 	ctx := t.Context()
 	n.cleanupPods()
 
-	// Each step needs the ones before it: the first failure ends the test.
-	step := func(name string, f func(t *testing.T)) {
+	// A step's failure ends the test: the steps after it need it. A
+	// check's does not.
+	run := func(name string, f func(t *testing.T)) bool {
 		start := time.Now()
 		ok := t.Run(name, f)
 		t.Logf("%s: %s", name, time.Since(start).Round(100*time.Millisecond))
-		if !ok {
+		return ok
+	}
+	step := func(name string, f func(t *testing.T)) {
+		if !run(name, f) {
 			t.FailNow()
 		}
 	}
+	check := func(name string, f func(t *testing.T)) { run(name, f) }
 	var pods []corev1.Pod
 	step("Deployment", func(t *testing.T) { pods = n.deploy(t, ctx) })
 	p0 := pods[0].Name
-	step("UserNamespace", func(t *testing.T) {
+	check("UserNamespace", func(t *testing.T) {
 		for _, p := range pods {
 			out := n.mustExec(t, p.Name, "shell", "cat", "/proc/self/uid_map")
 			f := strings.Fields(out)
@@ -66,19 +71,19 @@ func TestNode(t *testing.T) {
 			}
 		}
 	})
-	step("RuntimeVersion", func(t *testing.T) { n.runtimeVersion(t, ctx) })
+	check("RuntimeVersion", func(t *testing.T) { n.runtimeVersion(t, ctx) })
 	step("Exec", func(t *testing.T) { n.checkExec(t, p0) })
-	step("ExecTTY", func(t *testing.T) { n.checkExecTTY(t, p0) })
-	step("LogsFollow", func(t *testing.T) { n.checkLogsFollow(t, ctx, p0) })
-	step("Attach", func(t *testing.T) { n.checkAttach(t, p0) })
-	step("Copy", func(t *testing.T) { n.checkCopy(t, p0) })
-	step("PortForward", func(t *testing.T) { n.checkPortForward(t, p0) })
-	step("EmptyDir", func(t *testing.T) { n.checkEmptyDir(t, pods) })
-	step("WebLog", func(t *testing.T) { n.checkWebLog(t, ctx, p0) })
-	step("StatsSummary", func(t *testing.T) { n.checkStats(t, ctx) })
+	check("ExecTTY", func(t *testing.T) { n.checkExecTTY(t, p0) })
+	check("LogsFollow", func(t *testing.T) { n.checkLogsFollow(t, ctx, p0) })
+	check("Attach", func(t *testing.T) { n.checkAttach(t, p0) })
+	check("Copy", func(t *testing.T) { n.checkCopy(t, p0) })
+	check("PortForward", func(t *testing.T) { n.checkPortForward(t, p0) })
+	check("EmptyDir", func(t *testing.T) { n.checkEmptyDir(t, pods) })
+	check("WebLog", func(t *testing.T) { n.checkWebLog(t, ctx, p0) })
+	check("StatsSummary", func(t *testing.T) { n.checkStats(t, ctx) })
 	step("PinrtRestart", func(t *testing.T) { n.checkSurvives(t, ctx, "systemctl restart", n.pinrtSvc.restart) })
 	step("PinrtKill", func(t *testing.T) { n.checkSurvives(t, ctx, "SIGKILL", n.pinrtSvc.kill) })
-	step("ProbesSteady", func(t *testing.T) { n.checkSteady(t, ctx) })
+	check("ProbesSteady", func(t *testing.T) { n.checkSteady(t, ctx) })
 	step("DeleteWithinGrace", func(t *testing.T) { n.checkDelete(t, ctx, p0) })
 	step("NoLeaks", func(t *testing.T) { n.checkNoLeaks(t, ctx) })
 }
@@ -161,7 +166,7 @@ func (n *node) deploy(t *testing.T, ctx context.Context) []corev1.Pod {
 	}
 	// The service account controller makes the namespace's default
 	// account, without which no pod is admitted.
-	n.poll("service account default", time.Minute, func() (bool, error) {
+	n.poll(t, "service account default", time.Minute, func() (bool, error) {
 		_, err := cs.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
 		return err == nil, err
 	})
@@ -184,8 +189,8 @@ func (n *node) deploy(t *testing.T, ctx context.Context) []corev1.Pod {
 func (n *node) waitReady(t *testing.T, ctx context.Context, want int, timeout time.Duration) []corev1.Pod {
 	t.Helper()
 	var pods []corev1.Pod
-	n.poll(fmt.Sprintf("%d pods Ready", want), timeout, func() (bool, error) {
-		n.checkProcs()
+	n.poll(t, fmt.Sprintf("%d pods Ready", want), timeout, func() (bool, error) {
+		n.checkProcs(t)
 		l, err := n.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, err
@@ -300,8 +305,12 @@ func (n *node) checkExec(t *testing.T, pod string) {
 
 func (n *node) checkExecTTY(t *testing.T, pod string) {
 	var out bytes.Buffer
-	if err := n.exec(pod, "shell", []string{"sh", "-c", `tty; echo "TERM=$TERM"`}, execOpts{stdin: strings.NewReader(""), stdout: &out, tty: true}); err != nil {
-		t.Fatalf("exec -t: %v\n%s", err, out.String())
+	// kubectl exec -it: stdin is the user's terminal, open until the
+	// command ends.
+	stdin, keep := io.Pipe()
+	defer keep.Close()
+	if err := n.exec(pod, "shell", []string{"sh", "-c", `tty; echo "TERM=$TERM"`}, execOpts{stdin: stdin, stdout: &out, tty: true}); err != nil {
+		t.Fatalf("exec -it: %v\n%s", err, out.String())
 	}
 	s := strings.ReplaceAll(out.String(), "\r", "")
 	if !regexp.MustCompile(`(?m)^/dev/pts/\d+$`).MatchString(s) {
@@ -558,20 +567,24 @@ type summary struct {
 		Memory *struct {
 			WorkingSetBytes *uint64 `json:"workingSetBytes"`
 		} `json:"memory"`
-		Network *json.RawMessage `json:"network"`
+		Network *struct {
+			Name    string  `json:"name"`
+			RxBytes *uint64 `json:"rxBytes"`
+		} `json:"network"`
 	} `json:"pods"`
 }
 
 // checkStats reads kubelet's stats summary through the API server's node
 // proxy, as kubectl top and metrics-server do: every pod with its CPU
-// and memory.
+// and memory, and its network (kubelet takes it from pinrt's
+// ListPodSandboxStats with the PodAndContainerStatsFromCRI gate).
 func (n *node) checkStats(t *testing.T, ctx context.Context) {
 	l, err := n.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// CPU usage is a rate: kubelet needs two samples of each pod.
-	n.poll("every pod in /stats/summary with CPU and memory", 2*time.Minute, func() (bool, error) {
+	n.poll(t, "every pod in /stats/summary with CPU and memory", 2*time.Minute, func() (bool, error) {
 		b, err := n.cs.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes", nodeName, "proxy/stats/summary").DoRaw(ctx)
 		if err != nil {
 			return false, err
@@ -593,6 +606,9 @@ func (n *node) checkStats(t *testing.T, ctx context.Context) {
 				}
 				if sp.Memory == nil || sp.Memory.WorkingSetBytes == nil || *sp.Memory.WorkingSetBytes == 0 {
 					missing = append(missing, p.Name+": no memory.workingSetBytes")
+				}
+				if sp.Network == nil || sp.Network.Name == "" {
+					missing = append(missing, p.Name+": no network block with the pod's interface")
 				}
 			}
 			if !found {
@@ -687,7 +703,7 @@ func (n *node) checkDelete(t *testing.T, ctx context.Context, pod string) {
 		t.Fatal(err)
 	}
 	slack := 15 * time.Second
-	n.poll("pod "+pod+" deleted", grace+slack, func() (bool, error) {
+	n.poll(t, "pod "+pod+" deleted", grace+slack, func() (bool, error) {
 		_, err := n.cs.CoreV1().Pods(ns).Get(ctx, pod, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return true, nil
@@ -728,7 +744,7 @@ func (n *node) checkNoLeaks(t *testing.T, ctx context.Context) {
 	if _, err := n.cs.AppsV1().Deployments(ns).Patch(ctx, "web", "application/merge-patch+json", []byte(`{"spec":{"replicas":0}}`), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	n.poll("every pod deleted", 2*time.Minute, func() (bool, error) {
+	n.poll(t, "every pod deleted", 2*time.Minute, func() (bool, error) {
 		l, err := n.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, err
@@ -738,7 +754,7 @@ func (n *node) checkNoLeaks(t *testing.T, ctx context.Context) {
 	start := time.Now()
 	// kubelet removes the stopped sandboxes of deleted pods in its
 	// container GC, once a minute.
-	n.poll("nothing left of the pods on the node", 3*time.Minute, func() (bool, error) {
+	n.poll(t, "nothing left of the pods on the node", 3*time.Minute, func() (bool, error) {
 		left := n.leftovers()
 		return len(left) == 0, fmt.Errorf("left: %s", strings.Join(left, "; "))
 	})
