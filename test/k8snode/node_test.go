@@ -144,6 +144,11 @@ while true; do echo "tick $i"; i=$((i+1)); sleep 1; done`},
 	// cat as PID 1 ignores SIGTERM: deleting the pod takes the kill
 	// after the grace period.
 	echo := corev1.Container{Name: "echo", Image: n.images.busybox(), Command: []string{"cat"}, Stdin: true}
+	// A container that fails says why in its status, as kubectl
+	// describe shows it.
+	for _, c := range []*corev1.Container{&web, &shell, &echo} {
+		c.TerminationMessagePolicy = corev1.TerminationMessageFallbackToLogsOnError
+	}
 	return corev1.PodTemplateSpec{
 		ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "web"}},
 		Spec: corev1.PodSpec{
@@ -199,6 +204,11 @@ func (n *node) waitReady(t *testing.T, ctx context.Context, want int, timeout ti
 		ready := 0
 		var why []string
 		for _, p := range pods {
+			for _, c := range p.Status.ContainerStatuses {
+				if c.RestartCount >= 2 {
+					t.Fatalf("crash loop: %s", describePod(&p))
+				}
+			}
 			if p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning && podReady(&p) {
 				ready++
 				continue
