@@ -102,6 +102,9 @@ func (s *Server) containerRequest(sb *sandbox.Sandbox, cfg *runtimeapi.Container
 		}
 		r.spec.Devices = append(r.spec.Devices, oci.Device{HostPath: d.HostPath, ContainerPath: d.ContainerPath, Permissions: d.Permissions})
 	}
+	if err := s.cdiDevices(&r.spec, cfg); err != nil {
+		return nil, err
+	}
 	linux := cfg.GetLinux()
 	if err := validResources(linux.GetResources()); err != nil {
 		return nil, err
@@ -130,6 +133,27 @@ func (s *Server) containerRequest(sb *sandbox.Sandbox, cfg *runtimeapi.Container
 	r.spec.Annotations[annContainerName] = m.Name
 	r.spec.Annotations[annImageName] = cfg.Image.Image
 	return r, nil
+}
+
+// cdiDevices merges the CDI devices of the CRI field and the cdi.k8s.io/
+// annotations and checks they are all defined, before anything is made.
+func (s *Server) cdiDevices(c *oci.ContainerSpec, cfg *runtimeapi.ContainerConfig) error {
+	var field []string
+	for _, d := range cfg.CDIDevices {
+		field = append(field, d.GetName())
+	}
+	names, err := oci.CDIDeviceNames(field, cfg.Annotations)
+	if err != nil || len(names) == 0 {
+		return err
+	}
+	if s.deps.CDI == nil {
+		return fmt.Errorf("CDI devices requested, but CDI is not configured: %w", errdefs.ErrFailedPrecondition)
+	}
+	if err := s.deps.CDI.Resolve(names); err != nil {
+		return err
+	}
+	c.CDIDevices, c.CDI = names, s.deps.CDI
+	return nil
 }
 
 // podPIDMode is the PID mode a container gets when it names none: the pod's.
@@ -360,6 +384,12 @@ func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *run
 	if err != nil {
 		return nil, err
 	}
+	// From the NRI event until the container is in the store, a plugin
+	// connecting now waits: it then sees the container in its sync.
+	defer s.nri.BlockSync()()
+	if err := s.nriCreate(ctx, sb, &md, spec, &undo); err != nil {
+		return nil, err
+	}
 	md.User = sandbox.ContainerUser{UID: spec.Process.User.UID, GID: spec.Process.User.GID, SupplementalGroups: spec.Process.User.AdditionalGids}
 	if md.LogPath != "" {
 		if err := os.MkdirAll(filepath.Dir(md.LogPath), 0o755); err != nil {
@@ -386,6 +416,7 @@ func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *run
 		return nil, fmt.Errorf("completing container state: %w", err)
 	}
 	s.containers.Add(md.ID, c)
+	nriNotify(ctx, "PostCreateContainer", s.nri.PostCreateContainer(ctx, nriPod(&sb.Metadata), nriContainer(&md, c.Status(), spec)))
 	log.G(ctx).Debug("container created")
 	return c, nil
 }

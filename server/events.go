@@ -143,6 +143,8 @@ func (s *Server) containerEvent(ctx context.Context, c *sandbox.Container, typ r
 	case runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT:
 		st := c.Status()
 		entry.WithFields(log.Fields{"exitCode": st.ExitCode, "reason": st.Reason}).Info("container exited")
+		// Plugins hear of every exit, stopped or not, as in containerd.
+		s.nriStopped(ctx, c)
 	case runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT:
 		entry.Info("container removed")
 		s.unwatchExit(c)

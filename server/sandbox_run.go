@@ -123,6 +123,14 @@ func (s *Server) runPod(ctx context.Context, req *podRequest) (_ *sandbox.Sandbo
 		undo.add("remove infra process", func(ctx context.Context) error { return s.removeInfra(ctx, &md) })
 	}
 
+	// From the NRI event until the pod is in the store, a plugin
+	// connecting now waits: it then sees the pod in its sync.
+	defer s.nri.BlockSync()()
+	if err := s.nri.RunPodSandbox(ctx, nriPod(&md)); err != nil {
+		return nil, fmt.Errorf("pod %s/%s: %w", md.Namespace, md.Name, err)
+	}
+	undo.add("NRI RemovePodSandbox", func(ctx context.Context) error { return s.nri.RemovePodSandbox(ctx, nriPod(&md)) })
+
 	sb, saveStart := sandbox.New(md, dir), time.Now()
 	if err := sb.Save(); err != nil {
 		return nil, fmt.Errorf("saving sandbox state: %w", err)

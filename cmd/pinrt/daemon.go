@@ -21,6 +21,7 @@ import (
 	"github.com/pinrt/pinrt/conf"
 	"github.com/pinrt/pinrt/image"
 	"github.com/pinrt/pinrt/metrics"
+	"github.com/pinrt/pinrt/nri"
 	"github.com/pinrt/pinrt/nsmgr"
 	"github.com/pinrt/pinrt/oci"
 	"github.com/pinrt/pinrt/server"
@@ -144,6 +145,13 @@ func runDaemon(o *options, cfg *conf.Config) error {
 	if err != nil {
 		return err
 	}
+	// After Restore: plugins are synchronized with the pods and
+	// containers that outlived the last daemon.
+	plugins, err := startNRI(ctx, cfg, srv)
+	if err != nil {
+		return err
+	}
+	defer plugins.Stop()
 	streams, err := startStreaming(ctx, cfg, srv)
 	if err != nil {
 		return err
@@ -203,6 +211,29 @@ func runDaemon(o *options, cfg *conf.Config) error {
 			return err
 		}
 	}
+}
+
+// startNRI opens the NRI socket and starts the pre-installed plugins;
+// nil (NRI disabled) when nri.enable is off.
+func startNRI(ctx context.Context, cfg *conf.Config, srv *server.Server) (*nri.NRI, error) {
+	if !cfg.NRI.Enable {
+		return nil, nil
+	}
+	nc := nri.Config{
+		SocketPath: cfg.NRI.SocketPath, PluginPath: cfg.NRI.PluginPath, PluginConfigPath: cfg.NRI.PluginConfigPath,
+		RegistrationTimeout: cfg.NRI.PluginRegistrationTimeout.Std(), RequestTimeout: cfg.NRI.PluginRequestTimeout.Std(),
+		RuntimeName: "pinrt", RuntimeVersion: version.Version,
+	}
+	n, err := nri.New(nc, srv)
+	if err != nil {
+		return nil, err
+	}
+	srv.SetNRI(n)
+	if err := n.Start(nc); err != nil {
+		return nil, err
+	}
+	log.G(ctx).WithField("socket", nc.SocketPath).Info("NRI is serving")
+	return n, nil
 }
 
 // startStreaming starts the exec/attach/port-forward server; it stops
@@ -316,7 +347,11 @@ func newServer(ctx context.Context, cfg *conf.Config, m *metrics.Metrics) (*serv
 		}
 		runtimes[name] = rt
 	}
-	srv := server.New(cfg, server.Deps{Network: network, Namespaces: nsm, IDs: ids, Images: images, Runtimes: runtimes, Metrics: m, CgroupDriver: cg})
+	cdi, err := oci.NewCDIRegistry(cfg.CDI.SpecDirs)
+	if err != nil {
+		return nil, err
+	}
+	srv := server.New(cfg, server.Deps{Network: network, Namespaces: nsm, IDs: ids, Images: images, Runtimes: runtimes, Metrics: m, CgroupDriver: cg, CDI: cdi})
 	srv.Restore(ctx)
 	return srv, nil
 }

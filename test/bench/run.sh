@@ -25,6 +25,7 @@
 #   PINRT_BIN=bin/pinrt       the daemon binary to benchmark
 #   BENCH_SCENARIOS=          space-separated subset to run, e.g. "sandbox-netns-p1
 #                             sandbox-userns-p8" (names as in the summary; empty: all)
+#   BENCH_NRI=1               0 disables NRI (its socket is always in the temp dir)
 #   BENCH_LOG_LEVEL=debug     pinrt's log level; at debug pinrt logs the phase timings
 #                             (namespaces, cni_add, state, cni_del, unpin) the tables show
 #
@@ -81,6 +82,17 @@ fi
 mkdir "$CGROUP" || die "cannot create cgroup $CGROUP"
 mkdir -p "$TMP/root" "$TMP/run" "$TMP/cni/net.d" "$TMP/cni/ipam" "$TMP/logs" "$TMP/conf.d" "$OUT"
 : >"$TMP/pinrt.toml"
+# NRI and CDI look in the temp dir, never at the host's /var/run/nri or
+# /etc/cdi. BENCH_NRI=0 runs with NRI disabled, to compare.
+cat >"$TMP/conf.d/50-nri-cdi.toml" <<EOF
+[nri]
+enable = $([ "${BENCH_NRI:-1}" = 0 ] && echo false || echo true)
+socket_path = "$TMP/nri/nri.sock"
+plugin_path = "$TMP/nri/plugins"
+plugin_config_path = "$TMP/nri/conf.d"
+[cdi]
+spec_dirs = ["$TMP/cdi"]
+EOF
 
 # Stop pinrt: TERM, then KILL after 10s. Works for a daemon started by the
 # restart helper too, since both go through the pid file.
