@@ -405,7 +405,7 @@ func (n *node) startControlPlane() {
 		defer cancel()
 		body, err := cs.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
 		if err != nil {
-			return false, fmt.Errorf("%v: %s", err, body)
+			return false, fmt.Errorf("%w: %s", err, body)
 		}
 		return true, nil
 	})
