@@ -136,9 +136,11 @@ touch /tmp/healthy
 i=0
 while true; do echo "tick $i"; i=$((i+1)); sleep 1; done`},
 		VolumeMounts: []corev1.VolumeMount{{Name: "shared", MountPath: "/shared"}},
+		// Every exec is a runc exec, seconds of CPU under TCG: a probe
+		// every 15s keeps the node from spending itself on probes.
 		LivenessProbe: &corev1.Probe{
 			ProbeHandler:  corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"cat", "/tmp/healthy"}}},
-			PeriodSeconds: 5, TimeoutSeconds: 5, FailureThreshold: 3,
+			PeriodSeconds: 15, TimeoutSeconds: 10, FailureThreshold: 3,
 		},
 	}
 	// cat as PID 1 ignores SIGTERM: deleting the pod takes the kill
@@ -530,18 +532,18 @@ func (n *node) checkPortForward(t *testing.T, pod string) {
 		}
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		if resp.StatusCode != 200 || !strings.HasPrefix(string(body), "hello from ") {
-			t.Fatalf("request %d: %s %q, want 200 \"hello from <pod>\"", i, resp.Status, body)
+		// The shell container wrote it into the emptyDir the web
+		// server serves.
+		if want := "hello from " + pod + "\n"; resp.StatusCode != 200 || string(body) != want {
+			t.Fatalf("request %d: %s %q, want 200 %q", i, resp.Status, body, want)
 		}
 	}
 }
 
-// checkEmptyDir: what one container writes the other reads, both ways.
+// checkEmptyDir: what one container writes the other reads (the web
+// server serving the shell's index.html is the other way, PortForward).
 func (n *node) checkEmptyDir(t *testing.T, pods []corev1.Pod) {
 	for _, p := range pods {
-		if got := n.mustExec(t, p.Name, "web", "cat", n.webRoot()+"/index.html"); got != "hello from "+p.Name {
-			t.Errorf("pod %s: web reads %q from the emptyDir, want the shell's \"hello from %s\"", p.Name, got, p.Name)
-		}
 		token := randHex(t, 8)
 		n.mustExec(t, p.Name, "shell", "sh", "-c", "echo "+token+" >/shared/token")
 		if got := n.mustExec(t, p.Name, "web", "cat", n.webRoot()+"/token"); got != token {
