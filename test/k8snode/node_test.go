@@ -474,9 +474,28 @@ func (n *node) checkCopy(t *testing.T, pod string) {
 	}
 	in.Reset()
 	mid := time.Now()
+	// kubectl cp --retries: an interrupted copy resumes with `tail -c
+	// +<bytes received + 1>` on the same tar stream. Under TCG the stream
+	// through kubelet and the API server ends early now and then with no
+	// error (kubernetes/kubernetes#60140 is this on real clusters).
 	var out bytes.Buffer
-	if err := n.exec(pod, "shell", []string{"tar", "-cf", "-", "-C", "/tmp", "blob"}, execOpts{stdout: &out, stderr: &errb}); err != nil {
-		t.Fatalf("cp out: %v: %s", err, errb.String())
+	const retries = 5
+	tries := 0
+	for ; tries <= retries; tries++ {
+		before := out.Len()
+		cmd := []string{"tar", "-cf", "-", "-C", "/tmp", "blob"}
+		if before > 0 {
+			cmd = []string{"sh", "-c", fmt.Sprintf("tar -cf - -C /tmp blob | tail -c +%d", before+1)}
+		}
+		errb.Reset()
+		err := n.exec(pod, "shell", cmd, execOpts{stdout: &out, stderr: &errb})
+		if err == nil && tarComplete(out.Bytes()) {
+			break
+		}
+		t.Logf("cp out: try %d ended with %d of the tar's bytes (%d this try): %v %s", tries+1, out.Len(), out.Len()-before, err, errb.String())
+	}
+	if tries > retries {
+		t.Fatalf("cp out: %d tries and the tar is still incomplete (%d bytes)", tries, out.Len())
 	}
 	tr := tar.NewReader(&out)
 	h, err := tr.Next()
@@ -490,8 +509,29 @@ func (n *node) checkCopy(t *testing.T, pod string) {
 	if h.Name != "blob" || sha256.Sum256(got) != want {
 		t.Fatalf("cp out: %s, %d bytes, not what went in", h.Name, len(got))
 	}
+	if tries > 0 {
+		t.Logf("cp out needed %d resumed tries", tries)
+	}
 	n.mustExec(t, pod, "shell", "rm", "/tmp/blob")
 	t.Logf("20 MB in %s, out %s", mid.Sub(start).Round(100*time.Millisecond), time.Since(mid).Round(100*time.Millisecond))
+}
+
+// tarComplete reports whether b is a whole tar stream: its entries and
+// the two zero blocks that end it.
+func tarComplete(b []byte) bool {
+	tr := tar.NewReader(bytes.NewReader(b))
+	for {
+		_, err := tr.Next()
+		if err == io.EOF {
+			return true
+		}
+		if err != nil {
+			return false
+		}
+		if _, err := io.Copy(io.Discard, tr); err != nil {
+			return false
+		}
+	}
 }
 
 // checkPortForward serves 20 requests through one port-forward.
@@ -696,6 +736,12 @@ func (n *node) checkSteady(t *testing.T, ctx context.Context) {
 		t.Fatal(err)
 	}
 	for _, e := range ev.Items {
+		// A probe kubelet could not run while pinrt restarted (the
+		// socket gone or refusing) errs to "unknown", which is no
+		// failure; kubelet says "probe failed" for one.
+		if strings.Contains(e.Message, "probe errored") && strings.Contains(e.Message, "pinrt.sock") {
+			continue
+		}
 		if e.Reason == "Unhealthy" || e.Reason == "BackOff" || e.Reason == "Failed" {
 			t.Errorf("event %s %s: %s (%d times)", e.InvolvedObject.Name, e.Reason, e.Message, e.Count)
 		}
@@ -704,7 +750,7 @@ func (n *node) checkSteady(t *testing.T, ctx context.Context) {
 
 // checkDelete deletes a pod and checks that it is gone within its grace
 // period (10s; its cat ignores SIGTERM, so the runtime must kill it then)
-// and a little time for kubelet's status round trip.
+// and some time for kubelet's status round trip.
 func (n *node) checkDelete(t *testing.T, ctx context.Context, pod string) {
 	p, err := n.cs.CoreV1().Pods(ns).Get(ctx, pod, metav1.GetOptions{})
 	if err != nil {
@@ -715,7 +761,9 @@ func (n *node) checkDelete(t *testing.T, ctx context.Context, pod string) {
 	if err := n.cs.CoreV1().Pods(ns).Delete(ctx, pod, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	slack := 15 * time.Second
+	// kubelet's round trip after the kill (the sandbox's stop, CNI DEL,
+	// the status update) takes tens of seconds under TCG.
+	slack := 40 * time.Second
 	n.poll(t, "pod "+pod+" deleted", grace+slack, func() (bool, error) {
 		_, err := n.cs.CoreV1().Pods(ns).Get(ctx, pod, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
