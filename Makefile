@@ -18,7 +18,7 @@ GOBIN_DIR := $(shell $(GO) env GOPATH)/bin
 VERSION  ?= $(shell git describe --tags --match 'v[0-9]*' --always --dirty 2>/dev/null)
 LDFLAGS  := -X github.com/pinrt/pinrt/version.describe=$(VERSION)
 
-.PHONY: all build test test-unit test-e2e test-vm chaos bench lint docs deps deps-apt deps-runc deps-cni deps-lint deps-vm run install clean
+.PHONY: all build test test-unit test-e2e test-vm k8snode chaos bench lint docs deps deps-apt deps-runc deps-cni deps-lint deps-vm run install clean
 
 all: build
 
@@ -47,10 +47,19 @@ chaos: build
 	CHAOS_ITERATIONS=$(CHAOS_ITERATIONS) $(GO) test -count=1 -timeout 0 -v -run '^TestChaos$$' ./test/
 
 # test-vm boots a Debian VM (qemu TCG, systemd, cgroup v2) and runs the
-# cgroup and daemon e2e tests inside it with each cgroup driver. The first
-# run builds and caches the VM image (see test/vm/run.sh).
+# suites of PINRT_VM_SUITES inside it with each cgroup driver: pinrt's
+# cgroup and daemon e2e tests, and a Kubernetes node (kubelet, the API
+# server) with pinrt as its runtime (test/k8snode). The first run builds
+# and caches the VM image and the Kubernetes binary in /var/cache/pinrt-vm
+# (see test/vm/run.sh, test/k8snode/build.sh).
+PINRT_VM_SUITES ?= e2e k8s
 test-vm: deps-vm deps-runc deps-cni
-	bash test/vm/run.sh
+	PINRT_VM_SUITES="$(PINRT_VM_SUITES)" bash test/vm/run.sh
+
+# k8snode runs only the Kubernetes node suite in the VM, under both cgroup
+# drivers (PINRT_VM_DRIVERS picks them).
+k8snode: deps-vm deps-runc deps-cni
+	PINRT_VM_SUITES=k8s bash test/vm/run.sh
 
 bench: build
 	bash test/bench/run.sh

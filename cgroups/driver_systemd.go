@@ -51,13 +51,23 @@ func newSystemd(parent string) *systemdDriver {
 func (*systemdDriver) Name() string { return DriverSystemd }
 
 // PodParent is kubelet's slice, or <default-prefix>-<sandbox>.slice, which
-// systemd's naming places inside the default slice.
+// systemd's naming places inside the default slice. kubelet's systemd
+// cgroup driver sends its slice as the path systemd gives it
+// ("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid>.slice",
+// kubelet's CgroupName.ToSystemd); crictl and critest send the unit name.
+// Both mean the unit, which is what is returned.
 func (d *systemdDriver) PodParent(kubeletParent, sandboxID string) (string, error) {
 	if kubeletParent != "" {
-		if !IsSlice(kubeletParent) {
-			return "", fmt.Errorf("cgroup parent %q is not a systemd slice name (the systemd cgroup driver needs one, like kubepods-burstable-pod<uid>.slice): %w", kubeletParent, errdefs.ErrInvalidArgument)
+		slice := kubeletParent
+		if strings.HasPrefix(slice, "/") {
+			if dir, ok := expandSlice(path.Base(slice)); ok && dir == slice {
+				slice = path.Base(slice)
+			}
 		}
-		return kubeletParent, nil
+		if !IsSlice(slice) {
+			return "", fmt.Errorf("cgroup parent %q is not a systemd slice (the systemd cgroup driver needs one, like kubepods-burstable-pod<uid>.slice or its path /kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid>.slice): %w", kubeletParent, errdefs.ErrInvalidArgument)
+		}
+		return slice, nil
 	}
 	prefix := strings.TrimSuffix(d.parent, ".slice")
 	if prefix == "-" {

@@ -30,7 +30,10 @@ func TestPodParentAndContainerPath(t *testing.T) {
 		{"cgroupfs relative", fs, "kubepods", "", "", errdefs.ErrInvalidArgument},
 		{"systemd default", sd, "", "pinrt-sb.slice", "pinrt-sb.slice:pinrt:c", nil},
 		{"systemd kubelet", sd, "kubepods-burstable-pod1.slice", "kubepods-burstable-pod1.slice", "kubepods-burstable-pod1.slice:pinrt:c", nil},
+		{"systemd kubelet path", sd, "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice", "kubepods-burstable-pod1.slice", "kubepods-burstable-pod1.slice:pinrt:c", nil},
 		{"systemd path refused", sd, "/kubepods/burstable/pod1", "", "", errdefs.ErrInvalidArgument},
+		{"systemd path not the slice's refused", sd, "/other.slice/kubepods-burstable-pod1.slice", "", "", errdefs.ErrInvalidArgument},
+		{"systemd root slice path refused", sd, "/", "", "", errdefs.ErrInvalidArgument},
 		{"systemd dotdot refused", sd, "../x.slice", "", "", errdefs.ErrInvalidArgument},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

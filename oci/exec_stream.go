@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -39,9 +40,11 @@ type ExecOptions struct {
 // execHelperPath is the binary that runs ExecHelperMain: the daemon itself.
 var execHelperPath = "/proc/self/exe"
 
-// execWaitDelay bounds how long output is drained after the exec'd
-// process exited: a background grandchild that inherited the pipes must
-// not hold the stream open.
+// execWaitDelay bounds how long output may stand still after the exec'd
+// process exited before the stream is cut: a background grandchild that
+// inherited the pipes must not hold the stream open. Output still moving
+// to the client, or a write the client is still taking, is waited for: a
+// client behind a slow link (kubelet, the API server) gets every byte.
 const execWaitDelay = 2 * time.Second
 
 // ExecStream runs o.Cmd in the running container id with its stdio copied
@@ -125,7 +128,7 @@ func (r *Runtime) ExecStream(ctx context.Context, id string, o ExecOptions) (int
 			err = <-done
 		}
 	}
-	stream.finish()
+	stream.finish(ctx)
 	if ctx.Err() != nil {
 		return -1, fmt.Errorf("exec in %s: %w", id, ctx.Err())
 	}
@@ -160,9 +163,53 @@ func killPidFile(pidFile string, since uint64) {
 
 // execIO is the copying around one started exec.
 type execIO struct {
-	// finish runs after runc exited: it waits (bounded) for the output to
-	// drain and releases what the copies hold.
-	finish func()
+	// finish runs after runc exited: it waits for the output to drain
+	// while it moves (see execWaitDelay) and ctx lasts, and releases what
+	// the copies hold.
+	finish func(ctx context.Context)
+}
+
+// progress counts the output written to the client, and the writes in
+// flight, so that draining can tell a slow client from idle pipes.
+type progress struct {
+	written atomic.Int64
+	writing atomic.Int32
+}
+
+// writer wraps w to count on p.
+func (p *progress) writer(w io.Writer) io.Writer { return progressWriter{w, p} }
+
+type progressWriter struct {
+	w io.Writer
+	p *progress
+}
+
+func (w progressWriter) Write(b []byte) (int, error) {
+	w.p.writing.Add(1)
+	defer w.p.writing.Add(-1)
+	n, err := w.w.Write(b)
+	w.p.written.Add(int64(n))
+	return n, err
+}
+
+// waitDrained waits until done closes, or the output stood still (nothing
+// written, no write in flight) for execWaitDelay, or ctx ends.
+func waitDrained(ctx context.Context, done <-chan struct{}, p *progress) {
+	last := p.written.Load()
+	for {
+		select {
+		case <-done:
+			return
+		case <-ctx.Done():
+			return
+		case <-time.After(execWaitDelay):
+		}
+		now := p.written.Load()
+		if now == last && p.writing.Load() == 0 {
+			return
+		}
+		last = now
+	}
 }
 
 // killOnError wraps a client stream: when writing to the client fails,
@@ -202,6 +249,7 @@ func startPipes(c *exec.Cmd, o ExecOptions, kill func(), owner *hostIDs) (_ *exe
 		r *os.File
 		w io.Writer
 	}
+	prog := &progress{}
 	var outs []copyOut
 	// A stream the client did not ask for is /dev/null (exec.Cmd's nil).
 	for i, w := range []io.Writer{o.Stdout, o.Stderr} {
@@ -219,7 +267,7 @@ func startPipes(c *exec.Cmd, o ExecOptions, kill func(), owner *hostIDs) (_ *exe
 		} else {
 			c.Stderr = pw
 		}
-		outs = append(outs, copyOut{r, killOnError{w, kill}})
+		outs = append(outs, copyOut{r, prog.writer(killOnError{w, kill})})
 	}
 	var stdin *os.File
 	if o.Stdin != nil {
@@ -252,11 +300,8 @@ func startPipes(c *exec.Cmd, o ExecOptions, kill func(), owner *hostIDs) (_ *exe
 	}
 	drained := make(chan struct{})
 	go func() { copies.Wait(); close(drained) }()
-	return &execIO{finish: func() {
-		select {
-		case <-drained:
-		case <-time.After(execWaitDelay):
-		}
+	return &execIO{finish: func(ctx context.Context) {
+		waitDrained(ctx, drained, prog)
 		// Closing the read ends ends the copies of output a background
 		// process still holds open.
 		closeAll(readEnds)
@@ -282,13 +327,14 @@ func startTty(c *exec.Cmd, o ExecOptions, kill func()) (*execIO, error) {
 		return nil, err
 	}
 	outDone := make(chan struct{})
+	prog := &progress{}
 	go func() {
 		defer close(outDone)
 		if o.Stdout == nil {
 			_, _ = io.Copy(io.Discard, master)
 			return
 		}
-		_, _ = io.Copy(killOnError{o.Stdout, kill}, master)
+		_, _ = io.Copy(prog.writer(killOnError{o.Stdout, kill}), master)
 	}()
 	if o.Stdin != nil {
 		// A terminal has no EOF to pass on: the end of the client's input
@@ -316,12 +362,9 @@ func startTty(c *exec.Cmd, o ExecOptions, kill func()) (*execIO, error) {
 			}
 		}()
 	}
-	return &execIO{finish: func() {
+	return &execIO{finish: func(ctx context.Context) {
 		close(stopResize)
-		select {
-		case <-outDone:
-		case <-time.After(execWaitDelay):
-		}
+		waitDrained(ctx, outDone, prog)
 		master.Close()
 		<-outDone
 	}}, nil
