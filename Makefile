@@ -15,7 +15,7 @@ GOBIN_DIR := $(shell $(GO) env GOPATH)/bin
 VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS  := -X github.com/pinrt/pinrt/version.Version=$(VERSION)
 
-.PHONY: all build test test-unit test-e2e test-vm chaos bench lint deps deps-apt deps-runc deps-cni deps-lint deps-vm run install clean
+.PHONY: all build test test-unit test-e2e test-vm critest chaos bench lint deps deps-apt deps-runc deps-cni deps-lint deps-vm run install clean
 
 all: build
 
@@ -44,10 +44,19 @@ chaos: build
 	CHAOS_ITERATIONS=$(CHAOS_ITERATIONS) $(GO) test -count=1 -timeout 0 -v -run '^TestChaos$$' ./test/
 
 # test-vm boots a Debian VM (qemu TCG, systemd, cgroup v2) and runs the
-# cgroup and daemon e2e tests inside it with each cgroup driver. The first
-# run builds and caches the VM image (see test/vm/run.sh).
+# suites of PINRT_VM_SUITES inside it with each cgroup driver: pinrt's
+# cgroup and daemon e2e tests, and critest (the CRI conformance suite)
+# against pinrt run from contrib/pinrt.service. The first run builds and
+# caches the VM image, critest and critest's stand-in images in
+# /var/cache/pinrt-vm (see test/vm/run.sh, test/critest, test/standin).
+PINRT_VM_SUITES ?= e2e critest
 test-vm: deps-vm deps-runc deps-cni
-	bash test/vm/run.sh
+	PINRT_VM_SUITES="$(PINRT_VM_SUITES)" bash test/vm/run.sh
+
+# critest runs only the critest suite in the VM, under both cgroup drivers
+# (PINRT_VM_DRIVERS picks them), and prints critest's summary per driver.
+critest: deps-vm deps-runc deps-cni
+	PINRT_VM_SUITES=critest bash test/vm/run.sh
 
 bench: build
 	bash test/bench/run.sh
@@ -61,7 +70,8 @@ deps: deps-apt deps-vm deps-runc deps-cni deps-lint
 
 # iptables: the default network masquerades and maps ports through it.
 # crun: Debian's 1.8.1 lacks idmapped mounts; the tests check the refusal.
-# tar, gzip, zstd: tests build image layers with the tools the outside world uses.
+# tar, gzip, zstd: tests build image layers with the tools the outside world uses
+# (test/standin also fetches .debs with apt-get download and unpacks them with dpkg-deb).
 deps-apt:
 	@need=""; for p in conmon libseccomp-dev busybox-static iproute2 iptables crun tar gzip zstd; do \
 		dpkg -s $$p >/dev/null 2>&1 || need="$$need $$p"; done; \
