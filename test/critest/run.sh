@@ -13,6 +13,8 @@
 # Environment:
 #   PINRT_CRITEST_FOCUS    -ginkgo.focus regexp, to run some specs only
 #   PINRT_CRITEST_TIMEOUT  -ginkgo.timeout for the whole suite (default 60m)
+#   PINRT_CRITEST_PARALLEL critest -parallel: specs run by that many
+#                          processes (ginkgo, next to CRITEST); default 1
 #   PINRT_CRITEST_ARGS     more critest flags
 set -uo pipefail
 
@@ -46,13 +48,15 @@ args=(
 	-ginkgo.skip "$skip"
 )
 [ -n "${PINRT_CRITEST_FOCUS:-}" ] && args+=(-ginkgo.focus "$PINRT_CRITEST_FOCUS")
+# critest -parallel runs the ginkgo CLI, which build.sh puts next to critest.
+[ "${PINRT_CRITEST_PARALLEL:-1}" -gt 1 ] && args+=(-parallel "$PINRT_CRITEST_PARALLEL")
+PATH=$(cd "$(dirname "$critest")" && pwd):$PATH
 # shellcheck disable=SC2206 # word splitting is the point
 [ -n "${PINRT_CRITEST_ARGS:-}" ] && args+=($PINRT_CRITEST_ARGS)
 
 echo "critest: $("$critest" -version 2>/dev/null | head -1); endpoint $endpoint; skip list $skipfile (${#patterns[@]} entries)"
 start=$(date +%s)
-# critest writes temporary files (logs, profiles) next to its working directory.
-(cd "$out" && "$critest" "${args[@]}") >"$out/critest.log" 2>&1
+"$critest" "${args[@]}" >"$out/critest.log" 2>&1
 rc=$?
 end=$(date +%s)
 

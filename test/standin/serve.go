@@ -34,7 +34,7 @@ func Serve(ctx context.Context, addr, dir, ready string, logw io.Writer) error {
 	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
-	defer srv.Close()
+	defer func() { _ = srv.Close() }()
 
 	p, err := layout.FromPath(dir)
 	if err != nil {

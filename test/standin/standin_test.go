@@ -175,7 +175,7 @@ func TestLayerIsGNUTar(t *testing.T) {
 	check("var/log/nginx/access.log", tar.TypeSymlink, 0o777, "/dev/stdout")
 	// The first of the two names is the file, the other a link to it.
 	bl, ls := got["bin/busybox"], got["bin/ls"]
-	if bl == nil || ls == nil || !(bl.Typeflag == tar.TypeLink || ls.Typeflag == tar.TypeLink) {
+	if bl == nil || ls == nil || (bl.Typeflag != tar.TypeLink && ls.Typeflag != tar.TypeLink) {
 		t.Errorf("bin/busybox and bin/ls: want one a hard link to the other, got %+v %+v", bl, ls)
 	}
 	// gzip, as registries' images: the blob starts with gzip's magic.

@@ -35,8 +35,9 @@ prepare)
 	;;
 run)
 	driver=$2 share=$3
-	out=/tmp/critest-$driver
-	rm -rf "$out"
+	# critest's log and JUnit report land in the share, where they can
+	# be read while it runs and after a VM that went down.
+	out=$share/out/critest-$driver
 	mkdir -p "$out"
 
 	"$share/bin/pinrt-standin" serve -addr "$registry" -ready "$out/registry.ready" "$share/critest/images" >"$out/registry.log" 2>&1 &
