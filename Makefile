@@ -12,10 +12,13 @@ CNI_BIN  ?= /opt/cni/bin
 GO       ?= go
 GOBIN_DIR := $(shell $(GO) env GOPATH)/bin
 
-VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS  := -X github.com/pinrt/pinrt/version.Version=$(VERSION)
+# VERSION is `git describe` of the tree; version/ turns it into the semver
+# kubelet wants (0.2.0, 0.2.1-dev.3+f5dcc36, 0.2.0-dev+f5dcc36.dirty before
+# any tag). Empty (no git) falls back on Go's build stamp.
+VERSION  ?= $(shell git describe --tags --match 'v[0-9]*' --always --dirty 2>/dev/null)
+LDFLAGS  := -X github.com/pinrt/pinrt/version.describe=$(VERSION)
 
-.PHONY: all build test test-unit test-e2e test-vm critest chaos bench lint deps deps-apt deps-runc deps-cni deps-lint deps-vm run install clean
+.PHONY: all build test test-unit test-e2e test-vm critest chaos bench lint docs deps deps-apt deps-runc deps-cni deps-lint deps-vm run install clean
 
 all: build
 
@@ -61,7 +64,14 @@ critest: deps-vm deps-runc deps-cni
 bench: build
 	bash test/bench/run.sh
 
+# docs regenerates the configuration reference from the conf package
+# (hack/configref); make test-unit fails while docs/config.md is stale.
+docs:
+	$(GO) run ./hack/configref -o docs/config.md
+
+# lint also refuses build outputs in git (hack/check-tracked-files.sh).
 lint:
+	bash hack/check-tracked-files.sh
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GOBIN_DIR)/golangci-lint run ./...

@@ -11,6 +11,10 @@
 // opens only the six files it reports from, with plain syscalls into a
 // pooled buffer (~100 µs), and keeps them open for the next poll, which
 // then costs one pread per file (~35 µs). BenchmarkStat measures both.
+// StatAll, for the cAdvisor metrics of ListPodSandboxMetrics, reads the
+// rest the same way: the CPU split and throttling, limits, memory detail,
+// OOM kills, block I/O and the processes' descriptors, each file once per
+// call, while the stats RPCs keep to Stat's six.
 //
 // The hierarchy is detected from the files under the mount root, never
 // assumed: a hybrid host mounts a controller-less cgroup2 tree under
@@ -78,7 +82,9 @@ func Detect(root string) Mode {
 	return Legacy
 }
 
-// Stats are one sample of a cgroup.
+// Stats are one sample of a cgroup. Stat fills in Timestamp,
+// CPUUsageNanos, Pids and the Memory fields up to HasSwap; StatAll all of
+// it.
 type Stats struct {
 	// Timestamp is when the sample was read.
 	Timestamp time.Time
@@ -88,6 +94,38 @@ type Stats struct {
 	// Pids is the number of tasks now in the cgroup (0 without the pids
 	// controller).
 	Pids uint64
+
+	CPU CPU
+	// PidsLimit is pids.max, 0 when unlimited.
+	PidsLimit uint64
+	// OOMKills counts the processes the OOM killer killed in the cgroup
+	// and below (v1 kernels before 4.13 do not count them).
+	OOMKills uint64
+	// IO is the block I/O per device, none where the host does not
+	// account it (no io controller enabled, or v1 blk-throttle idle).
+	IO        []DeviceIO
+	Processes Processes
+}
+
+// CPU is a cgroup's CPU time split and CFS bandwidth throttling, in
+// nanoseconds unless named otherwise, and its limits.
+type CPU struct {
+	UserNanos, SystemNanos uint64
+	// Periods and ThrottledPeriods count CFS enforcement periods.
+	Periods, ThrottledPeriods uint64
+	ThrottledNanos            uint64
+	Spec                      CPUSpec
+}
+
+// CPUSpec are a cgroup's CPU limits.
+type CPUSpec struct {
+	// Period and Quota are the CFS bandwidth in microseconds, Quota 0
+	// without one.
+	Period, Quota uint64
+	// Shares is cpu.shares, or on v2 cpu.weight converted back to them.
+	Shares uint64
+	// Known says the cgroup has the cpu controller.
+	Known bool
 }
 
 // Memory is a cgroup's memory, in bytes unless named otherwise.
@@ -97,7 +135,8 @@ type Memory struct {
 	// cache, which the kernel reclaims first.
 	WorkingSet uint64
 	RSS        uint64
-	// PageFaults and MajorPageFaults are counts.
+	// PageFaults and MajorPageFaults are counts, of the cgroup and those
+	// below it.
 	PageFaults      uint64
 	MajorPageFaults uint64
 	// Limit is 0 when the cgroup is unlimited.
@@ -105,6 +144,20 @@ type Memory struct {
 	// Swap is the swap in use; HasSwap says the kernel accounts it.
 	Swap    uint64
 	HasSwap bool
+
+	// Cache is the page cache, MappedFile the part of it mapped, Kernel
+	// the kernel's own allocations charged to the cgroup.
+	Cache, MappedFile, Kernel uint64
+	// MaxUsage is the peak usage (0 on v2 kernels before 5.19).
+	MaxUsage uint64
+	// Failcnt counts how often usage hit the limit.
+	Failcnt uint64
+	// SwapLimit is v1's memory+swap limit or v2's swap limit, 0 when
+	// unlimited or not accounted.
+	SwapLimit uint64
+	// LocalPageFaults and LocalMajorPageFaults are the cgroup's own,
+	// without those below it; v2 does not tell them apart.
+	LocalPageFaults, LocalMajorPageFaults uint64
 }
 
 // Available is the memory left before the limit, 0 when unlimited (CRI
@@ -129,6 +182,11 @@ type Reader struct {
 	// no cgroup tries files that cannot exist.
 	files       *[numFiles]cgroupFile
 	memsw, pids bool
+	// proc and sysBlock are /proc and /sys/dev/block; tests move them.
+	proc, sysBlock string
+
+	devMu    sync.Mutex
+	devNames map[string]string // "major:minor" -> /dev/<name>
 
 	mu    sync.Mutex
 	open  map[string]*openGroup // by cgroup
@@ -137,7 +195,10 @@ type Reader struct {
 
 // NewReader returns a reader for the hierarchy mounted at root.
 func NewReader(root string) *Reader {
-	r := &Reader{root: root, mode: Detect(root), files: &v1Files, open: map[string]*openGroup{}}
+	r := &Reader{
+		root: root, mode: Detect(root), files: &v1Files, open: map[string]*openGroup{},
+		proc: "/proc", sysBlock: "/sys/dev/block", devNames: map[string]string{},
+	}
 	if r.mode == Unified {
 		r.files = &v2Files
 	} else {

@@ -5,6 +5,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"testing"
 	"time"
@@ -179,7 +180,7 @@ func TestStat(t *testing.T) {
 				t.Error("no timestamp")
 			}
 			got.Timestamp = time.Time{}
-			if *got != tc.want {
+			if !reflect.DeepEqual(*got, tc.want) {
 				t.Errorf("Stat =\n%+v\nwant\n%+v", *got, tc.want)
 			}
 		})

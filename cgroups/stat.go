@@ -14,13 +14,15 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The files Stat reads, by index into a cgroup's open files. v1 names the
-// controller's hierarchy under the root; v2 has the one hierarchy.
+// The files Stat and StatAll read, by index into a cgroup's open files.
+// v1 names the controller's hierarchy under the root; v2 has the one
+// hierarchy.
 type cgroupFile struct {
 	controller, name string
 	optional         bool
 }
 
+// Stat reads the first statFiles files of its mode, StatAll all of them.
 const (
 	v1Usage = iota
 	v1Limit
@@ -28,8 +30,25 @@ const (
 	v1Memsw
 	v1CPU
 	v1Pids
-	numFiles
+
+	v1CPUAcctStat
+	v1CPUStat
+	v1CFSPeriod
+	v1CFSQuota
+	v1Shares
+	v1MaxUsage
+	v1Failcnt
+	v1Kmem
+	v1MemswLimit
+	v1OOMControl
+	v1IOBytes
+	v1IOServiced
+	v1PidsMax
+	v1Procs
+	numV1Files
 )
+
+const statFiles = v1Pids + 1
 
 var v1Files = [numFiles]cgroupFile{
 	v1Usage:   {"memory", "memory.usage_in_bytes", false},
@@ -41,6 +60,27 @@ var v1Files = [numFiles]cgroupFile{
 	// runc joins every controller it finds, but a cgroup made by someone
 	// else may lack pids: no count then, as on a host without it.
 	v1Pids: {"pids", "pids.current", true},
+
+	// What only the metrics read. A file of a controller the cgroup lacks,
+	// or of a kernel without it (kmem, CFS bandwidth), leaves its numbers
+	// at zero rather than failing the read.
+	v1CPUAcctStat: {"cpuacct", "cpuacct.stat", true},
+	v1CPUStat:     {"cpu", "cpu.stat", true},
+	v1CFSPeriod:   {"cpu", "cpu.cfs_period_us", true},
+	v1CFSQuota:    {"cpu", "cpu.cfs_quota_us", true},
+	v1Shares:      {"cpu", "cpu.shares", true},
+	v1MaxUsage:    {"memory", "memory.max_usage_in_bytes", true},
+	v1Failcnt:     {"memory", "memory.failcnt", true},
+	v1Kmem:        {"memory", "memory.kmem.usage_in_bytes", true},
+	v1MemswLimit:  {"memory", "memory.memsw.limit_in_bytes", true},
+	v1OOMControl:  {"memory", "memory.oom_control", true},
+	// The throttle files count every bio the cgroup issued, whatever the
+	// scheduler; the _recursive ones include the cgroups below, as a pod's
+	// numbers should.
+	v1IOBytes:    {"blkio", "blkio.throttle.io_service_bytes_recursive", true},
+	v1IOServiced: {"blkio", "blkio.throttle.io_serviced_recursive", true},
+	v1PidsMax:    {"pids", "pids.max", true},
+	v1Procs:      {"memory", "cgroup.procs", true},
 }
 
 // cpu.stat is a core file every v2 cgroup has; the memory and pids files
@@ -54,7 +94,19 @@ const (
 	v2MemStat
 	v2Swap
 	v2Pids
+
+	v2CPUMax
+	v2CPUWeight
+	v2MemEvents
+	v2MemPeak
+	v2SwapMax
+	v2IOStat
+	v2PidsMax
+	v2Procs
+	numV2Files
 )
+
+const numFiles = max(numV1Files, numV2Files)
 
 var v2Files = [numFiles]cgroupFile{
 	v2CPU:        {"", "cpu.stat", false},
@@ -63,18 +115,44 @@ var v2Files = [numFiles]cgroupFile{
 	v2MemStat:    {"", "memory.stat", true},
 	v2Swap:       {"", "memory.swap.current", true},
 	v2Pids:       {"", "pids.current", true},
+
+	v2CPUMax:    {"", "cpu.max", true},
+	v2CPUWeight: {"", "cpu.weight", true},
+	v2MemEvents: {"", "memory.events", true},
+	// memory.peak is new in 5.19.
+	v2MemPeak: {"", "memory.peak", true},
+	v2SwapMax: {"", "memory.swap.max", true},
+	v2IOStat:  {"", "io.stat", true},
+	v2PidsMax: {"", "pids.max", true},
+	v2Procs:   {"", "cgroup.procs", false},
 }
 
-// The memory.stat keys CRI reports, in the order readFields returns them.
+// The keyed-file keys read, in the order readFields returns them. The
+// StatAll lists begin with the Stat ones.
 var (
-	v1MemoryStat = []string{"total_rss", "total_inactive_file", "total_pgfault", "total_pgmajfault"}
-	v2MemoryStat = []string{"anon", "inactive_file", "pgfault", "pgmajfault"}
+	v1MemoryStat    = []string{"total_rss", "total_inactive_file", "total_pgfault", "total_pgmajfault"}
+	v1MemoryStatAll = append(v1MemoryStat[:len(v1MemoryStat):len(v1MemoryStat)], "total_cache", "total_mapped_file", "pgfault", "pgmajfault")
+	v1CPUAcct       = []string{"user", "system"}
+	v1CPUStatKeys   = []string{"nr_periods", "nr_throttled", "throttled_time"}
+	v1OOMKeys       = []string{"oom_kill"}
+	v2MemoryStat    = []string{"anon", "inactive_file", "pgfault", "pgmajfault"}
+	// kernel is the sum of the others, which kernels before 6.1 report
+	// without it.
+	v2MemoryStatAll = append(v2MemoryStat[:len(v2MemoryStat):len(v2MemoryStat)], "file", "file_mapped", "kernel",
+		"kernel_stack", "pagetables", "percpu", "sock", "vmalloc", "slab")
 	v2CPUStat    = []string{"usage_usec"}
+	v2CPUStatAll = []string{"usage_usec", "user_usec", "system_usec", "nr_periods", "nr_throttled", "throttled_usec"}
+	v2EventKeys  = []string{"max", "oom_kill"}
 )
 
+// userHZ is the unit of cpuacct.stat: USER_HZ, 100 on every architecture
+// Linux runs containers on.
+const userHZ = 100
+
 // Stat reads the cgroup named group (a cgroupfs path such as
-// "/pinrt/<pod>/pinrt-<ctr>"). A cgroup that does not exist (a container
-// never started, or already deleted, also while it is being read) is
+// "/pinrt/<pod>/pinrt-<ctr>"): CPU usage, memory and the task count, what
+// the CRI stats report. A cgroup that does not exist (a container never
+// started, or already deleted, also while it is being read) is
 // ErrNotFound.
 //
 // The files stay open for the next Stat of the same cgroup: a cgroupfs
@@ -83,6 +161,19 @@ var (
 // ENODEV, which closes them; a cgroup not read for idleClose has its files
 // closed too.
 func (r *Reader) Stat(group string) (*Stats, error) {
+	return r.stat(group, false)
+}
+
+// StatAll reads what Stat does and everything else the cAdvisor metrics
+// report: the CPU split and throttling, the CPU and memory limits, the
+// memory detail and OOM kills, block I/O, the task limit, and the
+// processes' file descriptors. It reads some 20 files on v1 and 14 on
+// v2, each once, and one /proc directory per process in the cgroup.
+func (r *Reader) StatAll(group string) (*Stats, error) {
+	return r.stat(group, true)
+}
+
+func (r *Reader) stat(group string, all bool) (*Stats, error) {
 	if !validGroup(group) {
 		return nil, fmt.Errorf("cgroup %q: must be absolute without '..': %w", group, errdefs.ErrInvalidArgument)
 	}
@@ -101,9 +192,13 @@ func (r *Reader) Stat(group string) (*Stats, error) {
 		}
 		var err error
 		if r.mode == Unified {
-			err = r.statV2(g, bp, st)
+			err = r.statV2(g, bp, st, all)
 		} else {
-			err = r.statV1(g, bp, st)
+			err = r.statV1(g, bp, st, all)
+		}
+		var procs []byte
+		if err == nil && all {
+			procs, err = r.readProcs(g, bp)
 		}
 		if err != nil {
 			g.closeLocked()
@@ -113,11 +208,15 @@ func (r *Reader) Stat(group string) (*Stats, error) {
 			r.drop(g)
 			return nil, statError(group, err)
 		}
+		if all {
+			// Outside the lock: /proc is not the cgroup's.
+			st.Processes = r.processes(procs)
+		}
 		return st, nil
 	}
 }
 
-func (r *Reader) statV1(g *openGroup, bp *[]byte, st *Stats) error {
+func (r *Reader) statV1(g *openGroup, bp *[]byte, st *Stats, all bool) error {
 	usage, _, err := r.readUint(g, v1Usage, bp)
 	if err != nil {
 		return err
@@ -128,17 +227,20 @@ func (r *Reader) statV1(g *openGroup, bp *[]byte, st *Stats) error {
 	}
 	// The total_* counters include descendants: a pod cgroup's numbers
 	// are its containers' sum, and a leaf's equal its own.
-	var ms [4]uint64
-	if _, err := r.readFields(g, v1MemStat, bp, v1MemoryStat, ms[:]); err != nil {
+	keys := v1MemoryStat
+	if all {
+		keys = v1MemoryStatAll
+	}
+	var ms [8]uint64
+	if _, err := r.readFields(g, v1MemStat, bp, keys, ms[:]); err != nil {
 		return err
 	}
 	st.Memory = Memory{
 		Usage: usage, RSS: ms[0], PageFaults: ms[2], MajorPageFaults: ms[3],
 		WorkingSet: workingSet(usage, ms[1]),
+		Cache:      ms[4], MappedFile: ms[5], LocalPageFaults: ms[6], LocalMajorPageFaults: ms[7],
 	}
-	if limit < unlimited {
-		st.Memory.Limit = limit
-	}
+	st.Memory.Limit = limitOrZero(limit)
 	sw, ok, err := r.readUint(g, v1Memsw, bp)
 	if err != nil {
 		return err
@@ -152,16 +254,97 @@ func (r *Reader) statV1(g *openGroup, bp *[]byte, st *Stats) error {
 	if st.CPUUsageNanos, _, err = r.readUint(g, v1CPU, bp); err != nil {
 		return err
 	}
-	st.Pids, _, err = r.readUint(g, v1Pids, bp)
-	return err
+	if st.Pids, _, err = r.readUint(g, v1Pids, bp); err != nil || !all {
+		return err
+	}
+	return r.statV1All(g, bp, st)
 }
 
-func (r *Reader) statV2(g *openGroup, bp *[]byte, st *Stats) error {
-	var cpu [1]uint64
-	if _, err := r.readFields(g, v2CPU, bp, v2CPUStat, cpu[:]); err != nil {
+// statV1All reads the files only the metrics need. The integers come
+// first, each a file of its own.
+func (r *Reader) statV1All(g *openGroup, bp *[]byte, st *Stats) error {
+	m := &st.Memory
+	var period, quota, shares, swapLimit, pidsMax uint64
+	var hasShares bool
+	for _, u := range []struct {
+		file int
+		v    *uint64
+		ok   *bool
+	}{
+		{v1CFSPeriod, &period, nil}, {v1Shares, &shares, &hasShares},
+		{v1MaxUsage, &m.MaxUsage, nil}, {v1Failcnt, &m.Failcnt, nil}, {v1Kmem, &m.Kernel, nil},
+		{v1MemswLimit, &swapLimit, nil}, {v1PidsMax, &pidsMax, nil},
+	} {
+		v, ok, err := r.readUint(g, u.file, bp)
+		if err != nil {
+			return err
+		}
+		*u.v = v
+		if u.ok != nil {
+			*u.ok = ok
+		}
+	}
+	m.SwapLimit, st.PidsLimit = limitOrZero(swapLimit), limitOrZero(pidsMax)
+	// cfs_quota_us is -1 without a quota.
+	b, ok, err := r.read(g, v1CFSQuota, bp)
+	if err != nil {
+		return err
+	}
+	if ok {
+		q, err := strconv.ParseInt(string(bytes.TrimSpace(b)), 10, 64)
+		if err != nil {
+			return fmt.Errorf("%s: %w", r.path(g.group, v1CFSQuota), err)
+		}
+		quota = uint64(max(q, 0))
+	}
+	st.CPU.Spec = CPUSpec{Period: period, Quota: quota, Shares: shares, Known: hasShares}
+
+	var acct [2]uint64
+	if _, err := r.readFields(g, v1CPUAcctStat, bp, v1CPUAcct, acct[:]); err != nil {
+		return err
+	}
+	st.CPU.UserNanos, st.CPU.SystemNanos = acct[0]*(1e9/userHZ), acct[1]*(1e9/userHZ)
+	var cfs [3]uint64
+	if _, err := r.readFields(g, v1CPUStat, bp, v1CPUStatKeys, cfs[:]); err != nil {
+		return err
+	}
+	st.CPU.Periods, st.CPU.ThrottledPeriods, st.CPU.ThrottledNanos = cfs[0], cfs[1], cfs[2]
+	var oom [1]uint64
+	if _, err := r.readFields(g, v1OOMControl, bp, v1OOMKeys, oom[:]); err != nil {
+		return err
+	}
+	st.OOMKills = oom[0]
+
+	b, ok, err = r.read(g, v1IOBytes, bp)
+	if err != nil || !ok {
+		return err
+	}
+	if st.IO, err = parseBlkio(b, nil, false); err != nil {
+		return fmt.Errorf("%s: %w", r.path(g.group, v1IOBytes), err)
+	}
+	b, ok, err = r.read(g, v1IOServiced, bp)
+	if err != nil || !ok {
+		return err
+	}
+	if st.IO, err = parseBlkio(b, st.IO, true); err != nil {
+		return fmt.Errorf("%s: %w", r.path(g.group, v1IOServiced), err)
+	}
+	r.nameDevices(st.IO)
+	return nil
+}
+
+func (r *Reader) statV2(g *openGroup, bp *[]byte, st *Stats, all bool) error {
+	keys := v2CPUStat
+	if all {
+		keys = v2CPUStatAll
+	}
+	var cpu [6]uint64
+	if _, err := r.readFields(g, v2CPU, bp, keys, cpu[:]); err != nil {
 		return err
 	}
 	st.CPUUsageNanos = cpu[0] * 1000
+	st.CPU.UserNanos, st.CPU.SystemNanos = cpu[1]*1000, cpu[2]*1000
+	st.CPU.Periods, st.CPU.ThrottledPeriods, st.CPU.ThrottledNanos = cpu[3], cpu[4], cpu[5]*1000
 	usage, ok, err := r.readUint(g, v2MemCurrent, bp)
 	if err != nil {
 		return err
@@ -173,23 +356,114 @@ func (r *Reader) statV2(g *openGroup, bp *[]byte, st *Stats) error {
 		if err != nil {
 			return err
 		}
-		var ms [4]uint64
-		if _, err := r.readFields(g, v2MemStat, bp, v2MemoryStat, ms[:]); err != nil {
+		keys := v2MemoryStat
+		if all {
+			keys = v2MemoryStatAll
+		}
+		var ms [13]uint64
+		if _, err := r.readFields(g, v2MemStat, bp, keys, ms[:]); err != nil {
 			return err
 		}
 		st.Memory = Memory{
 			Usage: usage, RSS: ms[0], PageFaults: ms[2], MajorPageFaults: ms[3],
 			WorkingSet: workingSet(usage, ms[1]),
+			Cache:      ms[4], MappedFile: ms[5], Kernel: ms[6],
 		}
-		if limit < unlimited {
-			st.Memory.Limit = limit
+		if all {
+			// v2 has no local counters: memory.stat is hierarchical.
+			st.Memory.LocalPageFaults, st.Memory.LocalMajorPageFaults = ms[2], ms[3]
 		}
+		if st.Memory.Kernel == 0 {
+			for _, v := range ms[7:] {
+				st.Memory.Kernel += v
+			}
+		}
+		st.Memory.Limit = limitOrZero(limit)
 		if st.Memory.Swap, st.Memory.HasSwap, err = r.readUint(g, v2Swap, bp); err != nil {
 			return err
 		}
 	}
-	st.Pids, _, err = r.readUint(g, v2Pids, bp)
-	return err
+	if st.Pids, _, err = r.readUint(g, v2Pids, bp); err != nil || !all {
+		return err
+	}
+	return r.statV2All(g, bp, st)
+}
+
+func (r *Reader) statV2All(g *openGroup, bp *[]byte, st *Stats) error {
+	m := &st.Memory
+	var swapLimit, pidsMax, weight uint64
+	var hasWeight bool
+	for _, u := range []struct {
+		file int
+		v    *uint64
+		ok   *bool
+	}{
+		{v2MemPeak, &m.MaxUsage, nil}, {v2SwapMax, &swapLimit, nil}, {v2PidsMax, &pidsMax, nil},
+		{v2CPUWeight, &weight, &hasWeight},
+	} {
+		v, ok, err := r.readUint(g, u.file, bp)
+		if err != nil {
+			return err
+		}
+		*u.v = v
+		if u.ok != nil {
+			*u.ok = ok
+		}
+	}
+	m.SwapLimit, st.PidsLimit = limitOrZero(swapLimit), limitOrZero(pidsMax)
+	if hasWeight {
+		st.CPU.Spec = CPUSpec{Shares: weightToShares(weight), Known: true}
+	}
+	// cpu.max is "$QUOTA $PERIOD", the quota "max" without one.
+	b, ok, err := r.read(g, v2CPUMax, bp)
+	if err != nil {
+		return err
+	}
+	if ok {
+		q, p, _ := bytes.Cut(bytes.TrimSpace(b), []byte{' '})
+		if st.CPU.Spec.Period, err = strconv.ParseUint(string(p), 10, 64); err != nil {
+			return fmt.Errorf("%s: %w", r.path(g.group, v2CPUMax), err)
+		}
+		if string(q) != "max" {
+			if st.CPU.Spec.Quota, err = strconv.ParseUint(string(q), 10, 64); err != nil {
+				return fmt.Errorf("%s: %w", r.path(g.group, v2CPUMax), err)
+			}
+		}
+	}
+	// memory.events counts hierarchically: "max" is how often usage hit
+	// memory.max, v1's failcnt.
+	var ev [2]uint64
+	if _, err := r.readFields(g, v2MemEvents, bp, v2EventKeys, ev[:]); err != nil {
+		return err
+	}
+	m.Failcnt, st.OOMKills = ev[0], ev[1]
+	b, ok, err = r.read(g, v2IOStat, bp)
+	if err != nil || !ok {
+		return err
+	}
+	if st.IO, err = parseIOStat(b); err != nil {
+		return fmt.Errorf("%s: %w", r.path(g.group, v2IOStat), err)
+	}
+	r.nameDevices(st.IO)
+	return nil
+}
+
+// limitOrZero is a limit, 0 for unlimited (v1's huge number, v2's "max").
+func limitOrZero(v uint64) uint64 {
+	if v >= unlimited {
+		return 0
+	}
+	return v
+}
+
+// weightToShares turns cpu.weight (1-10000) back into v1 shares
+// (2-262144), the inverse of the conversion runc applies and the one
+// cAdvisor reports: the default weight 100 is 2597, not 1024.
+func weightToShares(w uint64) uint64 {
+	if w == 0 || w > 10000 {
+		return 0
+	}
+	return 2 + (w-1)*262142/9999
 }
 
 // openGroup is a cgroup's files, opened when first read.
@@ -245,10 +519,10 @@ func (r *Reader) lookup(group string, now time.Time) *openGroup {
 		}
 		// Files the host cannot have are never tried.
 		if r.mode != Unified && !r.memsw {
-			g.fds[v1Memsw] = fdAbsent
+			g.fds[v1Memsw], g.fds[v1MemswLimit] = fdAbsent, fdAbsent
 		}
 		if r.mode != Unified && !r.pids {
-			g.fds[v1Pids] = fdAbsent
+			g.fds[v1Pids], g.fds[v1PidsMax] = fdAbsent, fdAbsent
 		}
 		r.open[group] = g
 	}

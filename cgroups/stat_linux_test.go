@@ -4,7 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/containerd/errdefs"
@@ -23,7 +26,7 @@ func hostCgroup(tb testing.TB, r *Reader) (string, []string) {
 	dirs := []string{filepath.Join(r.root, group)}
 	if r.Mode() != Unified {
 		dirs = nil
-		for _, c := range []string{"memory", "cpuacct", "pids"} {
+		for _, c := range []string{"memory", "cpuacct", "pids", "cpu", "blkio"} {
 			dirs = append(dirs, filepath.Join(r.root, c, group))
 		}
 	}
@@ -67,6 +70,80 @@ func TestStatHost(t *testing.T) {
 	}
 }
 
+// startIn starts a sleep in the host cgroup made by hostCgroup, holding
+// one end of a socket pair besides its stdio, and returns its pid.
+func startIn(tb testing.TB, dirs []string) int {
+	tb.Helper()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	sock := os.NewFile(uintptr(fds[0]), "socket")
+	defer sock.Close()
+	defer unix.Close(fds[1])
+	cmd := exec.Command("sleep", "600")
+	cmd.ExtraFiles = []*os.File{sock}
+	if err := cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	// Registered after hostCgroup's removals, so run before them: the
+	// cgroups are empty again when they are removed.
+	tb.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	for _, d := range dirs {
+		if err := os.WriteFile(filepath.Join(d, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0o644); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	return cmd.Process.Pid
+}
+
+// TestStatAllHost reads a real cgroup with a process in it: the process,
+// its descriptors and socket, its task, and the default CPU limits.
+func TestStatAllHost(t *testing.T) {
+	r := NewReader(DefaultRoot)
+	group, dirs := hostCgroup(t, r)
+	pid := startIn(t, dirs)
+	st, err := r.StatAll(group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// stdin, stdout, stderr on /dev/null, the socket, and whatever the
+	// test binary inherited without close-on-exec: counted here the
+	// slow way.
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sockets uint64
+	for _, e := range ents {
+		if l, _ := os.Readlink(filepath.Join(dir, e.Name())); strings.HasPrefix(l, "socket:") {
+			sockets++
+		}
+	}
+	if p := st.Processes; p.Count != 1 || p.FDs != uint64(len(ents)) || p.FDs < 4 || p.Sockets != sockets || p.Sockets < 1 {
+		t.Errorf("processes = %+v, want 1 process with %d descriptors, %d of them sockets", p, len(ents), sockets)
+	}
+	if st.Pids != 1 || st.PidsLimit != 0 {
+		t.Errorf("tasks %d, limit %d; want 1, unlimited", st.Pids, st.PidsLimit)
+	}
+	// A new cgroup has the defaults: shares 1024 (weight 100 on v2, which
+	// reads back as 2597), a 100ms period and no quota.
+	want := CPUSpec{Period: 100000, Shares: 1024, Known: true}
+	if r.Mode() == Unified {
+		want.Shares = 2597
+	}
+	if st.CPU.Spec != want && (r.Mode() != Unified || st.CPU.Spec.Known) {
+		t.Errorf("CPU limits = %+v, want %+v", st.CPU.Spec, want)
+	}
+	if st.Memory.Usage > 0 && st.Memory.MaxUsage < st.Memory.Usage && (r.Mode() != Unified || st.Memory.MaxUsage != 0) {
+		t.Errorf("peak memory %d below the usage %d", st.Memory.MaxUsage, st.Memory.Usage)
+	}
+}
+
 // BenchmarkStat measures one Stat: on a recorded tree in a temp dir (the
 // parsing and the syscalls, without cgroupfs) and, as root, on a cgroup
 // created for it on the host's own hierarchy, which is what kubelet's
@@ -90,6 +167,19 @@ func BenchmarkStat(b *testing.B) {
 		r := NewReader(DefaultRoot)
 		group, _ := hostCgroup(b, r)
 		benchStat(b, r, group)
+	})
+	// What ListPodSandboxMetrics reads per container: every file, and the
+	// descriptors of the one process in it.
+	b.Run("host-all", func(b *testing.B) {
+		r := NewReader(DefaultRoot)
+		group, dirs := hostCgroup(b, r)
+		startIn(b, dirs)
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := r.StatAll(group); err != nil {
+				b.Fatal(err)
+			}
+		}
 	})
 	// Every file opened and closed again in each Stat: the cost without
 	// the open files kept between polls.

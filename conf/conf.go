@@ -193,10 +193,10 @@ func (d Duration) MarshalText() ([]byte, error) {
 // Std returns the time.Duration.
 func (d Duration) Std() time.Duration { return time.Duration(d) }
 
-// Default returns the built-in configuration.
 // DefaultCgroupParent is runtime.cgroup_parent's default.
 const DefaultCgroupParent = "/pinrt"
 
+// Default returns the built-in configuration.
 func Default() *Config {
 	return &Config{
 		Root:            DefaultRoot,

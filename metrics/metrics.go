@@ -22,6 +22,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
+
+	"github.com/pinrt/pinrt/version"
 )
 
 const namespace = "pinrt"
@@ -90,7 +92,14 @@ func New() *Metrics {
 			Namespace: namespace, Name: "restores_total", Help: "Pods and containers loaded from disk at start, by kind and result.",
 		}, []string{"kind", "result"}),
 	}
+	// The version as the CRI Version call reports it, to tell the
+	// builds of a fleet apart.
+	buildInfo := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: namespace, Name: "build_info", Help: "Always 1; the labels are the pinrt version (semver) and the CRI API version it serves.",
+		ConstLabels: prometheus.Labels{"version": version.Version, "cri_version": version.CRIVersion},
+	}, func() float64 { return 1 })
 	m.reg.MustRegister(
+		buildInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.rpcs, m.rpcErrors, m.rpcDuration, m.pulls, m.pullBytes, m.pullDuration,
 		m.cniDuration, m.cniErrors, m.nsDuration, m.nsErrors, m.restores,

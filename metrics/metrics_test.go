@@ -13,6 +13,8 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/pinrt/pinrt/version"
 )
 
 func TestObserve(t *testing.T) {
@@ -44,6 +46,7 @@ func TestObserve(t *testing.T) {
 		{"restore failure", "pinrt_restores_total", `pinrt_restores_total{kind="container",result="failure"} 1`},
 		{"pods ready", "pinrt_pods", `pinrt_pods{state="ready"} 2`},
 		{"containers running", "pinrt_containers", `pinrt_containers{state="running"} 3`},
+		{"build info", "pinrt_build_info", `pinrt_build_info{cri_version="v1",version="` + version.Version + `"} 1`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

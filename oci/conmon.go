@@ -138,6 +138,11 @@ func (r *Runtime) Create(ctx context.Context, o CreateOptions) (pid int, retErr 
 		if m.Data <= 0 {
 			return 0, fmt.Errorf("create container %s: %s: %w", o.ID, m.Message, errdefs.ErrUnknown)
 		}
+		// conmon made the stdio pipes as host root; the process has not
+		// run yet (it waits for `runc start`).
+		if err := ownCreatedStdio(o.Spec, m.Data); err != nil {
+			return 0, fmt.Errorf("create container %s: stdio: %w", o.ID, err)
+		}
 		return m.Data, nil
 	case err := <-errCh:
 		return 0, fmt.Errorf("create container %s: reading conmon sync pipe: %w (see %s): %w", o.ID, err, filepath.Join(o.Bundle, "runtime.log"), errdefs.ErrUnknown)

@@ -75,10 +75,18 @@ func (r *Runtime) ExecStream(ctx context.Context, id string, o ExecOptions) (int
 	}
 	defer os.RemoveAll(pidDir)
 	pidFile := filepath.Join(pidDir, "pid")
+	ps := execSpec(rec)
 
 	var c *exec.Cmd
 	if o.Tty {
-		args := append(r.globalArgs(), "exec", "--tty", "--pid-file", pidFile, id)
+		args := append(r.globalArgs(), "exec", "--tty", "--pid-file", pidFile)
+		// A terminal wants a TERM, as the container's own terminal gets
+		// (WithTTY) and containerd's TTY exec has; the container's env
+		// wins, and so does the command's own (`env TERM=...`).
+		if envIndex(ps.env(), "TERM") < 0 {
+			args = append(args, "--env", "TERM=xterm")
+		}
+		args = append(args, id)
 		c = exec.Command(r.binary, append(args, o.Cmd...)...)
 	} else {
 		// Detached under the helper, so that only the exec'd process's
@@ -98,7 +106,7 @@ func (r *Runtime) ExecStream(ctx context.Context, id string, o ExecOptions) (int
 	if o.Tty {
 		stream, err = startTty(c, o, kill)
 	} else {
-		stream, err = startPipes(c, o, kill)
+		stream, err = startPipes(c, o, kill, execStdioOwner(rec, ps))
 	}
 	if err != nil {
 		return -1, fmt.Errorf("exec in %s: %w", id, err)
@@ -172,27 +180,65 @@ func (k killOnError) Write(p []byte) (int, error) {
 	return n, err
 }
 
-func startPipes(c *exec.Cmd, o ExecOptions, kill func()) (*execIO, error) {
-	// Wait copies the output (and bounds the copy with WaitDelay).
-	if o.Stdout != nil {
-		c.Stdout = killOnError{o.Stdout, kill}
-	}
-	if o.Stderr != nil {
-		c.Stderr = killOnError{o.Stderr, kill}
-	}
-	// Stdin is copied here rather than by exec.Cmd: its copy blocks on the
-	// client, and Cmd.Wait would wait for it after the process exited.
-	var stdin io.WriteCloser
-	if o.Stdin != nil {
-		var err error
-		if stdin, err = c.StdinPipe(); err != nil {
-			return nil, err
+// startPipes starts c with pipes of its own for the streams the client
+// has, given to owner (nil: host root) so that a user-namespaced process
+// can reopen them (see stdio.go). The exec helper hands them on to the
+// process. After c exited, finish drains the output for at most
+// execWaitDelay: a background grandchild may hold the pipes for ever.
+func startPipes(c *exec.Cmd, o ExecOptions, kill func(), owner *hostIDs) (_ *execIO, retErr error) {
+	var childEnds, readEnds []*os.File
+	closeAll := func(fs []*os.File) {
+		for _, f := range fs {
+			f.Close()
 		}
 	}
+	defer func() {
+		closeAll(childEnds) // the child has its copies
+		if retErr != nil {
+			closeAll(readEnds)
+		}
+	}()
+	type copyOut struct {
+		r *os.File
+		w io.Writer
+	}
+	var outs []copyOut
+	// A stream the client did not ask for is /dev/null (exec.Cmd's nil).
+	for i, w := range []io.Writer{o.Stdout, o.Stderr} {
+		if w == nil {
+			continue
+		}
+		r, pw, err := ownedPipe(owner)
+		if err != nil {
+			return nil, err
+		}
+		childEnds = append(childEnds, pw)
+		readEnds = append(readEnds, r)
+		if i == 0 {
+			c.Stdout = pw
+		} else {
+			c.Stderr = pw
+		}
+		outs = append(outs, copyOut{r, killOnError{w, kill}})
+	}
+	var stdin *os.File
+	if o.Stdin != nil {
+		pr, w, err := ownedPipe(owner)
+		if err != nil {
+			return nil, err
+		}
+		childEnds = append(childEnds, pr)
+		c.Stdin, stdin = pr, w
+	}
 	if err := c.Start(); err != nil {
+		if stdin != nil {
+			stdin.Close()
+		}
 		return nil, err
 	}
 	if stdin != nil {
+		// Copied here rather than by exec.Cmd: the copy blocks on the
+		// client, and Cmd.Wait would wait for it after the process exited.
 		go func() {
 			_, _ = io.Copy(stdin, o.Stdin)
 			// EOF from the client closes the process's stdin (`cat`
@@ -200,7 +246,22 @@ func startPipes(c *exec.Cmd, o ExecOptions, kill func()) (*execIO, error) {
 			stdin.Close()
 		}()
 	}
-	return &execIO{finish: func() {}}, nil
+	var copies sync.WaitGroup
+	for _, oc := range outs {
+		copies.Go(func() { _, _ = io.Copy(oc.w, oc.r) })
+	}
+	drained := make(chan struct{})
+	go func() { copies.Wait(); close(drained) }()
+	return &execIO{finish: func() {
+		select {
+		case <-drained:
+		case <-time.After(execWaitDelay):
+		}
+		// Closing the read ends ends the copies of output a background
+		// process still holds open.
+		closeAll(readEnds)
+		<-drained
+	}}, nil
 }
 
 func startTty(c *exec.Cmd, o ExecOptions, kill func()) (*execIO, error) {

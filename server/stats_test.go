@@ -12,6 +12,7 @@ import (
 
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pinrt/pinrt/cgroups"
@@ -53,6 +54,11 @@ func (f *fakeCgroups) Stat(group string) (*cgroups.Stats, error) {
 		return nil, fmt.Errorf("cgroup %s: %w", group, errdefs.ErrNotFound)
 	}
 	return &st, nil
+}
+
+// StatAll serves the same stats: the fake's carry every field.
+func (f *fakeCgroups) StatAll(group string) (*cgroups.Stats, error) {
+	return f.Stat(group)
 }
 
 func (f *fakeCgroups) set(group string, st cgroups.Stats) {
@@ -204,16 +210,60 @@ func TestPodSandboxStats(t *testing.T) {
 	}
 }
 
-func TestPodSandboxMetrics(t *testing.T) {
-	f := newStatsFixture(t)
+// criticalMetrics are the names critest (cri-tools v1.37.0,
+// pkg/validate/pod.go) expects in ListMetricDescriptors and, for a pod
+// with a running container, in ListPodSandboxMetrics, less those it
+// lists as not implemented by every runtime.
+var criticalMetrics = []string{
+	"container_blkio_device_usage_total", "container_cpu_cfs_periods_total", "container_cpu_cfs_throttled_periods_total",
+	"container_cpu_cfs_throttled_seconds_total", "container_cpu_system_seconds_total", "container_cpu_usage_seconds_total",
+	"container_cpu_user_seconds_total", "container_file_descriptors", "container_fs_inodes_free", "container_fs_inodes_total",
+	"container_fs_limit_bytes", "container_fs_reads_bytes_total", "container_fs_reads_total", "container_fs_usage_bytes",
+	"container_fs_writes_bytes_total", "container_fs_writes_total", "container_last_seen", "container_memory_cache",
+	"container_memory_failcnt", "container_memory_failures_total", "container_memory_kernel_usage",
+	"container_memory_mapped_file", "container_memory_max_usage_bytes", "container_memory_rss", "container_memory_swap",
+	"container_memory_usage_bytes", "container_memory_working_set_bytes", "container_network_receive_bytes_total",
+	"container_network_receive_errors_total", "container_network_receive_packets_dropped_total",
+	"container_network_receive_packets_total", "container_network_transmit_bytes_total",
+	"container_network_transmit_errors_total", "container_network_transmit_packets_dropped_total",
+	"container_network_transmit_packets_total", "container_oom_events_total", "container_processes", "container_sockets",
+	"container_spec_cpu_period", "container_spec_cpu_shares", "container_spec_memory_limit_bytes",
+	"container_spec_memory_swap_limit_bytes", "container_start_time_seconds", "container_threads", "container_threads_max",
+}
+
+// fullStats is a container cgroup as StatAll reads it, every number
+// distinct.
+var fullStats = cgroups.Stats{
+	CPUUsageNanos: 2e9, Pids: 5, PidsLimit: 1024, OOMKills: 1,
+	CPU: cgroups.CPU{
+		UserNanos: 3e9, SystemNanos: 4e9, Periods: 50, ThrottledPeriods: 9, ThrottledNanos: 6e9,
+		Spec: cgroups.CPUSpec{Period: 100000, Quota: 20000, Shares: 1024, Known: true},
+	},
+	Memory: cgroups.Memory{
+		Usage: 300, WorkingSet: 200, RSS: 100, PageFaults: 7, MajorPageFaults: 1, Limit: 1000,
+		Cache: 400, MappedFile: 40, Kernel: 30, MaxUsage: 500, Failcnt: 11, SwapLimit: 2000,
+		LocalPageFaults: 6, LocalMajorPageFaults: 2,
+	},
+	IO:        []cgroups.DeviceIO{{Major: 254, Minor: 0, Device: "/dev/vda", ReadBytes: 8192, WriteBytes: 4096, Reads: 2, Writes: 1}},
+	Processes: cgroups.Processes{Count: 2, FDs: 8, Sockets: 3},
+}
+
+// podMetrics lists the fixture's pod metrics and checks what critest
+// checks: every descriptor has help and labels, every sample has a
+// descriptor and as many label values as it has keys.
+func (f *statsFixture) podMetrics(t *testing.T) (pod, ctr map[string]*runtimeapi.Metric, descs map[string]*runtimeapi.MetricDescriptor) {
+	t.Helper()
 	ctx := context.Background()
-	descs, err := f.srv.ListMetricDescriptors(ctx, &runtimeapi.ListMetricDescriptorsRequest{})
+	dr, err := f.srv.ListMetricDescriptors(ctx, &runtimeapi.ListMetricDescriptorsRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	keys := map[string]int{}
-	for _, d := range descs.Descriptors {
-		keys[d.Name] = len(d.LabelKeys)
+	descs = map[string]*runtimeapi.MetricDescriptor{}
+	for _, d := range dr.Descriptors {
+		if d.Help == "" || len(d.LabelKeys) == 0 {
+			t.Errorf("descriptor %s: help %q, labels %q", d.Name, d.Help, d.LabelKeys)
+		}
+		descs[d.Name] = d
 	}
 	resp, err := f.srv.ListPodSandboxMetrics(ctx, &runtimeapi.ListPodSandboxMetricsRequest{})
 	if err != nil {
@@ -223,33 +273,89 @@ func TestPodSandboxMetrics(t *testing.T) {
 		t.Fatalf("metrics = %v", resp.PodMetrics)
 	}
 	pm := resp.PodMetrics[0]
-	got := map[string]*runtimeapi.Metric{}
-	for _, m := range append(append([]*runtimeapi.Metric{}, pm.Metrics...), pm.ContainerMetrics[0].Metrics...) {
-		n, ok := keys[m.Name]
-		if !ok {
-			t.Errorf("%s has no descriptor", m.Name)
-		} else if n != len(m.LabelValues) {
-			t.Errorf("%s has %d label values for %d keys", m.Name, len(m.LabelValues), n)
+	index := func(ms []*runtimeapi.Metric) map[string]*runtimeapi.Metric {
+		out := map[string]*runtimeapi.Metric{}
+		for _, m := range ms {
+			d, ok := descs[m.Name]
+			if !ok {
+				t.Errorf("%s has no descriptor", m.Name)
+				continue
+			}
+			if len(d.LabelKeys) != len(m.LabelValues) {
+				t.Errorf("%s has %d label values for %d keys", m.Name, len(m.LabelValues), len(d.LabelKeys))
+				continue
+			}
+			// Keyed by name and the extra labels' values.
+			key := strings.Join(append([]string{m.Name}, m.LabelValues[len(baseLabels):]...), "/")
+			if _, dup := out[key]; dup {
+				t.Errorf("%s twice", key)
+			}
+			out[key] = m
 		}
-		key := m.Name + "/" + m.LabelValues[0]
-		got[key] = m
+		return out
 	}
+	return index(pm.Metrics), index(pm.ContainerMetrics[0].Metrics), descs
+}
+
+// TestPodSandboxMetrics checks every metric of a container against the
+// cgroup numbers it comes from, with cAdvisor's type and labels.
+func TestPodSandboxMetrics(t *testing.T) {
+	f := newStatsFixture(t)
+	f.cg.set(f.ctrGroup, fullStats)
+	f.srv.stats.mu.Lock()
+	f.srv.stats.layers[f.ctr] = fsUsage{at: f.t0, bytes: 1 << 20, inodes: 12, limit: 100 << 30, inodesFree: 5000}
+	f.srv.stats.mu.Unlock()
+	before := time.Now().Unix()
+	pod, ctr, _ := f.podMetrics(t)
+	c, _ := f.srv.containers.Get(f.ctr)
 	tests := []struct {
-		key    string
-		value  uint64
-		typ    runtimeapi.MetricType
-		labels []string
+		key   string
+		value uint64
+		typ   runtimeapi.MetricType
 	}{
-		{"container_cpu_usage_seconds_total/app", 2, counter, []string{"app", f.ctrGroup, "docker.io/library/busybox:latest", f.ctr, "ns", "p"}},
-		{"container_cpu_usage_seconds_total/", 5, counter, []string{"", f.podGroup, "", f.pod, "ns", "p"}},
-		{"container_memory_working_set_bytes/app", 200, gauge, nil},
-		{"container_spec_memory_limit_bytes/app", 1000, gauge, nil},
-		{"container_processes/app", 3, gauge, nil},
-		{"container_network_receive_bytes_total/", 1000, counter, []string{"", f.podGroup, "", f.pod, "ns", "p", "eth0"}},
-		{"container_network_transmit_packets_dropped_total/", 2, counter, nil},
+		{"container_cpu_usage_seconds_total", 2, counter},
+		{"container_cpu_user_seconds_total", 3, counter},
+		{"container_cpu_system_seconds_total", 4, counter},
+		{"container_cpu_cfs_periods_total", 50, counter},
+		{"container_cpu_cfs_throttled_periods_total", 9, counter},
+		{"container_cpu_cfs_throttled_seconds_total", 6, counter},
+		{"container_spec_cpu_period", 100000, gauge},
+		{"container_spec_cpu_quota", 20000, gauge},
+		{"container_spec_cpu_shares", 1024, gauge},
+		{"container_memory_working_set_bytes", 200, gauge},
+		{"container_memory_usage_bytes", 300, gauge},
+		{"container_memory_max_usage_bytes", 500, gauge},
+		{"container_memory_rss", 100, gauge},
+		{"container_memory_cache", 400, gauge},
+		{"container_memory_mapped_file", 40, gauge},
+		{"container_memory_kernel_usage", 30, gauge},
+		{"container_memory_swap", 0, gauge},
+		{"container_memory_failcnt", 11, counter},
+		{"container_memory_failures_total/pgfault/container", 6, counter},
+		{"container_memory_failures_total/pgmajfault/container", 2, counter},
+		{"container_memory_failures_total/pgfault/hierarchy", 7, counter},
+		{"container_memory_failures_total/pgmajfault/hierarchy", 1, counter},
+		{"container_oom_events_total", 1, counter},
+		{"container_spec_memory_limit_bytes", 1000, gauge},
+		{"container_spec_memory_swap_limit_bytes", 2000, gauge},
+		{"container_processes", 2, gauge},
+		{"container_threads", 5, gauge},
+		{"container_threads_max", 1024, gauge},
+		{"container_file_descriptors", 8, gauge},
+		{"container_sockets", 3, gauge},
+		{"container_fs_reads_bytes_total//dev/vda", 8192, counter},
+		{"container_fs_reads_total//dev/vda", 2, counter},
+		{"container_fs_writes_bytes_total//dev/vda", 4096, counter},
+		{"container_fs_writes_total//dev/vda", 1, counter},
+		{"container_blkio_device_usage_total//dev/vda/254/0/Read", 8192, counter},
+		{"container_blkio_device_usage_total//dev/vda/254/0/Write", 4096, counter},
+		{"container_fs_usage_bytes/" + c.Dir, 1 << 20, gauge},
+		{"container_fs_inodes_total/" + c.Dir, 12, gauge},
+		{"container_fs_limit_bytes/" + c.Dir, 100 << 30, gauge},
+		{"container_fs_inodes_free/" + c.Dir, 5000, gauge},
 	}
 	for _, tc := range tests {
-		m, ok := got[tc.key]
+		m, ok := ctr[tc.key]
 		if !ok {
 			t.Errorf("no %s", tc.key)
 			continue
@@ -257,9 +363,108 @@ func TestPodSandboxMetrics(t *testing.T) {
 		if m.Value.Value != tc.value || m.MetricType != tc.typ {
 			t.Errorf("%s = %d (%v), want %d (%v)", tc.key, m.Value.Value, m.MetricType, tc.value, tc.typ)
 		}
-		if tc.labels != nil && fmt.Sprint(m.LabelValues) != fmt.Sprint(tc.labels) {
-			t.Errorf("%s labels = %q, want %q", tc.key, m.LabelValues, tc.labels)
+		if want := []string{"app", f.ctrGroup, "docker.io/library/busybox:latest", f.ctr, "ns", "p"}; fmt.Sprint(m.LabelValues[:len(baseLabels)]) != fmt.Sprint(want) {
+			t.Errorf("%s labels = %q, want %q", tc.key, m.LabelValues, want)
 		}
+	}
+	if m := ctr["container_last_seen"]; m == nil || int64(m.Value.Value) < before || int64(m.Value.Value) > time.Now().Unix() {
+		t.Errorf("container_last_seen = %v, want the time of the call (%d)", m, before)
+	}
+	// The pod: its cgroup's numbers, with an empty container name, and
+	// the network counters of its netns.
+	podTests := []struct {
+		key   string
+		value uint64
+		typ   runtimeapi.MetricType
+	}{
+		{"container_cpu_usage_seconds_total", 5, counter},
+		{"container_threads", 4, gauge},
+		{"container_network_receive_bytes_total/eth0", 1000, counter},
+		{"container_network_transmit_packets_dropped_total/eth0", 2, counter},
+	}
+	for _, tc := range podTests {
+		m, ok := pod[tc.key]
+		if !ok {
+			t.Errorf("pod: no %s", tc.key)
+			continue
+		}
+		if m.Value.Value != tc.value || m.MetricType != tc.typ {
+			t.Errorf("pod: %s = %d (%v), want %d (%v)", tc.key, m.Value.Value, m.MetricType, tc.value, tc.typ)
+		}
+		if want := []string{"", f.podGroup, "", f.pod, "ns", "p"}; fmt.Sprint(m.LabelValues[:len(baseLabels)]) != fmt.Sprint(want) {
+			t.Errorf("pod: %s labels = %q, want %q", tc.key, m.LabelValues, want)
+		}
+	}
+	// The pod cgroup has no quota and no cpu controller in the fake: no
+	// CFS counters and no CPU limits, as cAdvisor leaves them out; no
+	// I/O on any device.
+	for _, name := range []string{"container_cpu_cfs_periods_total", "container_spec_cpu_shares", "container_spec_cpu_quota", "container_fs_reads_total"} {
+		for key := range pod {
+			if strings.HasPrefix(key, name) {
+				t.Errorf("pod has %s", key)
+			}
+		}
+	}
+}
+
+// TestPodSandboxMetricsCritest checks what critest checks: every name it
+// expects is described and reported for a pod with a running container,
+// with as many label values as the descriptor has keys.
+func TestPodSandboxMetricsCritest(t *testing.T) {
+	f := newStatsFixture(t)
+	f.cg.set(f.ctrGroup, fullStats)
+	pod, ctr, descs := f.podMetrics(t)
+	found := map[string]bool{}
+	for _, ms := range []map[string]*runtimeapi.Metric{pod, ctr} {
+		for _, m := range ms {
+			found[m.Name] = true
+		}
+	}
+	for _, name := range criticalMetrics {
+		if descs[name] == nil {
+			t.Errorf("no descriptor for %s", name)
+		}
+		if !found[name] {
+			t.Errorf("no %s for the pod or its container", name)
+		}
+	}
+	// critest also wants every descriptor reported, bar the ones it knows
+	// runtimes lack.
+	for name := range descs {
+		if !found[name] && name != "container_spec_cpu_quota" {
+			t.Errorf("%s is described but not reported", name)
+		}
+	}
+}
+
+// TestPodSandboxMetricsMeasuresLayer: a container whose writable layer
+// the background loop has not measured yet is measured on the spot, so
+// its fs metrics are there on the first call, with the size of the
+// filesystem its directory is on.
+func TestPodSandboxMetricsMeasuresLayer(t *testing.T) {
+	f := newStatsFixture(t)
+	_, ctr, _ := f.podMetrics(t)
+	c, _ := f.srv.containers.Get(f.ctr)
+	var fs unix.Statfs_t
+	if err := unix.Statfs(c.Dir, &fs); err != nil {
+		t.Fatal(err)
+	}
+	if m := ctr["container_fs_limit_bytes/"+c.Dir]; m == nil || m.Value.Value != fs.Blocks*uint64(fs.Bsize) {
+		t.Errorf("container_fs_limit_bytes = %v, want %d", m, fs.Blocks*uint64(fs.Bsize))
+	}
+	if m := ctr["container_fs_inodes_free/"+c.Dir]; m == nil || m.Value.Value == 0 {
+		t.Errorf("container_fs_inodes_free = %v", m)
+	}
+	for _, name := range []string{"container_fs_usage_bytes", "container_fs_inodes_total"} {
+		if ctr[name+"/"+c.Dir] == nil {
+			t.Errorf("no %s", name)
+		}
+	}
+	f.srv.stats.mu.Lock()
+	_, ok := f.srv.stats.layers[f.ctr]
+	f.srv.stats.mu.Unlock()
+	if !ok {
+		t.Error("the measurement was not kept for the next call")
 	}
 }
 

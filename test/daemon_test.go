@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	utilversion "k8s.io/apimachinery/pkg/util/version"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -23,6 +24,11 @@ func TestVersionAndStatus(t *testing.T) {
 	}
 	if v.RuntimeName != "pinrt" || v.RuntimeApiVersion != "v1" || v.RuntimeVersion == "" {
 		t.Errorf("Version = %+v, want name pinrt, API v1 and a version", v)
+	}
+	// kubelet shows a node's runtime as "pinrt://Unknown" unless its
+	// ParseSemantic takes the version (pkg/kubelet/kuberuntime).
+	if _, err := utilversion.ParseSemantic(v.RuntimeVersion); err != nil {
+		t.Errorf("RuntimeVersion %q is not semver: %v", v.RuntimeVersion, err)
 	}
 	st, err := d.Runtime.Status(ctx, &runtimeapi.StatusRequest{})
 	if err != nil {

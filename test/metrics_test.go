@@ -93,6 +93,14 @@ func TestMetricsEndpoint(t *testing.T) {
 			t.Errorf("%s = %q, want %q", want.series, got, want.value)
 		}
 	}
+	// The metrics name the version the Version call reports.
+	v, err := d.Runtime.Version(Ctx(t), &runtimeapi.VersionRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if series := `pinrt_build_info{cri_version="v1",version="` + v.RuntimeVersion + `"}`; sample(after, series) != "1" {
+		t.Errorf("%s is not 1 in:\n%s", series, after)
+	}
 	// Stop and remove both tear the network down: DEL is idempotent.
 	if got := sample(after, `pinrt_cni_operation_duration_seconds_count{operation="del"}`); got != "1" && got != "2" {
 		t.Errorf("CNI DEL counted %q times, want 1 or 2", got)

@@ -4,10 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -30,30 +33,134 @@ func TestStats(t *testing.T) {
 	t.Run("Streams", e.testStreams)
 }
 
+// criMetrics are the cAdvisor metrics critest (cri-tools v1.37.0) expects
+// for a pod with a running container and that pinrt reports, with what
+// a plausible value is: at least min, or exactly exact where the
+// container's configuration fixes it. io marks those that exist only
+// where the kernel accounts the container's block I/O.
+var criMetrics = []struct {
+	name     string
+	min      uint64
+	io       bool
+	exactV1  uint64
+	exactAny uint64
+}{
+	{name: "container_blkio_device_usage_total", io: true},
+	{name: "container_cpu_cfs_periods_total", min: 1},
+	{name: "container_cpu_cfs_throttled_periods_total"},
+	{name: "container_cpu_cfs_throttled_seconds_total"},
+	{name: "container_cpu_system_seconds_total"},
+	{name: "container_cpu_usage_seconds_total"},
+	{name: "container_cpu_user_seconds_total"},
+	// Two processes' stdio at least.
+	{name: "container_file_descriptors", min: 6},
+	{name: "container_fs_inodes_free", min: 1},
+	// The upper directory and the ten files critest writes.
+	{name: "container_fs_inodes_total", min: 11},
+	{name: "container_fs_limit_bytes", min: 1 << 20},
+	{name: "container_fs_reads_bytes_total", io: true},
+	{name: "container_fs_reads_total", io: true},
+	{name: "container_fs_usage_bytes", min: 1},
+	{name: "container_fs_writes_bytes_total", io: true},
+	{name: "container_fs_writes_total", io: true},
+	{name: "container_last_seen", min: 1},
+	{name: "container_memory_cache", min: 1},
+	{name: "container_memory_failcnt"},
+	{name: "container_memory_failures_total", min: 1},
+	{name: "container_memory_kernel_usage", min: 1},
+	// nc's busybox copy is mapped.
+	{name: "container_memory_mapped_file", min: 1},
+	{name: "container_memory_max_usage_bytes", min: 1},
+	{name: "container_memory_rss", min: 1},
+	{name: "container_memory_swap"},
+	{name: "container_memory_usage_bytes", min: 1},
+	{name: "container_memory_working_set_bytes", min: 1},
+	// The network counters are the pod's, of its netns.
+	{name: "container_network_receive_bytes_total"},
+	{name: "container_network_receive_errors_total"},
+	{name: "container_network_receive_packets_dropped_total"},
+	{name: "container_network_receive_packets_total"},
+	{name: "container_network_transmit_bytes_total"},
+	{name: "container_network_transmit_errors_total"},
+	{name: "container_network_transmit_packets_dropped_total"},
+	{name: "container_network_transmit_packets_total"},
+	{name: "container_oom_events_total"},
+	{name: "container_processes", min: 2},
+	// nc's listening socket.
+	{name: "container_sockets", min: 1},
+	{name: "container_spec_cpu_period", exactAny: 100000},
+	// runc writes shares as a v2 weight, which reads back as other shares.
+	{name: "container_spec_cpu_shares", min: 2, exactV1: 1024},
+	{name: "container_spec_memory_limit_bytes", exactAny: 64 << 20},
+	// v1's memory+swap limit; v2's swap alone, which is 0 here.
+	{name: "container_spec_memory_swap_limit_bytes", exactV1: 64 << 20},
+	{name: "container_start_time_seconds", min: 1},
+	{name: "container_threads", min: 2},
+	{name: "container_threads_max"},
+}
+
+// testPodMetrics runs a container the way critest's metrics spec does
+// (its limits, ten small files written and synced) and checks that
+// ListPodSandboxMetrics reports every metric critest expects, with
+// cAdvisor's labels and a plausible value.
 func (e *ctrEnv) testPodMetrics(t *testing.T) {
 	pod, podCfg := e.pod(t, PodConfig("stats-metrics"))
-	id := e.run(t, pod, podCfg, e.ctr("app", "sleep", "3600"))
-	resp, err := e.d.Runtime.ListPodSandboxMetrics(Ctx(t), &runtimeapi.ListPodSandboxMetricsRequest{})
+	// nc runs from a copy of busybox the container wrote itself, so that
+	// the page cache it maps is charged to the container's cgroup, not to
+	// whoever read the image's busybox first.
+	cfg := e.ctr("app", "sh", "-c", "mkdir /tmp/bb && cp /bin/busybox /tmp/bb/ && /tmp/bb/busybox nc -l -p 8080 & exec sleep 3600")
+	cfg.Linux.Resources = &runtimeapi.LinuxContainerResources{
+		CpuPeriod: 100000, CpuQuota: 20000, CpuShares: 1024,
+		MemoryLimitInBytes: 64 << 20, MemorySwapLimitInBytes: 64 << 20,
+	}
+	id := e.run(t, pod, podCfg, cfg)
+	e.mustExec(t, id, "sh", "-c", "mkdir -p /var/lib/mydisktest && for i in $(seq 1 10); do echo hi >> /var/lib/mydisktest/inode_test_file_$i; done; sync")
+	// Direct I/O reaches the disk as the container's own bios, which v2's
+	// io controller accounts to its cgroup, and v1's blk-throttle too once
+	// the device has a rule.
+	if !CgroupV2() {
+		throttleV1(t, e, id)
+	}
+	e.mustExec(t, id, "dd", "if=/dev/zero", "of=/direct", "bs=1M", "count=8", "oflag=direct")
+
+	descs, err := e.d.Runtime.ListMetricDescriptors(Ctx(t), &runtimeapi.ListMetricDescriptorsRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
+	keys := map[string]int{}
+	for _, d := range descs.Descriptors {
+		keys[d.Name] = len(d.LabelKeys)
+	}
 	var pm *runtimeapi.PodSandboxMetrics
-	for _, m := range resp.PodMetrics {
-		if m.PodSandboxId == pod {
-			pm = m
+	var before int64
+	// nc may not listen yet, and the background loop (every 200ms here)
+	// may have measured the writable layer before the files were written.
+	waitFor(t, 10*time.Second, "nc's socket and the written files in the metrics", func() bool {
+		before = time.Now().Unix()
+		resp, err := e.d.Runtime.ListPodSandboxMetrics(Ctx(t), &runtimeapi.ListPodSandboxMetricsRequest{})
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	if pm == nil || len(pm.ContainerMetrics) != 1 || pm.ContainerMetrics[0].ContainerId != id {
-		t.Fatalf("metrics of pod %s: %v", pod, pm)
-	}
-	has := func(ms []*runtimeapi.Metric, name string, labels ...string) bool {
-		for _, m := range ms {
-			if m.Name == name && strings.Join(m.LabelValues, ",") == strings.Join(labels, ",") {
-				return true
+		pm = nil
+		for _, m := range resp.PodMetrics {
+			if m.PodSandboxId == pod {
+				pm = m
 			}
 		}
-		return false
-	}
+		if pm == nil || len(pm.ContainerMetrics) != 1 || pm.ContainerMetrics[0].ContainerId != id {
+			t.Fatalf("metrics of pod %s: %v", pod, pm)
+		}
+		var sockets, inodes uint64
+		for _, m := range pm.ContainerMetrics[0].Metrics {
+			switch m.Name {
+			case "container_sockets":
+				sockets = m.Value.GetValue()
+			case "container_fs_inodes_total":
+				inodes = m.Value.GetValue()
+			}
+		}
+		return sockets > 0 && inodes >= 11
+	})
 	// The id label is the cgroup's directory, as cAdvisor names it: under
 	// systemd, the pod's slice and the container's scope in it.
 	podCg, ctrCg := "/pinrt/"+pod, "/pinrt/"+pod+"/pinrt-"+id
@@ -61,13 +168,84 @@ func (e *ctrEnv) testPodMetrics(t *testing.T) {
 		podCg = "/pinrt.slice/pinrt-" + pod + ".slice"
 		ctrCg = podCg + "/pinrt-" + id + ".scope"
 	}
-	if !has(pm.Metrics, "container_network_receive_bytes_total", "", podCg, "", pod, "e2e", "stats-metrics", "eth0") {
-		t.Errorf("no pod network metric for eth0 in %v", pm.Metrics)
+	podLabels := []string{"", podCg, "", pod, "e2e", "stats-metrics"}
+	ctrLabels := []string{"app", ctrCg, e.busybox, id, "e2e", "stats-metrics"}
+	// The largest value of each name, its labels checked.
+	values := map[string]uint64{}
+	for _, set := range []struct {
+		ms     []*runtimeapi.Metric
+		labels []string
+	}{{pm.Metrics, podLabels}, {pm.ContainerMetrics[0].Metrics, ctrLabels}} {
+		for _, m := range set.ms {
+			n, ok := keys[m.Name]
+			if !ok {
+				t.Errorf("%s has no descriptor", m.Name)
+				continue
+			}
+			if len(m.LabelValues) != n || strings.Join(m.LabelValues[:len(set.labels)], ",") != strings.Join(set.labels, ",") {
+				t.Errorf("%s labels %q: want %d starting with %q", m.Name, m.LabelValues, n, set.labels)
+				continue
+			}
+			if set.labels[0] == "" && !strings.HasPrefix(m.Name, "container_network_") {
+				continue
+			}
+			values[m.Name] = max(values[m.Name], m.Value.GetValue())
+		}
 	}
-	cm := pm.ContainerMetrics[0].Metrics
-	if !has(cm, "container_memory_working_set_bytes", "app", ctrCg, e.busybox, id, "e2e", "stats-metrics") {
-		t.Errorf("no container working set metric in %v", cm)
+	accounted := ioAccounted(t, e, id)
+	for _, want := range criMetrics {
+		if _, ok := keys[want.name]; !ok {
+			t.Errorf("no descriptor for %s", want.name)
+		}
+		v, ok := values[want.name]
+		switch {
+		case !ok && want.io && !accounted:
+			t.Logf("%s: none, the kernel accounts no block I/O to the container here", want.name)
+		case !ok:
+			t.Errorf("no %s", want.name)
+		case want.exactAny != 0 && v != want.exactAny:
+			t.Errorf("%s = %d, want %d", want.name, v, want.exactAny)
+		case want.exactV1 != 0 && !CgroupV2() && v != want.exactV1:
+			t.Errorf("%s = %d, want %d on cgroup v1", want.name, v, want.exactV1)
+		case v < want.min:
+			t.Errorf("%s = %d, want at least %d", want.name, v, want.min)
+		}
 	}
+	if accounted && values["container_fs_writes_bytes_total"] < 8<<20 {
+		t.Errorf("container_fs_writes_bytes_total = %d after 8 MiB of direct writes", values["container_fs_writes_bytes_total"])
+	}
+	if v := int64(values["container_last_seen"]); v < before || v > time.Now().Unix() {
+		t.Errorf("container_last_seen = %d, want the time of the call, %d", v, before)
+	}
+}
+
+// throttleV1 sets a write limit far above what the test writes on the
+// disk under the daemon's root, in the container's v1 blkio cgroup:
+// blk-throttle on recent kernels accounts no I/O on a device without a
+// rule. A partition or a device that takes no rule leaves it unaccounted.
+func throttleV1(t *testing.T, e *ctrEnv, id string) {
+	var st unix.Stat_t
+	if err := unix.Stat(e.d.Root, &st); err != nil {
+		t.Fatal(err)
+	}
+	dir := CgroupDir(t, e.info(t, id).Pid, "blkio")
+	rule := fmt.Sprintf("%d:%d %d", unix.Major(st.Dev), unix.Minor(st.Dev), uint64(1)<<40)
+	if err := os.WriteFile(filepath.Join(dir, "blkio.throttle.write_bps_device"), []byte(rule), 0o644); err != nil {
+		t.Logf("no throttle rule %q for the container: %v", rule, err)
+	}
+}
+
+// ioAccounted tells whether the kernel counted any block I/O for the
+// container's cgroup; critest too accepts no I/O series where it did
+// not.
+func ioAccounted(t *testing.T, e *ctrEnv, id string) bool {
+	pid := e.info(t, id).Pid
+	if CgroupV2() {
+		b, _ := os.ReadFile(filepath.Join(CgroupDir(t, pid, ""), "io.stat"))
+		return len(strings.TrimSpace(string(b))) > 0
+	}
+	b, _ := os.ReadFile(filepath.Join(CgroupDir(t, pid, "blkio"), "blkio.throttle.io_service_bytes_recursive"))
+	return strings.Contains(string(b), ":")
 }
 
 func (e *ctrEnv) testStreams(t *testing.T) {

@@ -3,6 +3,8 @@ package main
 import (
 	"strings"
 	"testing"
+
+	utilversion "k8s.io/apimachinery/pkg/util/version"
 )
 
 func TestCLI(t *testing.T) {
@@ -46,5 +48,23 @@ func TestCLI(t *testing.T) {
 				t.Errorf("a usage error wrote to stdout:\n%s", out.String())
 			}
 		})
+	}
+}
+
+// TestVersionIsSemver checks the printed version is one kubelet's parser
+// takes: the CLI and the Version RPC print the same string.
+func TestVersionIsSemver(t *testing.T) {
+	for _, args := range [][]string{{"--version"}, {"version"}} {
+		var out, errOut strings.Builder
+		if code := run(args, &out, &errOut); code != 0 {
+			t.Fatalf("%v: exit code %d: %s", args, code, errOut.String())
+		}
+		f := strings.Fields(out.String())
+		if len(f) < 2 || f[0] != "pinrt" {
+			t.Fatalf("%v printed %q, want \"pinrt <version> ...\"", args, out.String())
+		}
+		if _, err := utilversion.ParseSemantic(f[1]); err != nil {
+			t.Errorf("%v printed version %q, not semver: %v", args, f[1], err)
+		}
 	}
 }
