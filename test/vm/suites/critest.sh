@@ -12,6 +12,8 @@
 # test/standin).
 #
 # Environment (run.sh passes these through SHARE/env):
+#   PINRT_CRITEST_PARALLEL  critest processes (default 2: one per vCPU; the
+#                           specs spend much of their time waiting)
 #   PINRT_CRITEST_FOCUS, PINRT_CRITEST_TIMEOUT, PINRT_CRITEST_ARGS: see test/critest/run.sh
 set -euo pipefail
 
@@ -23,7 +25,8 @@ prepare)
 	share=$2
 	repo=$(cd "$(dirname "$0")/../../.." && pwd)
 	cache=${PINRT_VM_CACHE:-/var/cache/pinrt-vm}
-	cp "$(bash "$repo/test/critest/build.sh" "$cache")" "$share/bin/critest"
+	critest=$(bash "$repo/test/critest/build.sh" "$cache")
+	cp "$critest" "$(dirname "$critest")/ginkgo" "$share/bin/"
 	# -trimpath and -buildvcs=false: the same sources give the same
 	# binary in any checkout and at any commit, and the binary is part of
 	# the images' cache key.
@@ -79,7 +82,8 @@ run)
 	systemctl start pinrt.service
 
 	rc=0
-	bash "$share/critest/run.sh" "$share/bin/critest" unix:///run/pinrt/pinrt.sock "$out" || rc=$?
+	PINRT_CRITEST_PARALLEL=${PINRT_CRITEST_PARALLEL:-2} \
+		bash "$share/critest/run.sh" "$share/bin/critest" unix:///run/pinrt/pinrt.sock "$out" || rc=$?
 	if [ "$rc" -ne 0 ]; then
 		echo "critest: pinrt's journal (last 150 lines):"
 		journalctl -u pinrt.service --no-pager -n 150 || true
