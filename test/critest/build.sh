@@ -25,7 +25,7 @@ build() {
 	tmp=$(mktemp "$dir/.$2.XXXXXX")
 	echo "critest: building $2 (cri-tools $version, ginkgo $ginkgo) into $dir" >&2
 	if [ "${3:-}" = test ]; then
-		(cd "$here/build" && CGO_ENABLED=0 go test -c -trimpath -o "$tmp" "$1")
+		(cd "$here/build" && CGO_ENABLED=0 go test -c -trimpath -ldflags "-X sigs.k8s.io/cri-tools/pkg/version.Version=$version" -o "$tmp" "$1")
 	else
 		(cd "$here/build" && CGO_ENABLED=0 go build -trimpath -o "$tmp" "$1")
 	fi
