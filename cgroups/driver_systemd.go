@@ -51,8 +51,13 @@ func newSystemd(parent string) *systemdDriver {
 func (*systemdDriver) Name() string { return DriverSystemd }
 
 // PodParent is kubelet's slice, or <default-prefix>-<sandbox>.slice, which
-// systemd's naming places inside the default slice.
+// systemd's naming places inside the default slice. A top-level slice may
+// come as its cgroup path: critest sends "/test.slice", which is the slice
+// test.slice (CRI-O takes the path's last element too).
 func (d *systemdDriver) PodParent(kubeletParent, sandboxID string) (string, error) {
+	if name, ok := strings.CutPrefix(kubeletParent, "/"); ok && IsSlice(name) && !strings.Contains(strings.TrimSuffix(name, ".slice"), "-") {
+		kubeletParent = name
+	}
 	if kubeletParent != "" {
 		if !IsSlice(kubeletParent) {
 			return "", fmt.Errorf("cgroup parent %q is not a systemd slice name (the systemd cgroup driver needs one, like kubepods-burstable-pod<uid>.slice): %w", kubeletParent, errdefs.ErrInvalidArgument)

@@ -31,6 +31,9 @@ func TestPodParentAndContainerPath(t *testing.T) {
 		{"systemd default", sd, "", "pinrt-sb.slice", "pinrt-sb.slice:pinrt:c", nil},
 		{"systemd kubelet", sd, "kubepods-burstable-pod1.slice", "kubepods-burstable-pod1.slice", "kubepods-burstable-pod1.slice:pinrt:c", nil},
 		{"systemd path refused", sd, "/kubepods/burstable/pod1", "", "", errdefs.ErrInvalidArgument},
+		{"systemd top-level slice as a path", sd, "/test.slice", "test.slice", "test.slice:pinrt:c", nil},
+		{"systemd nested slice as a path refused", sd, "/kubepods-burstable.slice", "", "", errdefs.ErrInvalidArgument},
+		{"systemd slice path refused", sd, "/kubepods.slice/kubepods-burstable.slice", "", "", errdefs.ErrInvalidArgument},
 		{"systemd dotdot refused", sd, "../x.slice", "", "", errdefs.ErrInvalidArgument},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
