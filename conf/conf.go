@@ -51,6 +51,35 @@ type Config struct {
 
 	Streaming StreamingConfig `toml:"streaming" comment:"The HTTP server kubelet connects to for exec, attach and port-forward."`
 	Metrics   MetricsConfig   `toml:"metrics" comment:"The daemon's own Prometheus metrics and pprof, and stats sampling."`
+
+	CDI CDIConfig `toml:"cdi" comment:"Container Device Interface: devices named by device plugins."`
+	NRI NRIConfig `toml:"nri" comment:"Node Resource Interface: plugins that see pod and container events and adjust containers."`
+}
+
+// CDIConfig configures the Container Device Interface.
+type CDIConfig struct {
+	// SpecDirs are read, in increasing priority, for CDI spec files; they
+	// are re-read for every container that asks for a CDI device.
+	SpecDirs []string `toml:"spec_dirs" comment:"Directories of CDI spec files, in increasing priority; re-read for every container that asks for a CDI device."`
+}
+
+// NRIConfig configures the Node Resource Interface, with containerd's
+// names and defaults.
+type NRIConfig struct {
+	// Enable listens on SocketPath and starts the pre-installed plugins.
+	Enable bool `toml:"enable" comment:"Serve NRI plugins (default true, as containerd and CRI-O)."`
+	// SocketPath is where external plugins connect.
+	SocketPath string `toml:"socket_path" comment:"Unix socket external NRI plugins connect to."`
+	// PluginPath holds pre-installed plugins pinrt starts itself
+	// (named NN-name, NN the index).
+	PluginPath string `toml:"plugin_path" comment:"Directory of pre-installed plugins pinrt starts (NN-name)."`
+	// PluginConfigPath holds the configuration of pre-installed plugins.
+	PluginConfigPath string `toml:"plugin_config_path" comment:"Directory of configuration for pre-installed plugins."`
+	// PluginRegistrationTimeout bounds a plugin's registration.
+	PluginRegistrationTimeout Duration `toml:"plugin_registration_timeout" comment:"How long a plugin may take to register."`
+	// PluginRequestTimeout bounds every request to a plugin; a plugin
+	// that does not answer in time is disconnected.
+	PluginRequestTimeout Duration `toml:"plugin_request_timeout" comment:"How long a plugin may take to answer a request before it is disconnected."`
 }
 
 // StreamingConfig configures the exec/attach/port-forward server. Its URLs
@@ -240,6 +269,15 @@ func Default() *Config {
 			MaxStreams:  256,
 		},
 		Metrics: MetricsConfig{DiskUsageInterval: Duration(time.Minute)},
+		CDI:     CDIConfig{SpecDirs: []string{"/etc/cdi", "/var/run/cdi"}},
+		NRI: NRIConfig{
+			Enable:                    true,
+			SocketPath:                "/var/run/nri/nri.sock",
+			PluginPath:                "/opt/nri/plugins",
+			PluginConfigPath:          "/etc/nri/conf.d",
+			PluginRegistrationTimeout: Duration(5 * time.Second),
+			PluginRequestTimeout:      Duration(2 * time.Second),
+		},
 	}
 }
 
@@ -319,7 +357,48 @@ func (c *Config) Validate() error {
 	if err := c.Streaming.validate(); err != nil {
 		return err
 	}
+	if err := c.CDI.validate(); err != nil {
+		return err
+	}
+	if err := c.NRI.validate(); err != nil {
+		return err
+	}
 	return c.Metrics.validate()
+}
+
+func (c *CDIConfig) validate() error {
+	for _, d := range c.SpecDirs {
+		if !filepath.IsAbs(d) {
+			return &FieldError{"cdi.spec_dirs", fmt.Sprintf("must be absolute paths, got %q", d)}
+		}
+	}
+	return nil
+}
+
+func (n *NRIConfig) validate() error {
+	if !n.Enable {
+		return nil
+	}
+	for _, p := range []struct{ key, val string }{
+		{"nri.socket_path", n.SocketPath}, {"nri.plugin_path", n.PluginPath}, {"nri.plugin_config_path", n.PluginConfigPath},
+	} {
+		if p.val != "" && !filepath.IsAbs(p.val) {
+			return &FieldError{p.key, fmt.Sprintf("must be an absolute path, got %q", p.val)}
+		}
+	}
+	if n.SocketPath == "" {
+		return &FieldError{"nri.socket_path", "must not be empty while nri.enable is set"}
+	}
+	if len(n.SocketPath) > 107 {
+		return &FieldError{"nri.socket_path", fmt.Sprintf("socket path is %d bytes, the limit is 107", len(n.SocketPath))}
+	}
+	if n.PluginRegistrationTimeout <= 0 {
+		return &FieldError{"nri.plugin_registration_timeout", "must be positive"}
+	}
+	if n.PluginRequestTimeout <= 0 {
+		return &FieldError{"nri.plugin_request_timeout", "must be positive"}
+	}
+	return nil
 }
 
 func (m *MetricsConfig) validate() error {

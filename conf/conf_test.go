@@ -37,6 +37,24 @@ func TestDefaultIsValid(t *testing.T) {
 	if !c.CNI.DefaultNetwork {
 		t.Error("default_network must be on by default")
 	}
+	if !c.NRI.Enable || c.NRI.SocketPath != "/var/run/nri/nri.sock" || c.NRI.PluginRequestTimeout.Std() != 2*time.Second || c.NRI.PluginRegistrationTimeout.Std() != 5*time.Second {
+		t.Errorf("NRI defaults = %+v, want enabled on /var/run/nri/nri.sock with containerd's timeouts", c.NRI)
+	}
+	if got := strings.Join(c.CDI.SpecDirs, ","); got != "/etc/cdi,/var/run/cdi" {
+		t.Errorf("cdi.spec_dirs default = %q", got)
+	}
+}
+
+func TestNRIDisabledSkipsItsChecks(t *testing.T) {
+	dir := t.TempDir()
+	f := write(t, dir, "pinrt.toml", "[nri]\nenable = false\nsocket_path = \"\"\n")
+	c, err := Load(f, "", true)
+	if err != nil {
+		t.Fatalf("a disabled NRI with no socket: %v", err)
+	}
+	if c.NRI.Enable {
+		t.Error("nri.enable = false was not read")
+	}
 }
 
 func TestLoadMissingFile(t *testing.T) {
@@ -166,6 +184,13 @@ func TestInvalidValues(t *testing.T) {
 		{"metrics address without port", "[metrics]\naddress = \"127.0.0.1\"", "metrics.address"},
 		{"pprof without address", "[metrics]\nenable_pprof = true", "metrics.enable_pprof"},
 		{"disk usage interval too short", "[metrics]\ndisk_usage_interval = \"1ms\"", "metrics.disk_usage_interval"},
+		{"relative cdi spec dir", "[cdi]\nspec_dirs = [\"cdi\"]", "cdi.spec_dirs"},
+		{"relative nri socket", "[nri]\nsocket_path = \"nri.sock\"", "nri.socket_path"},
+		{"empty nri socket", "[nri]\nsocket_path = \"\"", "nri.socket_path"},
+		{"nri socket too long", "[nri]\nsocket_path = \"/" + strings.Repeat("s", 120) + "\"", "nri.socket_path"},
+		{"relative nri plugin path", "[nri]\nplugin_path = \"plugins\"", "nri.plugin_path"},
+		{"nri registration timeout", "[nri]\nplugin_registration_timeout = \"0s\"", "nri.plugin_registration_timeout"},
+		{"nri request timeout", "[nri]\nplugin_request_timeout = \"-1s\"", "nri.plugin_request_timeout"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -582,6 +582,37 @@ func (st *stagedLayer) discard() {
 // stageLayer writes the compressed stream to tmp/ and unpacks it in one
 // pass, checking both digests, and makes both durable. A blob already in
 // the store (another image shares it) is unpacked from there instead.
+//
+// Why the compressed blob is kept after unpacking (issue 22; the same
+// text is in docs/design.md):
+//   - It is the only copy that can be checked against its digests again.
+//     A layer directory that is missing while its blob is stored (an
+//     operator's rm, a chain dropped and needed again) is unpacked again
+//     from the blob, with both digests checked and no network: on an
+//     air-gapped node whose mirror is down that is the difference between
+//     starting a pod and not.
+//   - Layer sharing is by chain ID, but the same blob can sit on a
+//     different parent in another image; that image unpacks it from the
+//     stored blob without downloading it again (gc_linux_test.go).
+//   - kubelet's image GC weighs images by the size ImageStatus reports,
+//     which is the compressed size, and ImageFsInfo reports the bytes the
+//     store uses: keeping the blob keeps both honest; dropping it would
+//     make ImageStatus report bytes that are not on disk.
+//   - CRI never pushes, and verbose ImageStatus needs only the manifest
+//     and config, which are kept in any case; those two alone would not
+//     justify it.
+//   - Crash consistency does not need it (the layer is published by a
+//     rename after one syncfs), and it costs a write of the compressed
+//     size while the pull runs. It is written in the same pass as the
+//     unpack (tee), never read back, and made durable by the same syncfs
+//     as the layer, so it adds no read and no extra flush: the price is
+//     disk space (the compressed size: for gzip typically a third to two
+//     thirds of the unpacked size), which image GC reclaims with the
+//     image.
+//
+// containerd keeps the blob too (its content store; discard_unpacked_layers
+// is opt-in); CRI-O does not (containers/storage keeps tar-split metadata
+// to rebuild a layer's tar, at the cost of not having the original bytes).
 func (s *Store) stageLayer(ctx context.Context, layer v1.Layer, lr layerRecord) (_ *stagedLayer, retErr error) {
 	tmpDir, err := os.MkdirTemp(s.path("tmp"), "layer-")
 	if err != nil {
@@ -623,14 +654,11 @@ func (s *Store) stageLayer(ctx context.Context, layer v1.Layer, lr layerRecord) 
 		return nil, err
 	}
 	// The unpacked files must be durable before the rename publishes the
-	// layer, or a crash could leave a trusted but empty layer.
+	// layer, or a crash could leave a trusted but empty layer. One syncfs
+	// and no fsync per file: the blob is in tmp/ too, on the same
+	// filesystem, so this makes it durable as well.
 	if err := syncFS(tmpDir); err != nil {
 		return nil, err
-	}
-	if blobTmp != nil {
-		if err := blobTmp.Sync(); err != nil {
-			return nil, err
-		}
 	}
 	return st, nil
 }

@@ -134,27 +134,8 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Pins, retErr
 		if !kinds[k] {
 			continue
 		}
-		p := m.Path(k, req.ID)
-		// O_EXCL: a pin that already exists belongs to another sandbox
-		// (or a leftover); never mount over it.
-		f, err := os.OpenFile(p, os.O_RDONLY|os.O_CREATE|os.O_EXCL|syscall.O_CLOEXEC, 0o400)
+		p, err := m.pin(k, req.ID, nsDir, &undo)
 		if err != nil {
-			if errors.Is(err, os.ErrExist) {
-				return nil, fmt.Errorf("%s namespace pin %s already exists: %w", k, p, errdefs.ErrAlreadyExists)
-			}
-			return nil, fmt.Errorf("create %s namespace pin: %w", k, err)
-		}
-		f.Close()
-		undo = append(undo, func() { _ = os.Remove(p) })
-		if err := m.fail("file:" + string(k)); err != nil {
-			return nil, err
-		}
-		src := nsDir + string(k)
-		if err := unix.Mount(src, p, "", unix.MS_BIND, ""); err != nil {
-			return nil, fmt.Errorf("pin %s namespace: bind-mount %s on %s: %w", k, src, p, err)
-		}
-		undo = append(undo, func() { _ = unix.Unmount(p, unix.MNT_DETACH) })
-		if err := m.fail("mount:" + string(k)); err != nil {
 			return nil, err
 		}
 		pins[k] = p
@@ -165,6 +146,36 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Pins, retErr
 	logger.WithFields(log.Fields{"kinds": req.Kinds, "phase": "namespaces", "duration_ms": sinceMs(start)}).
 		Debug("pod namespaces pinned")
 	return pins, nil
+}
+
+// pin bind-mounts the namespace of kind k at nsDir+k onto a new pin file
+// for sandbox id and returns the pin's path. It appends the removal of
+// what it made to undo as it goes.
+func (m *Manager) pin(k Kind, id, nsDir string, undo *[]func()) (string, error) {
+	p := m.Path(k, id)
+	// O_EXCL: a pin that already exists belongs to another sandbox
+	// (or a leftover); never mount over it.
+	f, err := os.OpenFile(p, os.O_RDONLY|os.O_CREATE|os.O_EXCL|syscall.O_CLOEXEC, 0o400)
+	if err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return "", fmt.Errorf("%s namespace pin %s already exists: %w", k, p, errdefs.ErrAlreadyExists)
+		}
+		return "", fmt.Errorf("create %s namespace pin: %w", k, err)
+	}
+	f.Close()
+	*undo = append(*undo, func() { _ = os.Remove(p) })
+	if err := m.fail("file:" + string(k)); err != nil {
+		return "", err
+	}
+	src := nsDir + string(k)
+	if err := unix.Mount(src, p, "", unix.MS_BIND, ""); err != nil {
+		return "", fmt.Errorf("pin %s namespace: bind-mount %s on %s: %w", k, src, p, err)
+	}
+	*undo = append(*undo, func() { _ = unix.Unmount(p, unix.MNT_DETACH) })
+	if err := m.fail("mount:" + string(k)); err != nil {
+		return "", err
+	}
+	return p, nil
 }
 
 func (m *Manager) validateCreate(req CreateRequest) (map[Kind]bool, error) {
@@ -351,6 +362,49 @@ const holderExitWait = time.Second
 // has reaped it: Pdeathsig fires when the forking thread ends, so it
 // kills the process only when the daemon dies.
 func (m *Manager) enterUserNS(ctx context.Context, req CreateRequest, kinds map[Kind]bool) (_ string, _ func(), retErr error) {
+	h, err := m.startHolder(kinds)
+	if err != nil {
+		return "", nil, err
+	}
+	defer func() {
+		if retErr != nil {
+			h.release(true)
+		}
+	}()
+
+	if err := handshake(ctx, h.inW, h.outR, m.readyTimeout); err != nil {
+		if errors.Is(err, io.EOF) || errors.Is(err, syscall.EPIPE) {
+			h.release(false)
+			return "", nil, fmt.Errorf("unshare exited before it ran cat (%v): %s: %w",
+				h.cmd.ProcessState, strings.TrimSpace(h.stderr.String()), errdefs.ErrUnknown)
+		}
+		return "", nil, err
+	}
+	if err := m.fail("unshare"); err != nil {
+		return "", nil, err
+	}
+	pid := strconv.Itoa(h.cmd.Process.Pid)
+	dir := "/proc/" + pid + "/ns/"
+	if err := m.mapAndJoin(req, kinds, pid); err != nil {
+		return "", nil, err
+	}
+	return dir, func() { h.release(false) }, nil
+}
+
+// nsHolder is the `unshare --user ... -- cat` process holding a new user
+// namespace and the namespaces it owns until release.
+type nsHolder struct {
+	cmd *exec.Cmd
+	// inW is cat's stdin and outR its stdout, for the handshake; closing
+	// inW makes cat exit.
+	inW, outR *os.File
+	stderr    *limitbuf.Buffer
+	once      sync.Once
+}
+
+// startHolder starts the holder with unshare flags for kinds. On error
+// nothing it opened is left open.
+func (m *Manager) startHolder(kinds map[Kind]bool) (*nsHolder, error) {
 	args := []string{m.unsharePath, "--user"}
 	for _, k := range allKinds[1:] {
 		if kinds[k] {
@@ -360,13 +414,13 @@ func (m *Manager) enterUserNS(ctx context.Context, req CreateRequest, kinds map[
 	args = append(args, "--", m.catPath)
 	inR, inW, err := os.Pipe()
 	if err != nil {
-		return "", nil, fmt.Errorf("user namespace holder stdin: %w", err)
+		return nil, fmt.Errorf("user namespace holder stdin: %w", err)
 	}
 	outR, outW, err := os.Pipe()
 	if err != nil {
 		inR.Close()
 		inW.Close()
-		return "", nil, fmt.Errorf("user namespace holder stdout: %w", err)
+		return nil, fmt.Errorf("user namespace holder stdout: %w", err)
 	}
 	stderr := &limitbuf.Buffer{Max: 4096}
 	cmd := &exec.Cmd{
@@ -387,67 +441,53 @@ func (m *Manager) enterUserNS(ctx context.Context, req CreateRequest, kinds map[
 	if err != nil {
 		inW.Close()
 		outR.Close()
-		return "", nil, fmt.Errorf("start %s: %w", m.unsharePath, err)
+		return nil, fmt.Errorf("start %s: %w", m.unsharePath, err)
 	}
-	// release ends the holder: EOF on stdin makes cat exit; one that
-	// does not (stuck, or unshare still running) is killed.
-	var once sync.Once
-	release := func(kill bool) {
-		once.Do(func() {
-			inW.Close()
-			if kill {
-				_ = cmd.Process.Kill()
-			}
-			timer := time.AfterFunc(holderExitWait, func() { _ = cmd.Process.Kill() })
-			_ = cmd.Wait()
-			timer.Stop()
-			outR.Close()
-		})
-	}
-	defer func() {
-		if retErr != nil {
-			release(true)
-		}
-	}()
+	return &nsHolder{cmd: cmd, inW: inW, outR: outR, stderr: stderr}, nil
+}
 
-	if err := handshake(ctx, inW, outR, m.readyTimeout); err != nil {
-		if errors.Is(err, io.EOF) || errors.Is(err, syscall.EPIPE) {
-			release(false)
-			return "", nil, fmt.Errorf("unshare exited before it ran cat (%v): %s: %w",
-				cmd.ProcessState, strings.TrimSpace(stderr.String()), errdefs.ErrUnknown)
+// release ends the holder: EOF on stdin makes cat exit; one that does not
+// (stuck, or unshare still running) is killed. Only the first call acts.
+func (h *nsHolder) release(kill bool) {
+	h.once.Do(func() {
+		h.inW.Close()
+		if kill {
+			_ = h.cmd.Process.Kill()
 		}
-		return "", nil, err
-	}
-	if err := m.fail("unshare"); err != nil {
-		return "", nil, err
-	}
-	pid := strconv.Itoa(cmd.Process.Pid)
-	dir := "/proc/" + pid + "/ns/"
+		timer := time.AfterFunc(holderExitWait, func() { _ = h.cmd.Process.Kill() })
+		_ = h.cmd.Wait()
+		timer.Stop()
+		h.outR.Close()
+	})
+}
+
+// mapAndJoin writes the ID maps of the holder pid's user namespace, then
+// joins this thread to the namespaces it owns and makes the thread the
+// pod's root in them.
+func (m *Manager) mapAndJoin(req CreateRequest, kinds map[Kind]bool, pid string) error {
 	for _, mp := range []struct {
 		file string
 		ms   []specs.LinuxIDMapping
 	}{{"uid_map", req.UIDMappings}, {"gid_map", req.GIDMappings}} {
 		if err := writeIDMap("/proc/"+pid+"/"+mp.file, mp.ms); err != nil {
-			return "", nil, err
+			return err
 		}
 	}
 	if err := m.fail("idmap"); err != nil {
-		return "", nil, err
+		return err
 	}
+	dir := "/proc/" + pid + "/ns/"
 	for _, k := range allKinds[1:] {
 		if kinds[k] {
 			if err := setns(dir+string(k), k); err != nil {
-				return "", nil, err
+				return err
 			}
 		}
 	}
 	if err := actAsPodRoot(req); err != nil {
-		return "", nil, err
+		return err
 	}
-	if err := m.fail("setns"); err != nil {
-		return "", nil, err
-	}
-	return dir, func() { release(false) }, nil
+	return m.fail("setns")
 }
 
 // actAsPodRoot makes the pod's mapped root the effective user and group

@@ -39,42 +39,13 @@ type syncMsg struct {
 // and the runtime's own logging goes to <bundle>/runtime.log, never into
 // the container log.
 func (r *Runtime) Create(ctx context.Context, o CreateOptions) (pid int, retErr error) {
-	if err := validateID(o.ID); err != nil {
+	if err := r.checkCreate(o); err != nil {
 		return 0, err
 	}
-	if o.Spec == nil {
-		return 0, fmt.Errorf("create %s: nil spec: %w", o.ID, errdefs.ErrInvalidArgument)
-	}
-	if !filepath.IsAbs(o.Bundle) || !filepath.IsAbs(o.ExitDir) {
-		return 0, fmt.Errorf("create %s: bundle %q and exit dir %q must be absolute: %w", o.ID, o.Bundle, o.ExitDir, errdefs.ErrInvalidArgument)
-	}
-	if o.LogPath != "" && !filepath.IsAbs(o.LogPath) {
-		return 0, fmt.Errorf("create %s: log path %q is not absolute: %w", o.ID, o.LogPath, errdefs.ErrInvalidArgument)
-	}
-	if _, err := os.Stat(r.recordPath(o.ID)); err == nil {
-		return 0, fmt.Errorf("container %s: %w", o.ID, errdefs.ErrAlreadyExists)
-	}
-	for _, d := range []string{o.Bundle, o.ExitDir} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			return 0, fmt.Errorf("create %s: %w", o.ID, err)
-		}
-	}
-	// A stale exit file from an earlier container with this ID would make
-	// the new one look stopped.
-	if err := os.Remove(filepath.Join(o.ExitDir, o.ID)); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := r.writeBundle(o); err != nil {
 		return 0, err
 	}
-	specJSON, err := json.Marshal(o.Spec)
-	if err != nil {
-		return 0, fmt.Errorf("marshal spec: %w", err)
-	}
-	if err := atomicfile.WriteFile(filepath.Join(o.Bundle, "config.json"), specJSON, 0o600); err != nil {
-		return 0, fmt.Errorf("write config.json: %w", err)
-	}
-	rec, _ := json.Marshal(record{Version: recordVersion, ID: o.ID, Bundle: o.Bundle, ExitDir: o.ExitDir, LogPath: o.LogPath, StdinOnce: o.Stdin && o.StdinOnce, Tty: o.Tty})
-	if err := atomicfile.WriteFile(r.recordPath(o.ID), rec, 0o600); err != nil {
-		return 0, fmt.Errorf("write container record: %w", err)
-	}
+	// From here on the record exists, and Delete removes what it names.
 	defer func() {
 		if retErr == nil {
 			return
@@ -87,15 +58,81 @@ func (r *Runtime) Create(ctx context.Context, o CreateOptions) (pid int, retErr 
 		}
 	}()
 
-	syncR, syncW, err := os.Pipe()
+	syncR, err := r.startConmon(o)
 	if err != nil {
 		return 0, err
 	}
 	defer syncR.Close()
+	return waitConmonPid(ctx, o, syncR)
+}
+
+// checkCreate rejects options Create cannot act on and an ID already in
+// use, before anything is written.
+func (r *Runtime) checkCreate(o CreateOptions) error {
+	if err := validateID(o.ID); err != nil {
+		return err
+	}
+	if o.Spec == nil {
+		return fmt.Errorf("create %s: nil spec: %w", o.ID, errdefs.ErrInvalidArgument)
+	}
+	if !filepath.IsAbs(o.Bundle) || !filepath.IsAbs(o.ExitDir) {
+		return fmt.Errorf("create %s: bundle %q and exit dir %q must be absolute: %w", o.ID, o.Bundle, o.ExitDir, errdefs.ErrInvalidArgument)
+	}
+	if o.LogPath != "" && !filepath.IsAbs(o.LogPath) {
+		return fmt.Errorf("create %s: log path %q is not absolute: %w", o.ID, o.LogPath, errdefs.ErrInvalidArgument)
+	}
+	if _, err := os.Stat(r.recordPath(o.ID)); err == nil {
+		return fmt.Errorf("container %s: %w", o.ID, errdefs.ErrAlreadyExists)
+	}
+	return nil
+}
+
+// writeBundle writes the bundle's config.json and, last, the container's
+// record, which is what Delete and a restart go by.
+func (r *Runtime) writeBundle(o CreateOptions) error {
+	for _, d := range []string{o.Bundle, o.ExitDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return fmt.Errorf("create %s: %w", o.ID, err)
+		}
+	}
+	// A stale exit file from an earlier container with this ID would make
+	// the new one look stopped.
+	if err := os.Remove(filepath.Join(o.ExitDir, o.ID)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	specJSON, err := json.Marshal(o.Spec)
+	if err != nil {
+		return fmt.Errorf("marshal spec: %w", err)
+	}
+	if err := atomicfile.WriteFile(filepath.Join(o.Bundle, "config.json"), specJSON, 0o600); err != nil {
+		return fmt.Errorf("write config.json: %w", err)
+	}
+	rec, _ := json.Marshal(record{Version: recordVersion, ID: o.ID, Bundle: o.Bundle, ExitDir: o.ExitDir, LogPath: o.LogPath, StdinOnce: o.Stdin && o.StdinOnce, Tty: o.Tty})
+	if err := atomicfile.WriteFile(r.recordPath(o.ID), rec, 0o600); err != nil {
+		return fmt.Errorf("write container record: %w", err)
+	}
+	return nil
+}
+
+// startConmon starts conmon for o and waits for its first process, which
+// exits once it forked the daemon half. It returns the read end of the
+// sync pipe, on which conmon reports the container's pid or the
+// runtime's error; the caller closes it. On error nothing it opened is
+// left open.
+func (r *Runtime) startConmon(o CreateOptions) (syncR *os.File, retErr error) {
+	syncR, syncW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if retErr != nil {
+			syncR.Close()
+		}
+	}()
 	startR, startW, err := os.Pipe()
 	if err != nil {
 		syncW.Close()
-		return 0, err
+		return nil, err
 	}
 
 	cmd := exec.Command(r.monitor, r.conmonArgs(o)...)
@@ -111,16 +148,21 @@ func (r *Runtime) Create(ctx context.Context, o CreateOptions) (pid int, retErr 
 	startR.Close()
 	if err != nil {
 		startW.Close()
-		return 0, fmt.Errorf("start conmon for %s: %w", o.ID, err)
+		return nil, fmt.Errorf("start conmon for %s: %w", o.ID, err)
 	}
 	// conmon blocks on the start pipe until we are done with it (CRI-O
 	// moves it into a cgroup here); closing it lets conmon proceed.
 	startW.Close()
 	// The first conmon process exits right after forking its daemon half.
 	if err := cmd.Wait(); err != nil {
-		return 0, fmt.Errorf("conmon for %s: %w: %s: %w", o.ID, err, bytes.TrimSpace(stderr.Bytes()), errdefs.ErrUnknown)
+		return nil, fmt.Errorf("conmon for %s: %w: %s: %w", o.ID, err, bytes.TrimSpace(stderr.Bytes()), errdefs.ErrUnknown)
 	}
+	return syncR, nil
+}
 
+// waitConmonPid reads conmon's report from the sync pipe for at most
+// createTimeout and returns the container's init pid.
+func waitConmonPid(ctx context.Context, o CreateOptions, syncR *os.File) (int, error) {
 	msgCh := make(chan syncMsg, 1)
 	errCh := make(chan error, 1)
 	go func() {

@@ -60,20 +60,71 @@ func (r *Runtime) ExecSync(ctx context.Context, id string, cmd []string, timeout
 	}
 	defer os.RemoveAll(pidDir)
 
+	run, err := r.startExec(ctx, id, cmd, pidDir)
+	if err != nil {
+		return nil, nil, -1, err
+	}
+	defer run.outR.Close()
+	defer run.errR.Close()
+	out := readExecOutput(run.outR, run.errR)
+
+	done := make(chan error, 1)
+	go func() { done <- run.c.Wait() }()
+	// The pid file appears while the process runs; learn its identity
+	// then, so a later kill can tell it from a process that reused the
+	// PID, and learn when it exits.
+	stopWatch := make(chan struct{})
+	mainExited := make(chan struct{})
+	go run.ex.watch(stopWatch, mainExited)
+	defer close(stopWatch)
+
+	err, killedBy := run.wait(ctx, id, cmd, timeout, done, mainExited)
+	if killedBy != nil {
+		// runc exec only relays signals; killing it would orphan the
+		// process inside the container, so kill the process it started
+		// and everything that process started.
+		run.ex.killAll(ctx)
+		_ = run.ex.waitRunc(ctx, run.c, done) // The wait error adds nothing to killedBy.
+		run.ex.killAll(ctx)
+		out.drain(ctx, id, cmd)
+		return out.out.Bytes(), out.err.Bytes(), -1, killedBy
+	}
+	out.drain(ctx, id, cmd)
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return out.out.Bytes(), out.err.Bytes(), int32(ee.ExitCode()), nil
+		}
+		return nil, nil, -1, fmt.Errorf("exec in %s: %w", id, err)
+	}
+	return out.out.Bytes(), out.err.Bytes(), 0, nil
+}
+
+// execRun is one started `runc exec`.
+type execRun struct {
+	c  *exec.Cmd
+	ex *execProcs
+	// outR and errR are the read ends of the command's stdout and
+	// stderr; the caller closes them.
+	outR, errR *os.File
+}
+
+// startExec starts `runc exec` of cmd in container id, its pid file in
+// pidDir. On error nothing it opened is left open.
+func (r *Runtime) startExec(ctx context.Context, id string, cmd []string, pidDir string) (*execRun, error) {
 	// Our own pipes rather than io.Writers: Wait then returns when runc
 	// exec exits, whoever else holds the write ends, and the pipe's inode
 	// names every process that does.
 	outR, outW, err := os.Pipe()
 	if err != nil {
-		return nil, nil, -1, err
+		return nil, err
 	}
-	defer outR.Close()
 	errR, errW, err := os.Pipe()
 	if err != nil {
+		outR.Close()
 		outW.Close()
-		return nil, nil, -1, err
+		return nil, err
 	}
-	defer errR.Close()
 
 	args := append(r.globalArgs(), "exec", "--pid-file", filepath.Join(pidDir, "pid"), id)
 	c := exec.Command(r.binary, append(args, cmd...)...)
@@ -94,51 +145,30 @@ func (r *Runtime) ExecSync(ctx context.Context, id string, cmd []string, timeout
 	outW.Close()
 	errW.Close()
 	if err != nil {
-		return nil, nil, -1, fmt.Errorf("exec in %s: %w", id, err)
+		outR.Close()
+		errR.Close()
+		return nil, fmt.Errorf("exec in %s: %w", id, err)
 	}
 	ex.runc = c.Process.Pid
 	if st, err := readProcStat(ex.runc); err == nil {
 		ex.runcStart = st.start
 	}
 	ex.pipes = pipeInodes(outR, errR)
+	return &execRun{c: c, ex: ex, outR: outR, errR: errR}, nil
+}
 
-	outBuf, errBuf := limitbuf.Buffer{Max: maxExecOutput}, limitbuf.Buffer{Max: maxExecOutput}
-	var copiers sync.WaitGroup
-	drained := make(chan struct{})
-	copiers.Add(2)
-	go func() { defer copiers.Done(); _, _ = io.Copy(&outBuf, outR) }()
-	go func() { defer copiers.Done(); _, _ = io.Copy(&errBuf, errR) }()
-	go func() { copiers.Wait(); close(drained) }()
-	// drain waits for the output for at most execDrain, then closes the
-	// read ends so the copiers return and the buffers can be read.
-	drain := func() {
-		select {
-		case <-drained:
-		case <-time.After(execDrain):
-			log.G(ctx).WithField("container", id).Debugf("exec %q: a background process still holds its output after %s; not waiting for it", strings.Join(cmd, " "), execDrain)
-			outR.Close()
-			errR.Close()
-			<-drained
-		}
-	}
-
-	done := make(chan error, 1)
-	go func() { done <- c.Wait() }()
-	// The pid file appears while the process runs; learn its identity
-	// then, so a later kill can tell it from a process that reused the
-	// PID, and learn when it exits.
-	stopWatch := make(chan struct{})
-	mainExited := make(chan struct{})
-	go ex.watch(stopWatch, mainExited)
-	defer close(stopWatch)
-
+// wait waits for runc exec to exit, for the timeout (0 = none) or for ctx.
+// It returns runc's wait error, or in killedBy why the exec's processes
+// must be killed now. Once the exec'd process exited, background
+// processes holding its output are killed after execDrain, since runc
+// exits only when they are gone.
+func (run *execRun) wait(ctx context.Context, id string, cmd []string, timeout time.Duration, done <-chan error, mainExited <-chan struct{}) (err, killedBy error) {
 	var timer <-chan time.Time
 	if timeout > 0 {
 		t := time.NewTimer(timeout)
 		defer t.Stop()
 		timer = t.C
 	}
-	var killedBy error
 	select {
 	case err = <-done:
 	case <-mainExited:
@@ -146,33 +176,51 @@ func (r *Runtime) ExecSync(ctx context.Context, id string, cmd []string, timeout
 		case err = <-done:
 		case <-time.After(execDrain):
 			log.G(ctx).WithField("container", id).Debugf("exec %q exited but background processes hold its output after %s; killing them", strings.Join(cmd, " "), execDrain)
-			ex.killAll(ctx)
-			err = ex.waitRunc(ctx, c, done)
+			run.ex.killAll(ctx)
+			err = run.ex.waitRunc(ctx, run.c, done)
 		}
 	case <-timer:
 		killedBy = fmt.Errorf("command %q in container %s timed out after %s: %w", strings.Join(cmd, " "), id, timeout, context.DeadlineExceeded)
 	case <-ctx.Done():
 		killedBy = fmt.Errorf("exec in container %s: %w", id, ctx.Err())
 	}
-	if killedBy != nil {
-		// runc exec only relays signals; killing it would orphan the
-		// process inside the container, so kill the process it started
-		// and everything that process started.
-		ex.killAll(ctx)
-		_ = ex.waitRunc(ctx, c, done) // The wait error adds nothing to killedBy.
-		ex.killAll(ctx)
-		drain()
-		return outBuf.Bytes(), errBuf.Bytes(), -1, killedBy
+	return err, killedBy
+}
+
+// execOutput copies one exec's stdout and stderr into bounded buffers.
+type execOutput struct {
+	out, err   limitbuf.Buffer
+	outR, errR *os.File
+	drained    chan struct{}
+}
+
+// readExecOutput starts copying outR and errR until their write ends
+// are all closed or drain gives up on them.
+func readExecOutput(outR, errR *os.File) *execOutput {
+	o := &execOutput{
+		out: limitbuf.Buffer{Max: maxExecOutput}, err: limitbuf.Buffer{Max: maxExecOutput},
+		outR: outR, errR: errR, drained: make(chan struct{}),
 	}
-	drain()
-	if err != nil {
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			return outBuf.Bytes(), errBuf.Bytes(), int32(ee.ExitCode()), nil
-		}
-		return nil, nil, -1, fmt.Errorf("exec in %s: %w", id, err)
+	var copiers sync.WaitGroup
+	copiers.Add(2)
+	go func() { defer copiers.Done(); _, _ = io.Copy(&o.out, outR) }()
+	go func() { defer copiers.Done(); _, _ = io.Copy(&o.err, errR) }()
+	go func() { copiers.Wait(); close(o.drained) }()
+	return o
+}
+
+// drain waits for the output for at most execDrain, then closes the
+// read ends so the copiers return and the buffers can be read. id and
+// cmd name the exec in the log.
+func (o *execOutput) drain(ctx context.Context, id string, cmd []string) {
+	select {
+	case <-o.drained:
+	case <-time.After(execDrain):
+		log.G(ctx).WithField("container", id).Debugf("exec %q: a background process still holds its output after %s; not waiting for it", strings.Join(cmd, " "), execDrain)
+		o.outR.Close()
+		o.errR.Close()
+		<-o.drained
 	}
-	return outBuf.Bytes(), errBuf.Bytes(), 0, nil
 }
 
 // execProcs finds the processes of one exec for killing.

@@ -18,6 +18,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 )
 
 // Handler is one configured runtime handler.
@@ -290,48 +291,146 @@ func (r *Runtime) Kill(ctx context.Context, id string, sig syscall.Signal, all b
 // Stop sends sig, waits up to timeout for the container to exit, then
 // SIGKILLs it and waits for conmon to record the exit. A stopped container
 // is fine.
+//
+// It asks the runtime nothing but the kills: conmon's exit file says the
+// container has exited (conmon writes it after reaping the container's
+// init and draining its log), so that is what Stop waits for, and a kill
+// of a container that is already stopped is classed moot by failure.
 func (r *Runtime) Stop(ctx context.Context, id string, sig syscall.Signal, timeout time.Duration) error {
-	st, err := r.State(ctx, id)
+	if err := validateID(id); err != nil {
+		return err
+	}
+	rec, err := r.loadRecord(id)
 	if err != nil {
 		return err
 	}
-	if st.Status == StatusStopped {
+	exitFile := filepath.Join(rec.ExitDir, id)
+	if _, _, ok := readExitFile(exitFile); ok {
 		return nil
 	}
 	if sig == 0 {
 		sig = syscall.SIGTERM
 	}
 	if timeout > 0 && sig != syscall.SIGKILL {
-		if err := r.Kill(ctx, id, sig, false); err != nil && !errdefs.IsNotFound(err) {
+		if err := r.Kill(ctx, id, sig, false); err != nil {
 			return err
 		}
-		if r.waitStopped(ctx, id, timeout) {
+		if waitExitFile(ctx, exitFile, timeout) {
 			return nil
 		}
 		log.G(ctx).WithField("container", id).Debugf("container did not stop within %s after %s; killing", timeout, sig)
 	}
-	if err := r.Kill(ctx, id, syscall.SIGKILL, true); err != nil && !errdefs.IsNotFound(err) {
-		return err
+	if !killInit(rec) {
+		if err := r.Kill(ctx, id, syscall.SIGKILL, true); err != nil {
+			return err
+		}
 	}
-	if !r.waitStopped(ctx, id, 0) {
+	if !waitExitFile(ctx, exitFile, 0) {
 		return fmt.Errorf("container %s did not exit after SIGKILL: %w", id, ctx.Err())
 	}
 	return nil
 }
 
-// waitStopped polls until the container has stopped and conmon wrote its
-// exit file (so the log is drained too), for at most d (0 = until ctx ends).
-func (r *Runtime) waitStopped(ctx context.Context, id string, d time.Duration) bool {
+// killInit SIGKILLs the init of a container that has a PID namespace of
+// its own, without a runtime call, and reports whether it did. The kernel
+// kills every other process of a PID namespace when its init dies, so
+// that is what `runc kill --all` would do for such a container, one
+// process fewer per stop. The pid is the one conmon recorded; a pidfd
+// pins the process, which must then be conmon's child (conmon is the
+// subreaper of the container's init), so a recycled pid is never
+// signalled. Anything else (a shared or joined PID namespace, no pid
+// file, a process that is not conmon's child) reports false and is left
+// to the runtime.
+func killInit(rec *record) bool {
+	b, err := os.ReadFile(filepath.Join(rec.Bundle, "config.json"))
+	if err != nil {
+		return false
+	}
+	var spec struct {
+		Linux *struct {
+			Namespaces []specs.LinuxNamespace `json:"namespaces"`
+		} `json:"linux"`
+	}
+	if json.Unmarshal(b, &spec) != nil || spec.Linux == nil {
+		return false
+	}
+	ownPidNS := false
+	for _, ns := range spec.Linux.Namespaces {
+		if ns.Type == specs.PIDNamespace && ns.Path == "" {
+			ownPidNS = true
+		}
+	}
+	if !ownPidNS {
+		return false
+	}
+	pid, ok := readPid(filepath.Join(rec.Bundle, "pidfile"))
+	if !ok {
+		return false
+	}
+	mon, ok := readPid(filepath.Join(rec.Bundle, "conmon.pid"))
+	if !ok {
+		return false
+	}
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	if parentPid(pid) != mon {
+		return false
+	}
+	return unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0) == nil
+}
+
+func readPid(p string) (int, bool) {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return 0, false
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	return pid, err == nil && pid > 0
+}
+
+// parentPid is pid's parent from /proc/<pid>/stat, -1 if unknown. The
+// command name in parentheses may hold spaces and parentheses itself: the
+// fields follow its last ')'.
+func parentPid(pid int) int {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return -1
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return -1
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 2 {
+		return -1
+	}
+	ppid, err := strconv.Atoi(f[1])
+	if err != nil {
+		return -1
+	}
+	return ppid
+}
+
+// exitPoll is how often Stop looks for the exit file: a stat, so it can
+// be short.
+const exitPoll = 5 * time.Millisecond
+
+// waitExitFile waits until conmon wrote the exit file p (so the container
+// has exited and its log is drained), for at most d (0 = until ctx ends).
+func waitExitFile(ctx context.Context, p string, d time.Duration) bool {
 	var deadline <-chan time.Time
 	if d > 0 {
 		t := time.NewTimer(d)
 		defer t.Stop()
 		deadline = t.C
 	}
-	tick := time.NewTicker(20 * time.Millisecond)
+	tick := time.NewTicker(exitPoll)
 	defer tick.Stop()
 	for {
-		if st, err := r.State(ctx, id); err == nil && st.Status == StatusStopped && st.ExitCode != -1 {
+		if _, _, ok := readExitFile(p); ok {
 			return true
 		}
 		select {
@@ -412,6 +511,29 @@ func (r *Runtime) State(ctx context.Context, id string) (*State, error) {
 		st.OOMKilled = true
 	}
 	return st, nil
+}
+
+// ExitState is the state of a container conmon saw exit, from its exit
+// and oom files alone, with no runtime call: conmon writes the exit file
+// after the container's init died, when the runtime says stopped too.
+// ok is false while there is no exit file (or no record of id).
+func (r *Runtime) ExitState(id string) (st *State, ok bool) {
+	if validateID(id) != nil {
+		return nil, false
+	}
+	rec, err := r.loadRecord(id)
+	if err != nil {
+		return nil, false
+	}
+	code, finished, ok := readExitFile(filepath.Join(rec.ExitDir, id))
+	if !ok {
+		return nil, false
+	}
+	st = &State{ID: id, Status: StatusStopped, Bundle: rec.Bundle, ExitCode: code, FinishedAt: finished}
+	if _, err := os.Stat(filepath.Join(rec.Bundle, "oom")); err == nil {
+		st.OOMKilled = true
+	}
+	return st, true
 }
 
 func readExitFile(p string) (int32, time.Time, bool) {

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -157,12 +158,17 @@ func (e *testEnv) waitStopped(id string) *State {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if !e.rt.waitStopped(ctx, id, 0) {
+	if !waitExitFile(ctx, filepath.Join(e.exitDir, id), 0) {
 		e.t.Fatalf("container %s did not stop", id)
 	}
 	st, err := e.rt.State(ctx, id)
 	if err != nil {
 		e.t.Fatal(err)
+	}
+	// What the exit file alone says must be what runc and conmon say.
+	xs, ok := e.rt.ExitState(id)
+	if !ok || xs.Status != st.Status || xs.ExitCode != st.ExitCode || xs.OOMKilled != st.OOMKilled || !xs.FinishedAt.Equal(st.FinishedAt) {
+		e.t.Errorf("ExitState = %+v, %v; State = %+v", xs, ok, st)
 	}
 	return st
 }
@@ -459,7 +465,7 @@ func BenchmarkContainerLifecycle(b *testing.B) {
 		i++
 		id := fmt.Sprintf("bench-%d", i)
 		e.create(id, true, "sh", "-c", "exit 0")
-		if !e.rt.waitStopped(ctx, id, 10*time.Second) {
+		if !waitExitFile(ctx, filepath.Join(e.exitDir, id), 10*time.Second) {
 			b.Fatal("container did not exit")
 		}
 		if err := e.rt.Delete(ctx, id, false); err != nil {
@@ -492,5 +498,64 @@ func TestRuntimeUpdatePersists(t *testing.T) {
 	}
 	if err := e.rt.Stop(ctx, id, syscall.SIGKILL, 0); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// killInit kills a container with its own PID namespace through its init,
+// and the rest of the namespace dies with it; a pid file naming a process
+// that is not conmon's child is never signalled.
+func TestKillInit(t *testing.T) {
+	e := newTestEnv(t)
+	id := "killinit-" + randID(t)
+	e.create(id, true, "sh", "-c", "trap '' TERM; sleep 1000 & sleep 1000")
+	rec, err := e.rt.loadRecord(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A stranger in the pid file: our own child, not conmon's.
+	stranger := exec.Command("sleep", "1000")
+	if err := stranger.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = stranger.Process.Kill(); _ = stranger.Wait() }()
+	pidfile := filepath.Join(rec.Bundle, "pidfile")
+	real, err := os.ReadFile(pidfile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(pidfile, []byte(strconv.Itoa(stranger.Process.Pid)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if killInit(rec) {
+		t.Error("killInit signalled a process that is not the container's init")
+	}
+	if err := stranger.Process.Signal(syscall.Signal(0)); err != nil {
+		t.Errorf("the stranger was hit: %v", err)
+	}
+	if err := os.WriteFile(pidfile, real, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if !killInit(rec) {
+		t.Fatal("killInit did not kill the container's init")
+	}
+	st := e.waitStopped(id)
+	if st.ExitCode != 137 {
+		t.Errorf("exit code %d, want 137 (SIGKILL)", st.ExitCode)
+	}
+	// The whole PID namespace is gone, the background sleep too: the
+	// container's cgroup holds no process.
+	b, err := os.ReadFile(filepath.Join(rec.Bundle, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var spec specs.Spec
+	if err := json.Unmarshal(b, &spec); err != nil {
+		t.Fatal(err)
+	}
+	for _, root := range []string{"/sys/fs/cgroup/pids", "/sys/fs/cgroup"} {
+		procs, err := os.ReadFile(filepath.Join(root, spec.Linux.CgroupsPath, "cgroup.procs"))
+		if err == nil && len(strings.TrimSpace(string(procs))) > 0 {
+			t.Errorf("processes left in the container's cgroup %s: %s", spec.Linux.CgroupsPath, procs)
+		}
 	}
 }

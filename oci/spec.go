@@ -175,7 +175,10 @@ type ContainerSpec struct {
 	// ImageVolumes are images mounted read-only (KEP-4639).
 	ImageVolumes []ImageVolume
 	Devices      []Device
-	Resources    *Resources
+	// CDIDevices are fully qualified CDI device names, resolved by CDI.
+	CDIDevices []string
+	CDI        *CDIRegistry
+	Resources  *Resources
 	// CgroupParent, when set, is the parent cgroup; otherwise containers go
 	// under /pinrt/<sandbox-id>.
 	CgroupParent string
@@ -250,6 +253,7 @@ func BuildContainerSpec(ctx context.Context, c *ContainerSpec) (*specs.Spec, err
 		WithMounts(c.Mounts, hasUserNS, c.PodUIDMappings, c.PodGIDMappings, c.RuntimeFeatures),
 		WithImageVolumes(c.ImageVolumes),
 		WithDevices(c.Devices, c.Privileged),
+		WithCDIDevices(c.CDI, c.CDIDevices, hasUserNS, c.PodUIDMappings, c.PodGIDMappings, c.RuntimeFeatures),
 		WithResources(c.Resources, host),
 		WithOOMScoreAdj(resOOM(c.Resources), host.OOMFloor),
 		WithCgroupsPath(c.CgroupParent, c.SandboxID, c.ID),

@@ -20,89 +20,118 @@ func fileMode(mode uint32) os.FileMode { return os.FileMode(mode & 0o7777) }
 // and /etc/group. The request's UID or username wins over the image USER;
 // a requested GID replaces the primary group; supplemental groups are the
 // user's /etc/group memberships (unless the policy is Strict) plus the
-// requested ones. HOME comes from
-// passwd unless the env already sets it.
+// requested ones. HOME comes from passwd unless the env already sets it.
 func WithUser(rootfs string, u User, imageUser string) SpecOpt {
 	return func(g *Generator) error {
-		spec := imageUser
-		switch {
-		case u.UID != nil:
-			if *u.UID < 0 {
-				return fmt.Errorf("negative uid %d: %w", *u.UID, errdefs.ErrInvalidArgument)
-			}
-			spec = strconv.FormatInt(*u.UID, 10)
-		case u.Username != "":
-			spec = u.Username
-		}
-		if u.GID != nil {
-			if *u.GID < 0 {
-				return fmt.Errorf("negative gid %d: %w", *u.GID, errdefs.ErrInvalidArgument)
-			}
-			name, _, _ := strings.Cut(spec, ":")
-			if name == "" {
-				name = "0"
-			}
-			spec = name + ":" + strconv.FormatInt(*u.GID, 10)
-		}
-		passwd, err := readInRoot(rootfs, "etc/passwd")
+		spec, err := userSpec(u, imageUser)
 		if err != nil {
 			return err
 		}
-		group, err := readInRoot(rootfs, "etc/group")
+		eu, err := resolveUser(rootfs, spec)
 		if err != nil {
 			return err
-		}
-		resolve := func(spec string) (*user.ExecUser, error) {
-			eu, err := user.GetExecUser(spec, &user.ExecUser{Uid: 0, Gid: 0, Home: "/"}, readerOf(passwd), readerOf(group))
-			if err != nil {
-				return nil, fmt.Errorf("resolve user %q in %s: %w: %w", spec, rootfs, err, errdefs.ErrInvalidArgument)
-			}
-			return eu, nil
-		}
-		eu, err := resolve(spec)
-		if err != nil {
-			return err
-		}
-		// An explicit group makes moby/sys/user skip /etc/group
-		// memberships; Kubernetes keeps them, so look them up by user alone.
-		if name, grp, ok := strings.Cut(spec, ":"); ok && grp != "" {
-			byName, err := resolve(name)
-			if err != nil {
-				return err
-			}
-			eu.Sgids = byName.Sgids
 		}
 		p := g.Config.Process
 		p.User.UID, p.User.GID = uint32(eu.Uid), uint32(eu.Gid)
-		p.User.AdditionalGids = nil
-		seen := map[uint32]bool{}
-		addGid := func(gid uint32) {
-			if !seen[gid] {
-				seen[gid] = true
-				p.User.AdditionalGids = append(p.User.AdditionalGids, gid)
-			}
+		gids, err := additionalGids(eu, u)
+		if err != nil {
+			return err
 		}
-		// The primary group comes first, under both policies, as in
-		// containerd and CRI-O: the CRI conformance suite expects it in
-		// the process's groups and in ContainerStatus.user, and a
-		// process that drops its gid with setgid must keep the group.
-		addGid(uint32(eu.Gid))
-		if u.GroupsPolicy != GroupsStrict {
-			for _, sg := range eu.Sgids {
-				addGid(uint32(sg))
-			}
-		}
-		for _, sg := range u.SupplementalGroups {
-			if sg < 0 {
-				return fmt.Errorf("negative supplemental group %d: %w", sg, errdefs.ErrInvalidArgument)
-			}
-			addGid(uint32(sg))
-		}
+		p.User.AdditionalGids = gids
 		if envIndex(p.Env, "HOME") < 0 {
 			p.Env = append(p.Env, "HOME="+eu.Home)
 		}
 		return nil
 	}
+}
+
+// userSpec is the user[:group] to resolve: the request's UID or username
+// over the image USER, with a requested GID replacing the group.
+func userSpec(u User, imageUser string) (string, error) {
+	spec := imageUser
+	switch {
+	case u.UID != nil:
+		if *u.UID < 0 {
+			return "", fmt.Errorf("negative uid %d: %w", *u.UID, errdefs.ErrInvalidArgument)
+		}
+		spec = strconv.FormatInt(*u.UID, 10)
+	case u.Username != "":
+		spec = u.Username
+	}
+	if u.GID != nil {
+		if *u.GID < 0 {
+			return "", fmt.Errorf("negative gid %d: %w", *u.GID, errdefs.ErrInvalidArgument)
+		}
+		name, _, _ := strings.Cut(spec, ":")
+		if name == "" {
+			name = "0"
+		}
+		spec = name + ":" + strconv.FormatInt(*u.GID, 10)
+	}
+	return spec, nil
+}
+
+// resolveUser resolves spec against the rootfs's /etc/passwd and
+// /etc/group; Sgids are the user's /etc/group memberships.
+func resolveUser(rootfs, spec string) (*user.ExecUser, error) {
+	passwd, err := readInRoot(rootfs, "etc/passwd")
+	if err != nil {
+		return nil, err
+	}
+	group, err := readInRoot(rootfs, "etc/group")
+	if err != nil {
+		return nil, err
+	}
+	resolve := func(spec string) (*user.ExecUser, error) {
+		eu, err := user.GetExecUser(spec, &user.ExecUser{Uid: 0, Gid: 0, Home: "/"}, readerOf(passwd), readerOf(group))
+		if err != nil {
+			return nil, fmt.Errorf("resolve user %q in %s: %w: %w", spec, rootfs, err, errdefs.ErrInvalidArgument)
+		}
+		return eu, nil
+	}
+	eu, err := resolve(spec)
+	if err != nil {
+		return nil, err
+	}
+	// An explicit group makes moby/sys/user skip /etc/group
+	// memberships; Kubernetes keeps them, so look them up by user alone.
+	if name, grp, ok := strings.Cut(spec, ":"); ok && grp != "" {
+		byName, err := resolve(name)
+		if err != nil {
+			return nil, err
+		}
+		eu.Sgids = byName.Sgids
+	}
+	return eu, nil
+}
+
+// additionalGids is the process's group list, without duplicates.
+func additionalGids(eu *user.ExecUser, u User) ([]uint32, error) {
+	var gids []uint32
+	seen := map[uint32]bool{}
+	addGid := func(gid uint32) {
+		if !seen[gid] {
+			seen[gid] = true
+			gids = append(gids, gid)
+		}
+	}
+	// The primary group comes first, under both policies, as in
+	// containerd and CRI-O: the CRI conformance suite expects it in
+	// the process's groups and in ContainerStatus.user, and a
+	// process that drops its gid with setgid must keep the group.
+	addGid(uint32(eu.Gid))
+	if u.GroupsPolicy != GroupsStrict {
+		for _, sg := range eu.Sgids {
+			addGid(uint32(sg))
+		}
+	}
+	for _, sg := range u.SupplementalGroups {
+		if sg < 0 {
+			return nil, fmt.Errorf("negative supplemental group %d: %w", sg, errdefs.ErrInvalidArgument)
+		}
+		addGid(uint32(sg))
+	}
+	return gids, nil
 }
 
 func readerOf(b []byte) io.Reader {

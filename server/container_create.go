@@ -80,27 +80,14 @@ func (s *Server) containerRequest(sb *sandbox.Sandbox, cfg *runtimeapi.Container
 	for _, kv := range cfg.Envs {
 		r.spec.Env = append(r.spec.Env, kv.Key+"="+string(kv.Value))
 	}
-	for _, mnt := range cfg.Mounts {
-		if mnt.GetImage().GetImage() != "" {
-			cm, err := imageVolume(mnt)
-			if err != nil {
-				return nil, err
-			}
-			r.md.Mounts = append(r.md.Mounts, cm)
-			continue
-		}
-		cm, om, err := convertMount(mnt)
-		if err != nil {
-			return nil, err
-		}
-		r.md.Mounts = append(r.md.Mounts, cm)
-		r.spec.Mounts = append(r.spec.Mounts, om)
+	if err := r.addMounts(cfg.Mounts); err != nil {
+		return nil, err
 	}
-	for _, d := range cfg.Devices {
-		if !filepath.IsAbs(d.HostPath) || !path.IsAbs(d.ContainerPath) {
-			return nil, invalid("device %q -> %q: paths must be absolute", d.HostPath, d.ContainerPath)
-		}
-		r.spec.Devices = append(r.spec.Devices, oci.Device{HostPath: d.HostPath, ContainerPath: d.ContainerPath, Permissions: d.Permissions})
+	if err := r.addDevices(cfg.Devices); err != nil {
+		return nil, err
+	}
+	if err := s.cdiDevices(&r.spec, cfg); err != nil {
+		return nil, err
 	}
 	linux := cfg.GetLinux()
 	if err := validResources(linux.GetResources()); err != nil {
@@ -130,6 +117,61 @@ func (s *Server) containerRequest(sb *sandbox.Sandbox, cfg *runtimeapi.Container
 	r.spec.Annotations[annContainerName] = m.Name
 	r.spec.Annotations[annImageName] = cfg.Image.Image
 	return r, nil
+}
+
+// addMounts converts the requested mounts: each is recorded, and each but
+// an image volume, which is mounted once the image is there, goes into
+// the spec now.
+func (r *containerRequest) addMounts(mounts []*runtimeapi.Mount) error {
+	for _, mnt := range mounts {
+		if mnt.GetImage().GetImage() != "" {
+			cm, err := imageVolume(mnt)
+			if err != nil {
+				return err
+			}
+			r.md.Mounts = append(r.md.Mounts, cm)
+			continue
+		}
+		cm, om, err := convertMount(mnt)
+		if err != nil {
+			return err
+		}
+		r.md.Mounts = append(r.md.Mounts, cm)
+		r.spec.Mounts = append(r.spec.Mounts, om)
+	}
+	return nil
+}
+
+// addDevices converts the requested host devices.
+func (r *containerRequest) addDevices(devices []*runtimeapi.Device) error {
+	for _, d := range devices {
+		if !filepath.IsAbs(d.HostPath) || !path.IsAbs(d.ContainerPath) {
+			return invalid("device %q -> %q: paths must be absolute", d.HostPath, d.ContainerPath)
+		}
+		r.spec.Devices = append(r.spec.Devices, oci.Device{HostPath: d.HostPath, ContainerPath: d.ContainerPath, Permissions: d.Permissions})
+	}
+	return nil
+}
+
+// cdiDevices merges the CDI devices of the CRI field and the cdi.k8s.io/
+// annotations and checks they are all defined, before anything is made.
+func (s *Server) cdiDevices(c *oci.ContainerSpec, cfg *runtimeapi.ContainerConfig) error {
+	var field []string
+	for _, d := range cfg.CDIDevices {
+		field = append(field, d.GetName())
+	}
+	names, err := oci.CDIDeviceNames(field, cfg.Annotations)
+	if err != nil || len(names) == 0 {
+		return err
+	}
+	if s.deps.CDI == nil {
+		return fmt.Errorf("CDI devices requested, but CDI is not configured: %w", errdefs.ErrFailedPrecondition)
+	}
+	if err := s.deps.CDI.Resolve(names); err != nil {
+		return err
+	}
+	c.CDIDevices, c.CDI = names, s.deps.CDI
+	return nil
 }
 
 // podPIDMode is the PID mode a container gets when it names none: the pod's.
@@ -305,18 +347,9 @@ func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *run
 	if err != nil {
 		return nil, err
 	}
-	img, err := s.deps.Images.Get(req.md.Image)
+	md, img, err := s.newContainerMetadata(req)
 	if err != nil {
-		return nil, fmt.Errorf("image %q: %w", req.md.Image, err)
-	}
-	md := req.md
-	if md.Mounts, err = s.resolveImageVolumes(md.Mounts); err != nil {
 		return nil, err
-	}
-	md.ID, md.CreatedAt = newID(), time.Now()
-	md.ImageID, md.ImageRef, md.StopSignal = img.ID, img.ID, img.Config.StopSignal
-	if len(img.RepoDigests) > 0 {
-		md.ImageRef = img.RepoDigests[0]
 	}
 	ctx = log.WithLogger(ctx, log.G(ctx).WithFields(log.Fields{"sandbox": sb.ID, "container": md.ID}))
 
@@ -342,14 +375,8 @@ func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *run
 	if err := sandbox.MarkIntent(dir, sandbox.IntentCreating, md); err != nil {
 		return nil, err
 	}
-	rootfs, err := s.deps.Images.MountRootfs(ctx, s.mountRequest(sb, md.ID, img.ID, dir))
+	rootfs, err := s.mountContainerFS(ctx, sb, req, &md, img.ID, dir, &undo)
 	if err != nil {
-		return nil, fmt.Errorf("mounting the rootfs: %w", err)
-	}
-	undo.add("unmount rootfs and image volumes", func(ctx context.Context) error {
-		return s.deps.Images.UnmountRootfs(ctx, md.ID, sb.ID, dir)
-	})
-	if req.spec.ImageVolumes, err = s.mountImageVolumes(ctx, sb, &md, dir); err != nil {
 		return nil, err
 	}
 
@@ -360,6 +387,12 @@ func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *run
 	if err != nil {
 		return nil, err
 	}
+	// From the NRI event until the container is in the store, a plugin
+	// connecting now waits: it then sees the container in its sync.
+	defer s.nri.BlockSync()()
+	if err := s.nriCreate(ctx, sb, &md, spec, &undo); err != nil {
+		return nil, err
+	}
 	md.User = sandbox.ContainerUser{UID: spec.Process.User.UID, GID: spec.Process.User.GID, SupplementalGroups: spec.Process.User.AdditionalGids}
 	if md.LogPath != "" {
 		if err := os.MkdirAll(filepath.Dir(md.LogPath), 0o755); err != nil {
@@ -367,7 +400,59 @@ func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *run
 		}
 	}
 
-	c := sandbox.NewContainer(md, dir)
+	c, err := s.createRuntimeContainer(ctx, rt, &md, dir, spec, cfg, &undo)
+	if err != nil {
+		return nil, err
+	}
+	if err := sandbox.ClearIntent(dir, sandbox.IntentCreating); err != nil {
+		return nil, fmt.Errorf("completing container state: %w", err)
+	}
+	s.containers.Add(md.ID, c)
+	nriNotify(ctx, "PostCreateContainer", s.nri.PostCreateContainer(ctx, nriPod(&sb.Metadata), nriContainer(&md, c.Status(), spec)))
+	log.G(ctx).Debug("container created")
+	return c, nil
+}
+
+// newContainerMetadata is the metadata of a new container for req, with
+// its image and image volumes resolved; it returns the image too.
+func (s *Server) newContainerMetadata(req *containerRequest) (sandbox.ContainerMetadata, *image.Image, error) {
+	img, err := s.deps.Images.Get(req.md.Image)
+	if err != nil {
+		return sandbox.ContainerMetadata{}, nil, fmt.Errorf("image %q: %w", req.md.Image, err)
+	}
+	md := req.md
+	if md.Mounts, err = s.resolveImageVolumes(md.Mounts); err != nil {
+		return sandbox.ContainerMetadata{}, nil, err
+	}
+	md.ID, md.CreatedAt = newID(), time.Now()
+	md.ImageID, md.ImageRef, md.StopSignal = img.ID, img.ID, img.Config.StopSignal
+	if len(img.RepoDigests) > 0 {
+		md.ImageRef = img.RepoDigests[0]
+	}
+	return md, img, nil
+}
+
+// mountContainerFS mounts the container's rootfs from image imageID and
+// its image volumes, which go into req's spec; undo unmounts them all.
+func (s *Server) mountContainerFS(ctx context.Context, sb *sandbox.Sandbox, req *containerRequest, md *sandbox.ContainerMetadata, imageID, dir string, undo *cleanups) (rootfs string, err error) {
+	rootfs, err = s.deps.Images.MountRootfs(ctx, s.mountRequest(sb, md.ID, imageID, dir))
+	if err != nil {
+		return "", fmt.Errorf("mounting the rootfs: %w", err)
+	}
+	undo.add("unmount rootfs and image volumes", func(ctx context.Context) error {
+		return s.deps.Images.UnmountRootfs(ctx, md.ID, sb.ID, dir)
+	})
+	if req.spec.ImageVolumes, err = s.mountImageVolumes(ctx, sb, md, dir); err != nil {
+		return "", err
+	}
+	return rootfs, nil
+}
+
+// createRuntimeContainer saves the container's state, creates it in the
+// runtime under conmon and records its pid; undo deletes the runtime
+// container.
+func (s *Server) createRuntimeContainer(ctx context.Context, rt ContainerRuntime, md *sandbox.ContainerMetadata, dir string, spec *specs.Spec, cfg *runtimeapi.ContainerConfig, undo *cleanups) (*sandbox.Container, error) {
+	c := sandbox.NewContainer(*md, dir)
 	if err := c.Save(); err != nil {
 		return nil, fmt.Errorf("saving container state: %w", err)
 	}
@@ -382,11 +467,6 @@ func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *run
 	if err := c.UpdateStatus(func(st *sandbox.ContainerStatus) { st.Pid = pid }); err != nil {
 		return nil, err
 	}
-	if err := sandbox.ClearIntent(dir, sandbox.IntentCreating); err != nil {
-		return nil, fmt.Errorf("completing container state: %w", err)
-	}
-	s.containers.Add(md.ID, c)
-	log.G(ctx).Debug("container created")
 	return c, nil
 }
 

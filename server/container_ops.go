@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -12,6 +13,8 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+	nriapi "github.com/containerd/nri/pkg/api"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -49,13 +52,22 @@ func (s *Server) startContainer(ctx context.Context, c *sandbox.Container) error
 	}
 	// Taken before the start: a short-lived container can exit, and conmon
 	// date its exit file, before runc start even returns.
+	pod, ctr := s.nriOf(c, nil)
+	if err := s.nri.StartContainer(ctx, pod, ctr); err != nil {
+		return fmt.Errorf("starting container %s: %w", c.ID, err)
+	}
 	started := time.Now()
 	if err := rt.Start(ctx, c.ID); err != nil {
 		return fmt.Errorf("starting container %s: %w", c.ID, err)
 	}
-	return c.UpdateStatus(func(st *sandbox.ContainerStatus) {
+	if err := c.UpdateStatus(func(st *sandbox.ContainerStatus) {
 		st.State, st.StartedAt = sandbox.ContainerRunning, started
-	})
+	}); err != nil {
+		return err
+	}
+	pod, ctr = s.nriOf(c, nil)
+	nriNotify(ctx, "PostStartContainer", s.nri.PostStartContainer(ctx, pod, ctr))
+	return nil
 }
 
 // stopSignal parses an image STOPSIGNAL ("SIGUSR1", "USR1" or "10").
@@ -85,7 +97,9 @@ func (s *Server) stopContainer(ctx context.Context, c *sandbox.Container, timeou
 }
 
 func (s *Server) stopLocked(ctx context.Context, c *sandbox.Container, timeout time.Duration) error {
-	s.refreshContainer(ctx, c, false)
+	// The recorded state is current (see observeContainer); a container
+	// that died unnoticed makes the kill moot, which the runtime tells.
+	s.observeContainer(ctx, c, true)
 	if c.Status().State == sandbox.ContainerExited {
 		return nil
 	}
@@ -107,6 +121,20 @@ func (s *Server) stopLocked(ctx context.Context, c *sandbox.Container, timeout t
 	}
 	s.refreshContainer(ctx, c, false)
 	return nil
+}
+
+// nriStopped tells plugins a container exited and applies the updates
+// to other containers they answer with. c may be locked (a stop): an
+// update of c itself would wait for that lock, and an exited container
+// has no limits to change.
+func (s *Server) nriStopped(ctx context.Context, c *sandbox.Container) {
+	pod, ctr := s.nriOf(c, nil)
+	updates, err := s.nri.StopContainer(ctx, pod, ctr)
+	nriNotify(ctx, "StopContainer", err)
+	updates = slices.DeleteFunc(updates, func(u *nriapi.ContainerUpdate) bool { return u.GetContainerId() == c.ID })
+	if _, err := s.UpdateContainers(ctx, updates); err != nil {
+		log.G(ctx).WithError(err).Warn("NRI: updates after a stop failed")
+	}
 }
 
 // removeContainer kills a live container, deletes it from the runtime,
@@ -136,34 +164,53 @@ func (s *Server) removeContainer(ctx context.Context, c *sandbox.Container) erro
 	s.forgetOOM("", c.ID)
 	s.ctrNames.Release(sandbox.ContainerNameKey(c.SandboxID, c.Name, c.Attempt), c.ID)
 	s.containerEvent(ctx, c, runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT)
+	pod, ctr := s.nriOf(c, nil)
+	nriNotify(ctx, "RemoveContainer", s.nri.RemoveContainer(ctx, pod, ctr))
 	return nil
 }
 
 // updateContainer applies new cgroup limits to a live container. The
 // limits go through the same option as at create, so controllers the host
-// lacks are dropped the same way.
+// lacks are dropped the same way. NRI plugins see them first and may
+// replace them.
 func (s *Server) updateContainer(ctx context.Context, c *sandbox.Container, res *oci.Resources) error {
 	if res == nil {
 		return invalid("update of %s without linux resources", c.ID)
-	}
-	// Two updates must reach runc and config.json in the same order, or
-	// the record ends up with limits the cgroup does not have.
-	unlock := c.Lock()
-	defer unlock()
-	s.refreshContainer(ctx, c, false)
-	if st := c.Status().State; st == sandbox.ContainerExited {
-		return fmt.Errorf("container %s has exited: %w", c.ID, errdefs.ErrFailedPrecondition)
-	}
-	rt, err := s.runtimeFor(c.Handler)
-	if err != nil {
-		return err
 	}
 	host := oci.ProbeHost()
 	spec, err := oci.GenerateSpec(ctx, oci.WithResources(res, &host))
 	if err != nil {
 		return err
 	}
-	lr := spec.Linux.Resources
+	// Two updates must reach runc and config.json in the same order, or
+	// the record ends up with limits the cgroup does not have.
+	unlock := c.Lock()
+	defer unlock()
+	rt, err := s.updatable(ctx, c)
+	if err != nil {
+		return err
+	}
+	lr, err := s.nriUpdate(ctx, c, res, spec.Linux.Resources)
+	if err != nil {
+		return err
+	}
+	lr.Devices = nil // runc update does not take device rules
+	if err := rt.Update(ctx, c.ID, lr); err != nil {
+		return fmt.Errorf("updating container %s: %w", c.ID, err)
+	}
+	pod, ctr := s.nriOf(c, nil)
+	nriNotify(ctx, "PostUpdateContainer", s.nri.PostUpdateContainer(ctx, pod, ctr))
+	return nil
+}
+
+// applyResources sets a live container's cgroup limits (NRI updates).
+func (s *Server) applyResources(ctx context.Context, c *sandbox.Container, lr *specs.LinuxResources) error {
+	unlock := c.Lock()
+	defer unlock()
+	rt, err := s.updatable(ctx, c)
+	if err != nil {
+		return err
+	}
 	lr.Devices = nil // runc update does not take device rules
 	if err := rt.Update(ctx, c.ID, lr); err != nil {
 		return fmt.Errorf("updating container %s: %w", c.ID, err)
@@ -171,8 +218,18 @@ func (s *Server) updateContainer(ctx context.Context, c *sandbox.Container, res 
 	return nil
 }
 
+// updatable is the runtime of a container whose limits can change: one
+// that has not exited. The caller holds the container's lock.
+func (s *Server) updatable(ctx context.Context, c *sandbox.Container) (ContainerRuntime, error) {
+	s.observeContainer(ctx, c, true)
+	if st := c.Status().State; st == sandbox.ContainerExited {
+		return nil, fmt.Errorf("container %s has exited: %w", c.ID, errdefs.ErrFailedPrecondition)
+	}
+	return s.runtimeFor(c.Handler)
+}
+
 func (s *Server) reopenLog(ctx context.Context, c *sandbox.Container) error {
-	s.refreshContainer(ctx, c, false)
+	s.observeContainer(ctx, c, true)
 	if st := c.Status().State; st != sandbox.ContainerRunning {
 		return fmt.Errorf("container %s is %s, not running: %w", c.ID, st, errdefs.ErrFailedPrecondition)
 	}

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/containerd/errdefs"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -502,5 +503,104 @@ func TestCheckStatic(t *testing.T) {
 		if tc.want == nil && err != nil || tc.want != nil && (!errors.Is(err, tc.want) || !strings.Contains(err.Error(), "CGO_ENABLED=0")) {
 			t.Errorf("checkStatic(%s) = %v, want %v", tc.bin, err, tc.want)
 		}
+	}
+}
+
+// ContainerStatus (verbose or not) and ListContainers answer from memory:
+// no runtime call while nothing happened. An exit conmon recorded is seen
+// by the next read, whether or not the exit watcher got to it first.
+func TestContainerStatusFromMemory(t *testing.T) {
+	f := newCtrFixture(t)
+	ctx := context.Background()
+	pod, podCfg := f.pod(t, false)
+	resp, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr("mem"), SandboxConfig: podCfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.ContainerId
+	read := func(want runtimeapi.ContainerState) *runtimeapi.ContainerStatus {
+		t.Helper()
+		var st *runtimeapi.ContainerStatusResponse
+		for _, verbose := range []bool{false, true} {
+			st, err = f.srv.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id, Verbose: verbose})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Status.State != want {
+				t.Errorf("ContainerStatus(verbose=%v) = %v, want %v", verbose, st.Status.State, want)
+			}
+			if verbose && st.Info["info"] == "" {
+				t.Error("verbose ContainerStatus has no info")
+			}
+		}
+		list, err := f.srv.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(list.Containers) != 1 || list.Containers[0].State != want {
+			t.Errorf("ListContainers = %v, want one container %v", list.Containers, want)
+		}
+		return st.Status
+	}
+	states := func() int {
+		time.Sleep(50 * time.Millisecond) // let the exit watcher act, if it would
+		return f.rt.StateCalls()
+	}
+
+	before := states()
+	read(runtimeapi.ContainerState_CONTAINER_CREATED)
+	if _, err := f.srv.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: id}); err != nil {
+		t.Fatal(err)
+	}
+	read(runtimeapi.ContainerState_CONTAINER_RUNNING)
+	if n := states() - before; n != 0 {
+		t.Errorf("create, start and status reads asked the runtime for its state %d times, want 0", n)
+	}
+	if err := f.rt.Exit(id, 3); err != nil {
+		t.Fatal(err)
+	}
+	st := read(runtimeapi.ContainerState_CONTAINER_EXITED)
+	if st.ExitCode != 3 || st.Reason != reasonError {
+		t.Errorf("exited container: code %d reason %q, want 3 %q", st.ExitCode, st.Reason, reasonError)
+	}
+	before = states()
+	read(runtimeapi.ContainerState_CONTAINER_EXITED)
+	if n := states() - before; n != 0 {
+		t.Errorf("reading an exited container asked the runtime %d times, want 0", n)
+	}
+}
+
+// A container's whole lifecycle (create, start, stop, remove) asks the
+// runtime for no state: the operations know their outcome, and the exit
+// is read from conmon's exit file.
+func TestLifecycleAsksNoState(t *testing.T) {
+	f := newCtrFixture(t)
+	ctx := context.Background()
+	pod, podCfg := f.pod(t, false)
+	before := f.rt.StateCalls()
+	resp, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr("life"), SandboxConfig: podCfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.ContainerId
+	if _, err := f.srv.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: id}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.srv.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: id}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := f.srv.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Status.State != runtimeapi.ContainerState_CONTAINER_EXITED || st.Status.ExitCode != 138 {
+		t.Errorf("stopped container = %v exit %d, want EXITED 138 (the image stops with SIGUSR1)", st.Status.State, st.Status.ExitCode)
+	}
+	if _, err := f.srv.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: id}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond) // the exit watcher's turn
+	if n := f.rt.StateCalls() - before; n != 0 {
+		t.Errorf("the lifecycle asked the runtime for its state %d times, want 0", n)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -143,6 +144,8 @@ func (s *Server) containerEvent(ctx context.Context, c *sandbox.Container, typ r
 	case runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT:
 		st := c.Status()
 		entry.WithFields(log.Fields{"exitCode": st.ExitCode, "reason": st.Reason}).Info("container exited")
+		// Plugins hear of every exit, stopped or not, as in containerd.
+		s.nriStopped(ctx, c)
 	case runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT:
 		entry.Info("container removed")
 		s.unwatchExit(c)
@@ -193,6 +196,9 @@ type exitWatcher struct {
 	once sync.Once
 	w    *fsnotify.Watcher
 	err  error
+	// active is set once the watcher runs: the read path may then trust
+	// the recorded states (see observeContainer).
+	active atomic.Bool
 }
 
 func (s *Server) exitWatch(ctx context.Context) *fsnotify.Watcher {
@@ -207,6 +213,7 @@ func (s *Server) exitWatch(ctx context.Context) *fsnotify.Watcher {
 		// attributed to an unrelated call.
 		bg := log.WithLogger(context.Background(), logrus.NewEntry(log.G(ctx).Logger).WithField("component", "exit-watcher"))
 		go s.exitLoop(bg, s.exits.w)
+		s.exits.active.Store(true)
 	})
 	return s.exits.w
 }

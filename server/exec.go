@@ -95,7 +95,7 @@ func (s *Server) streamTarget(ctx context.Context, id string) (streaming.Contain
 	if err != nil {
 		return nil, err
 	}
-	s.refreshContainer(ctx, c, false)
+	s.observeContainer(ctx, c, true)
 	if st := c.Status().State; st != sandbox.ContainerRunning {
 		return nil, fmt.Errorf("container %s is %s, not running: %w", c.ID, st, errdefs.ErrFailedPrecondition)
 	}
@@ -178,7 +178,7 @@ func (s *Server) execSync(ctx context.Context, c *sandbox.Container, cmd []strin
 	if len(cmd) == 0 {
 		return nil, nil, -1, invalid("exec: empty command")
 	}
-	s.refreshContainer(ctx, c, false)
+	s.observeContainer(ctx, c, true)
 	if st := c.Status().State; st != sandbox.ContainerRunning {
 		return nil, nil, -1, fmt.Errorf("container %s is %s, not running: %w", c.ID, st, errdefs.ErrFailedPrecondition)
 	}

@@ -192,6 +192,9 @@ type ContainerRuntime interface {
 	Stop(ctx context.Context, id string, sig syscall.Signal, timeout time.Duration) error
 	Delete(ctx context.Context, id string, force bool) error
 	State(ctx context.Context, id string) (*oci.State, error)
+	// ExitState is the state of a container whose exit conmon recorded,
+	// without a runtime call; ok is false while it has not exited.
+	ExitState(id string) (st *oci.State, ok bool)
 	ExecSync(ctx context.Context, id string, cmd []string, timeout time.Duration) ([]byte, []byte, int32, error)
 	Update(ctx context.Context, id string, res *specs.LinuxResources) error
 	ReopenLog(ctx context.Context, id string) error
@@ -241,6 +244,38 @@ func (s *Server) runtimeFor(handler string) (ContainerRuntime, error) {
 
 var errGone = errors.New("container is gone from the runtime")
 
+// observeContainer is the read path's view of a container: the recorded
+// status, kept current by the operations themselves and by the exit
+// watcher, with no process started and no runtime call while nothing
+// happened. Only a transition the watcher may not have handled yet sends
+// it to refreshContainer: conmon's exit file is there (the container died
+// and the watcher's event is still queued), or, with monitor set, conmon
+// is gone (nothing will ever write the exit file: MonitorGone). Without
+// inotify every read refreshes, as before the watcher existed.
+//
+// monitor costs two small file reads; ListContainers, which kubelet calls
+// every second for every container, leaves it to ContainerStatus.
+func (s *Server) observeContainer(ctx context.Context, c *sandbox.Container, monitor bool) {
+	st := c.Status()
+	if st.State == sandbox.ContainerExited {
+		return
+	}
+	if !s.exits.active.Load() {
+		s.refreshContainer(ctx, c, false)
+		return
+	}
+	if _, err := os.Stat(filepath.Join(c.Dir, c.ID)); err == nil {
+		s.refreshContainer(ctx, c, false)
+		return
+	}
+	if !monitor {
+		return
+	}
+	if _, alive, recorded := monitorPid(c.Dir, c.ID); recorded && !alive {
+		s.refreshContainer(ctx, c, false)
+	}
+}
+
 // refreshContainer brings the recorded status in line with the runtime
 // and conmon's exit file. cheap skips the runtime call for a running
 // container whose exit file is not there yet: conmon writes it when the
@@ -260,7 +295,11 @@ func (s *Server) refreshContainer(ctx context.Context, c *sandbox.Container, che
 	if err != nil {
 		return
 	}
-	rs, err := rt.State(ctx, c.ID)
+	// An exit conmon recorded needs no runtime call.
+	rs, recorded := rt.ExitState(c.ID)
+	if !recorded {
+		rs, err = rt.State(ctx, c.ID)
+	}
 	if err != nil && !errdefs.IsNotFound(err) {
 		log.G(ctx).WithError(err).WithField("container", c.ID).Warn("refreshing container state")
 		return

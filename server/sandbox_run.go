@@ -42,17 +42,8 @@ func (s *Server) runPod(ctx context.Context, req *podRequest) (_ *sandbox.Sandbo
 		}
 	}()
 
-	key := sandbox.NameKey(md.Name, md.Namespace, md.UID, md.Attempt)
-	if err := s.podNames.Reserve(key, md.ID); err != nil {
-		return nil, fmt.Errorf("pod %s/%s (uid %s, attempt %d): %w", md.Namespace, md.Name, md.UID, md.Attempt, err)
-	}
-	undo.add("release name", func(context.Context) error { s.podNames.Release(key, md.ID); return nil })
-
-	if err := s.resolveMappings(&md, req); err != nil {
+	if err := s.reservePod(&md, req, &undo); err != nil {
 		return nil, err
-	}
-	if md.Allocated || len(md.UIDMappings) > 0 {
-		undo.add("release ID range", func(context.Context) error { s.deps.IDs.Release(md.ID); return nil })
 	}
 
 	// The intent is on disk before the first side effect: a daemon killed
@@ -68,51 +59,15 @@ func (s *Server) runPod(ctx context.Context, req *podRequest) (_ *sandbox.Sandbo
 		return nil, err
 	}
 
-	pins, err := s.deps.Namespaces.Create(ctx, nsmgr.CreateRequest{
-		ID: md.ID, Kinds: podKinds(md.Modes),
-		UIDMappings: md.UIDMappings, GIDMappings: md.GIDMappings,
-		Sysctls: req.sysctls, Hostname: podHostname(md),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("creating pod namespaces: %w", err)
-	}
-	undo.add("remove pins", func(ctx context.Context) error { return s.deps.Namespaces.Remove(ctx, md.ID) })
-	md.Pins = map[string]string{}
-	for k, p := range pins {
-		md.Pins[string(k)] = p
-	}
-
-	// The pod files are bind-mounted into containers whose root may be a
-	// mapped uid: the directory must be traversable.
-	if err := os.MkdirAll(runDir, 0o711); err != nil {
+	if err := s.createPodNamespaces(ctx, &md, req.sysctls, &undo); err != nil {
 		return nil, err
 	}
-	if md.Modes.IPC == sandbox.ModePod {
-		md.ShmPath = filepath.Join(runDir, "shm")
-		uid, gid := rootOf(md.UIDMappings), rootOf(md.GIDMappings)
-		if err := s.deps.Shm.Mount(md.ShmPath, uid, gid); err != nil {
-			return nil, err
-		}
-		undo.add("unmount shm", func(context.Context) error { return s.deps.Shm.Unmount(md.ShmPath) })
+	if err := s.makePodRunDir(&md, runDir, &undo); err != nil {
+		return nil, err
 	}
-
-	if md.Modes.Network == sandbox.ModePod {
-		res, err := s.deps.Network.Setup(ctx, cniPod(&md))
-		if err != nil {
-			return nil, fmt.Errorf("setting up the pod network: %w", err)
-		}
-		undo.add("CNI DEL", func(ctx context.Context) error { return s.deps.Network.Teardown(ctx, cniPod(&md)) })
-		md.IPs, md.Network, md.CNIResult = res.IPs, res.Network, res.Raw
+	if err := s.setupPodNetwork(ctx, &md, runDir, req.dns, &undo); err != nil {
+		return nil, err
 	}
-	ip := ""
-	if len(md.IPs) > 0 {
-		ip = md.IPs[0]
-	}
-	files, err := sandbox.WritePodFiles(runDir, md.Hostname, ip, req.dns, md.Modes.Network == sandbox.ModeNode)
-	if err != nil {
-		return nil, fmt.Errorf("writing pod files: %w", err)
-	}
-	md.HostnamePath, md.HostsPath, md.ResolvPath = files.Hostname, files.Hosts, files.Resolv
 
 	// A shared PID namespace lives as long as its first process: the
 	// pod's pause process, started last so it joins the finished pins.
@@ -122,6 +77,14 @@ func (s *Server) runPod(ctx context.Context, req *podRequest) (_ *sandbox.Sandbo
 		}
 		undo.add("remove infra process", func(ctx context.Context) error { return s.removeInfra(ctx, &md) })
 	}
+
+	// From the NRI event until the pod is in the store, a plugin
+	// connecting now waits: it then sees the pod in its sync.
+	defer s.nri.BlockSync()()
+	if err := s.nri.RunPodSandbox(ctx, nriPod(&md)); err != nil {
+		return nil, fmt.Errorf("pod %s/%s: %w", md.Namespace, md.Name, err)
+	}
+	undo.add("NRI RemovePodSandbox", func(ctx context.Context) error { return s.nri.RemovePodSandbox(ctx, nriPod(&md)) })
 
 	sb, saveStart := sandbox.New(md, dir), time.Now()
 	if err := sb.Save(); err != nil {
@@ -134,6 +97,87 @@ func (s *Server) runPod(ctx context.Context, req *podRequest) (_ *sandbox.Sandbo
 	s.notePodOOMBase(ctx, sb)
 	log.G(ctx).WithFields(log.Fields{"ips": md.IPs, "phase": "state", "duration_ms": float64(time.Since(saveStart).Microseconds()) / 1000}).Debug("sandbox ready")
 	return sb, nil
+}
+
+// reservePod reserves the pod's name and its user namespace ID range; undo
+// releases them.
+func (s *Server) reservePod(md *sandbox.Metadata, req *podRequest, undo *cleanups) error {
+	key := sandbox.NameKey(md.Name, md.Namespace, md.UID, md.Attempt)
+	if err := s.podNames.Reserve(key, md.ID); err != nil {
+		return fmt.Errorf("pod %s/%s (uid %s, attempt %d): %w", md.Namespace, md.Name, md.UID, md.Attempt, err)
+	}
+	undo.add("release name", func(context.Context) error { s.podNames.Release(key, md.ID); return nil })
+
+	if err := s.resolveMappings(md, req); err != nil {
+		return err
+	}
+	if md.Allocated || len(md.UIDMappings) > 0 {
+		undo.add("release ID range", func(context.Context) error { s.deps.IDs.Release(md.ID); return nil })
+	}
+	return nil
+}
+
+// createPodNamespaces creates and pins the pod's namespaces and records
+// the pins in md; undo removes them.
+func (s *Server) createPodNamespaces(ctx context.Context, md *sandbox.Metadata, sysctls map[string]string, undo *cleanups) error {
+	pins, err := s.deps.Namespaces.Create(ctx, nsmgr.CreateRequest{
+		ID: md.ID, Kinds: podKinds(md.Modes),
+		UIDMappings: md.UIDMappings, GIDMappings: md.GIDMappings,
+		Sysctls: sysctls, Hostname: podHostname(*md),
+	})
+	if err != nil {
+		return fmt.Errorf("creating pod namespaces: %w", err)
+	}
+	undo.add("remove pins", func(ctx context.Context) error { return s.deps.Namespaces.Remove(ctx, md.ID) })
+	md.Pins = map[string]string{}
+	for k, p := range pins {
+		md.Pins[string(k)] = p
+	}
+	return nil
+}
+
+// makePodRunDir makes the pod's run directory and, for a pod IPC
+// namespace, mounts the pod's /dev/shm in it; undo unmounts it. The
+// directory itself is removed by the caller's undo.
+func (s *Server) makePodRunDir(md *sandbox.Metadata, runDir string, undo *cleanups) error {
+	// The pod files are bind-mounted into containers whose root may be a
+	// mapped uid: the directory must be traversable.
+	if err := os.MkdirAll(runDir, 0o711); err != nil {
+		return err
+	}
+	if md.Modes.IPC == sandbox.ModePod {
+		md.ShmPath = filepath.Join(runDir, "shm")
+		uid, gid := rootOf(md.UIDMappings), rootOf(md.GIDMappings)
+		if err := s.deps.Shm.Mount(md.ShmPath, uid, gid); err != nil {
+			return err
+		}
+		undo.add("unmount shm", func(context.Context) error { return s.deps.Shm.Unmount(md.ShmPath) })
+	}
+	return nil
+}
+
+// setupPodNetwork sets up a pod network through CNI (undo tears it down)
+// and writes the pod's hostname, hosts and resolv.conf files into runDir,
+// the hosts file naming the pod's first IP.
+func (s *Server) setupPodNetwork(ctx context.Context, md *sandbox.Metadata, runDir string, dns *sandbox.DNS, undo *cleanups) error {
+	if md.Modes.Network == sandbox.ModePod {
+		res, err := s.deps.Network.Setup(ctx, cniPod(md))
+		if err != nil {
+			return fmt.Errorf("setting up the pod network: %w", err)
+		}
+		undo.add("CNI DEL", func(ctx context.Context) error { return s.deps.Network.Teardown(ctx, cniPod(md)) })
+		md.IPs, md.Network, md.CNIResult = res.IPs, res.Network, res.Raw
+	}
+	ip := ""
+	if len(md.IPs) > 0 {
+		ip = md.IPs[0]
+	}
+	files, err := sandbox.WritePodFiles(runDir, md.Hostname, ip, dns, md.Modes.Network == sandbox.ModeNode)
+	if err != nil {
+		return fmt.Errorf("writing pod files: %w", err)
+	}
+	md.HostnamePath, md.HostsPath, md.ResolvPath = files.Hostname, files.Hosts, files.Resolv
+	return nil
 }
 
 // resolveMappings fills the pod's user namespace mappings: kubelet's,
@@ -251,19 +295,8 @@ func (s *Server) podRequest(req *runtimeapi.RunPodSandboxRequest) (*podRequest, 
 		}
 		pr.dns = &sandbox.DNS{Servers: dns.Servers, Searches: dns.Searches, Options: dns.Options}
 	}
-	if len(cfg.PortMappings) > maxPortMappings {
-		return nil, invalid("%d port mappings, at most %d allowed", len(cfg.PortMappings), maxPortMappings)
-	}
-	for _, pm := range cfg.PortMappings {
-		// An unknown enum value's String() is its number, which the
-		// validator refuses along with the names it does not know.
-		proto := strings.ToLower(pm.Protocol.String())
-		if err := validate.PortMapping(proto, pm.ContainerPort, pm.HostPort, pm.HostIp); err != nil {
-			return nil, err
-		}
-		pr.md.PortMappings = append(pr.md.PortMappings, sandbox.PortMapping{
-			HostPort: pm.HostPort, ContainerPort: pm.ContainerPort, Protocol: proto, HostIP: pm.HostIp,
-		})
+	if pr.md.PortMappings, err = portMappings(cfg.PortMappings); err != nil {
+		return nil, err
 	}
 	bw, err := podBandwidth(cfg.Annotations)
 	if err != nil {
@@ -274,16 +307,31 @@ func (s *Server) podRequest(req *runtimeapi.RunPodSandboxRequest) (*podRequest, 
 	}
 	pr.md.Bandwidth = bw
 	userns := linux.GetSecurityContext().GetNamespaceOptions().GetUsernsOptions()
-	for _, u := range userns.GetUids() {
-		pr.uids = append(pr.uids, specs.LinuxIDMapping{ContainerID: u.ContainerId, HostID: u.HostId, Size: u.Length})
-	}
-	for _, g := range userns.GetGids() {
-		pr.gids = append(pr.gids, specs.LinuxIDMapping{ContainerID: g.ContainerId, HostID: g.HostId, Size: g.Length})
-	}
+	pr.uids, pr.gids = idMappings(userns.GetUids()), idMappings(userns.GetGids())
 	if modes.User != sandbox.ModePod && (len(pr.uids) > 0 || len(pr.gids) > 0) {
 		return nil, invalid("user namespace mappings given without user namespace mode POD")
 	}
 	return pr, nil
+}
+
+// portMappings validates a pod's port mappings and converts them.
+func portMappings(pms []*runtimeapi.PortMapping) ([]sandbox.PortMapping, error) {
+	if len(pms) > maxPortMappings {
+		return nil, invalid("%d port mappings, at most %d allowed", len(pms), maxPortMappings)
+	}
+	var out []sandbox.PortMapping
+	for _, pm := range pms {
+		// An unknown enum value's String() is its number, which the
+		// validator refuses along with the names it does not know.
+		proto := strings.ToLower(pm.Protocol.String())
+		if err := validate.PortMapping(proto, pm.ContainerPort, pm.HostPort, pm.HostIp); err != nil {
+			return nil, err
+		}
+		out = append(out, sandbox.PortMapping{
+			HostPort: pm.HostPort, ContainerPort: pm.ContainerPort, Protocol: proto, HostIP: pm.HostIp,
+		})
+	}
+	return out, nil
 }
 
 // maxPortMappings bounds a pod's port mappings; kubelet sends one per

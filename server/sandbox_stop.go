@@ -64,6 +64,7 @@ func (s *Server) stopPod(ctx context.Context, sb *sandbox.Sandbox) error {
 
 func (s *Server) stopPodLocked(ctx context.Context, sb *sandbox.Sandbox) error {
 	ctx = log.WithLogger(ctx, log.G(ctx).WithField("sandbox", sb.ID))
+	wasReady := sb.Status().State == sandbox.StateReady
 	if err := sb.UpdateStatus(func(st *sandbox.Status) { st.State = sandbox.StateNotReady }); err != nil {
 		return err
 	}
@@ -79,6 +80,9 @@ func (s *Server) stopPodLocked(ctx context.Context, sb *sandbox.Sandbox) error {
 	}
 	if err := s.deps.Shm.Unmount(sb.ShmPath); err != nil {
 		return err
+	}
+	if wasReady {
+		nriNotify(ctx, "StopPodSandbox", s.nri.StopPodSandbox(ctx, nriPod(&sb.Metadata)))
 	}
 	if !sb.Status().StoppedAt.IsZero() {
 		return nil
@@ -126,6 +130,7 @@ func (s *Server) removePod(ctx context.Context, sb *sandbox.Sandbox) error {
 	s.sandboxes.Delete(sb.ID)
 	s.forgetOOM(sb.ID, "")
 	s.podNames.Release(sandbox.NameKey(sb.Name, sb.Namespace, sb.UID, sb.Attempt), sb.ID)
+	nriNotify(ctx, "RemovePodSandbox", s.nri.RemovePodSandbox(ctx, nriPod(&sb.Metadata)))
 	return nil
 }
 

@@ -22,7 +22,9 @@ import (
 	"github.com/pinrt/pinrt/cni"
 	"github.com/pinrt/pinrt/conf"
 	"github.com/pinrt/pinrt/image"
+	"github.com/pinrt/pinrt/nri"
 	"github.com/pinrt/pinrt/nsmgr"
+	"github.com/pinrt/pinrt/oci"
 	"github.com/pinrt/pinrt/sandbox"
 )
 
@@ -97,6 +99,8 @@ type Deps struct {
 	// CgroupDriver places pods and containers in cgroups; nil means
 	// cgroupfs under runtime.cgroup_parent.
 	CgroupDriver cgroups.Driver
+	// CDI resolves CDI devices; nil refuses containers that ask for one.
+	CDI *oci.CDIRegistry
 }
 
 // Server serves CRI. RPCs not built yet answer Unimplemented through the
@@ -119,10 +123,13 @@ type Server struct {
 	probeOnce sync.Once
 	probes    map[string]error
 	streams   Streams // nil until SetStreams
-	stats     *statsState
-	events    *eventBus
-	exits     exitWatcher
-	oom       *podOOM
+	// nri relays lifecycle events to NRI plugins; a nil *nri.NRI (NRI
+	// disabled) until SetNRI.
+	nri    NRI
+	stats  *statsState
+	events *eventBus
+	exits  exitWatcher
+	oom    *podOOM
 	// podResources are the last UpdatePodSandboxResources of each pod
 	// (*runtimeapi.UpdatePodSandboxResourcesRequest), and podCIDR the
 	// last UpdateRuntimeConfig's (string); both only in memory: kubelet
@@ -162,6 +169,7 @@ func New(cfg *conf.Config, deps Deps) *Server {
 		oom:            newPodOOM(),
 		events:         newEventBus(),
 		stopBackground: cancel,
+		nri:            (*nri.NRI)(nil),
 	}
 	if s.deps.Network != nil {
 		s.deps.Network = cidrNetwork{Network: s.deps.Network, cidrs: s.podCIDRs}

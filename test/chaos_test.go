@@ -147,6 +147,14 @@ binary = "/usr/local/bin/runc"
 // restarts it and checks the invariants.
 func (c *chaos) round(i int, seed int64) {
 	t := c.t
+	// An NRI plugin adjusting every container is connected while the
+	// daemon is killed: crash consistency must hold with plugins too. It
+	// exits with the daemon's connection, and a new one syncs with what
+	// the restart restored. (Without a way to build it, as in test/vm
+	// without PINRT_E2E_NRIPLUGIN, the rounds run without.)
+	if nriPluginUsable() {
+		startNRIPlugin(t, c.d, fmt.Sprintf("chaos-%d", i), "-env", "CHAOS_NRI=1")
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	rt := c.d.Runtime
 	var wg sync.WaitGroup

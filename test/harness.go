@@ -122,6 +122,12 @@ type Daemon struct {
 	Bridge     string // test bridge name, "" without Network
 	Subnet     string
 	LogPath    string
+	// CDIDir is the daemon's only CDI spec dir; NRIDir holds its NRI
+	// socket (NRISocket) and empty plugin directories, so no test reads
+	// the host's /etc/cdi or /var/run/nri.
+	CDIDir    string
+	NRIDir    string
+	NRISocket string
 
 	cmd     *exec.Cmd
 	waitErr chan error
@@ -156,17 +162,23 @@ func NewDaemon(t testing.TB, opts Options) *Daemon {
 		CNIConfDir: filepath.Join(dir, "net.d"),
 		IPAMDir:    filepath.Join(dir, "ipam"),
 		LogPath:    filepath.Join(dir, "pinrt.log"),
+		CDIDir:     filepath.Join(dir, "cdi"),
+		NRIDir:     filepath.Join(dir, "nri"),
 	}
+	d.NRISocket = filepath.Join(d.NRIDir, "nri.sock")
 	d.Socket = filepath.Join(d.RunRoot, "pinrt.sock")
 	t.Cleanup(d.cleanup)
-	for _, p := range []string{d.ConfigDir, d.CNIConfDir} {
+	for _, p := range []string{d.ConfigDir, d.CNIConfDir, d.CDIDir, d.NRIDir} {
 		if err := os.MkdirAll(p, 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// The harness's own setting goes in a drop-in, so a test's config may
 	// start with top-level keys.
-	harness := "[cni]\ndefault_network = false\n"
+	harness := "[cni]\ndefault_network = false\n" +
+		fmt.Sprintf("[cdi]\nspec_dirs = [%q]\n", d.CDIDir) +
+		fmt.Sprintf("[nri]\nsocket_path = %q\nplugin_path = %q\nplugin_config_path = %q\n",
+			d.NRISocket, filepath.Join(d.NRIDir, "plugins"), filepath.Join(d.NRIDir, "conf.d"))
 	// PINRT_E2E_CGROUP_DRIVER runs every test under another cgroup driver
 	// (test/vm runs them with both on cgroup v2).
 	if drv := CgroupDriver(); drv != "cgroupfs" {

@@ -21,6 +21,7 @@ import (
 	"github.com/pinrt/pinrt/conf"
 	"github.com/pinrt/pinrt/image"
 	"github.com/pinrt/pinrt/metrics"
+	"github.com/pinrt/pinrt/nri"
 	"github.com/pinrt/pinrt/nsmgr"
 	"github.com/pinrt/pinrt/oci"
 	"github.com/pinrt/pinrt/server"
@@ -105,34 +106,18 @@ func listen(cfg *conf.Config) (net.Listener, error) {
 	return l, nil
 }
 
+// runDaemon runs the daemon until a signal stops it or serving fails.
 func runDaemon(o *options, cfg *conf.Config) error {
 	sd := takeNotifySocket()
 	if err := setupLogging(cfg); err != nil {
 		return err
 	}
 	ctx := log.WithLogger(context.Background(), log.L)
-	for _, d := range []string{cfg.Root, cfg.RunRoot} {
-		if err := os.MkdirAll(d, 0o711); err != nil {
-			return err
-		}
-	}
-	// Both locks come before anything under either directory is loaded
-	// or written; the run dir first, so the long-standing message for a
-	// second daemon on the same run dir stays the same.
-	lock, err := lockDir(cfg.RunRoot, "run dir")
+	unlock, err := lockDirs(cfg)
 	if err != nil {
 		return err
 	}
-	defer lock.Close()
-	// flock conflicts between two opens in one process too: one
-	// directory for both needs one lock.
-	if filepath.Clean(cfg.Root) != filepath.Clean(cfg.RunRoot) {
-		rootLock, err := lockDir(cfg.Root, "root")
-		if err != nil {
-			return err
-		}
-		defer rootLock.Close()
-	}
+	defer unlock()
 
 	// Metrics exist only when their listener is configured: nothing is
 	// counted that nobody can read.
@@ -144,21 +129,24 @@ func runDaemon(o *options, cfg *conf.Config) error {
 	if err != nil {
 		return err
 	}
+	// After Restore: plugins are synchronized with the pods and
+	// containers that outlived the last daemon.
+	plugins, err := startNRI(ctx, cfg, srv)
+	if err != nil {
+		return err
+	}
+	defer plugins.Stop()
 	streams, err := startStreaming(ctx, cfg, srv)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = streams.Close() }()
 	if m != nil {
-		if err := m.CollectStates(srv.StateCounts); err != nil {
-			return err
-		}
-		ml, err := metrics.Serve(cfg.Metrics.Address, m.Handler(cfg.Metrics.EnablePprof))
+		ml, err := startMetrics(ctx, cfg, m, srv)
 		if err != nil {
 			return err
 		}
 		defer closeMetrics(ctx, ml)
-		log.G(ctx).WithFields(log.Fields{"address": cfg.Metrics.Address, "pprof": cfg.Metrics.EnablePprof}).Info("serving metrics")
 	}
 	l, err := listen(cfg)
 	if err != nil {
@@ -172,7 +160,54 @@ func runDaemon(o *options, cfg *conf.Config) error {
 		grpc.MaxRecvMsgSize(16<<20), grpc.MaxSendMsgSize(16<<20),
 	)
 	srv.Register(g)
+	return serveCRI(ctx, o, cfg, sd, srv, g, l)
+}
 
+// lockDirs creates the root and run directories and locks both; the
+// returned function releases the locks.
+func lockDirs(cfg *conf.Config) (unlock func(), err error) {
+	for _, d := range []string{cfg.Root, cfg.RunRoot} {
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			return nil, err
+		}
+	}
+	// Both locks come before anything under either directory is loaded
+	// or written; the run dir first, so the long-standing message for a
+	// second daemon on the same run dir stays the same.
+	lock, err := lockDir(cfg.RunRoot, "run dir")
+	if err != nil {
+		return nil, err
+	}
+	// flock conflicts between two opens in one process too: one
+	// directory for both needs one lock.
+	if filepath.Clean(cfg.Root) == filepath.Clean(cfg.RunRoot) {
+		return func() { lock.Close() }, nil
+	}
+	rootLock, err := lockDir(cfg.Root, "root")
+	if err != nil {
+		lock.Close()
+		return nil, err
+	}
+	return func() { rootLock.Close(); lock.Close() }, nil
+}
+
+// startMetrics starts serving m on the configured address.
+func startMetrics(ctx context.Context, cfg *conf.Config, m *metrics.Metrics, srv *server.Server) (*metrics.Listener, error) {
+	if err := m.CollectStates(srv.StateCounts); err != nil {
+		return nil, err
+	}
+	ml, err := metrics.Serve(cfg.Metrics.Address, m.Handler(cfg.Metrics.EnablePprof))
+	if err != nil {
+		return nil, err
+	}
+	log.G(ctx).WithFields(log.Fields{"address": cfg.Metrics.Address, "pprof": cfg.Metrics.EnablePprof}).Info("serving metrics")
+	return ml, nil
+}
+
+// serveCRI serves CRI on l until serving fails or SIGTERM or SIGINT, on
+// which it lets in-flight calls finish and closes srv. SIGHUP reloads the
+// log level.
+func serveCRI(ctx context.Context, o *options, cfg *conf.Config, sd sdNotifier, srv *server.Server, g *grpc.Server, l net.Listener) error {
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT, unix.SIGHUP)
 	serveErr := make(chan error, 1)
@@ -203,6 +238,29 @@ func runDaemon(o *options, cfg *conf.Config) error {
 			return err
 		}
 	}
+}
+
+// startNRI opens the NRI socket and starts the pre-installed plugins;
+// nil (NRI disabled) when nri.enable is off.
+func startNRI(ctx context.Context, cfg *conf.Config, srv *server.Server) (*nri.NRI, error) {
+	if !cfg.NRI.Enable {
+		return nil, nil
+	}
+	nc := nri.Config{
+		SocketPath: cfg.NRI.SocketPath, PluginPath: cfg.NRI.PluginPath, PluginConfigPath: cfg.NRI.PluginConfigPath,
+		RegistrationTimeout: cfg.NRI.PluginRegistrationTimeout.Std(), RequestTimeout: cfg.NRI.PluginRequestTimeout.Std(),
+		RuntimeName: "pinrt", RuntimeVersion: version.Version,
+	}
+	n, err := nri.New(nc, srv)
+	if err != nil {
+		return nil, err
+	}
+	srv.SetNRI(n)
+	if err := n.Start(nc); err != nil {
+		return nil, err
+	}
+	log.G(ctx).WithField("socket", nc.SocketPath).Info("NRI is serving")
+	return n, nil
 }
 
 // startStreaming starts the exec/attach/port-forward server; it stops
@@ -316,7 +374,11 @@ func newServer(ctx context.Context, cfg *conf.Config, m *metrics.Metrics) (*serv
 		}
 		runtimes[name] = rt
 	}
-	srv := server.New(cfg, server.Deps{Network: network, Namespaces: nsm, IDs: ids, Images: images, Runtimes: runtimes, Metrics: m, CgroupDriver: cg})
+	cdi, err := oci.NewCDIRegistry(cfg.CDI.SpecDirs)
+	if err != nil {
+		return nil, err
+	}
+	srv := server.New(cfg, server.Deps{Network: network, Namespaces: nsm, IDs: ids, Images: images, Runtimes: runtimes, Metrics: m, CgroupDriver: cg, CDI: cdi})
 	srv.Restore(ctx)
 	return srv, nil
 }

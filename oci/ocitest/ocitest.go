@@ -48,6 +48,9 @@ type Runtime struct {
 	// state, which it may change: a container that exits between two
 	// reads.
 	AfterState func(id string, st *oci.State)
+	// NoExitFiles stops the fake from writing exit files, as when conmon
+	// is dead.
+	NoExitFiles bool
 	// StopExitCode is the exit code Kill/Stop record (default 137 for SIGKILL,
 	// 143 otherwise).
 	StopExitCode *int32
@@ -56,7 +59,11 @@ type Runtime struct {
 	Specs      map[string]*specs.Spec
 	Resources  map[string]*specs.LinuxResources
 	Calls      []string
-	nextPid    int
+	// states counts State calls (not in Calls: every status read used
+	// to make one).
+	states   int
+	nextPid  int
+	exitDirs map[string]string
 }
 
 // New returns an empty fake.
@@ -96,6 +103,10 @@ func (r *Runtime) Create(_ context.Context, o oci.CreateOptions) (int, error) {
 			return 0, err
 		}
 	}
+	if r.exitDirs == nil {
+		r.exitDirs = map[string]string{}
+	}
+	r.exitDirs[o.ID] = o.ExitDir
 	r.Containers[o.ID] = &oci.State{ID: o.ID, Status: oci.StatusCreated, Pid: r.nextPid, Bundle: o.Bundle, Created: time.Now(), ExitCode: -1}
 	r.Specs[o.ID] = o.Spec
 	return r.nextPid, nil
@@ -128,6 +139,29 @@ func (r *Runtime) stop(st *oci.State, sig syscall.Signal) {
 		code = *r.StopExitCode
 	}
 	st.Status, st.ExitCode, st.FinishedAt, st.Pid = oci.StatusStopped, code, time.Now(), 0
+	r.writeExitFile(st.ID, code)
+}
+
+// writeExitFile writes <exit dir>/<id> as conmon does when the container
+// dies, so the server's exit watcher and read path see the exit.
+func (r *Runtime) writeExitFile(id string, code int32) {
+	if d := r.exitDirs[id]; d != "" && !r.NoExitFiles {
+		_ = os.WriteFile(filepath.Join(d, id), []byte(fmt.Sprint(code)), 0o600) // the bundle may be gone
+	}
+}
+
+// Exit makes a running container exit with code, as if its process ended
+// on its own: the state says stopped and the exit file is written.
+func (r *Runtime) Exit(id string, code int32) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	st, err := r.get(id)
+	if err != nil {
+		return err
+	}
+	st.Status, st.ExitCode, st.FinishedAt, st.Pid = oci.StatusStopped, code, time.Now(), 0
+	r.writeExitFile(id, code)
+	return nil
 }
 
 // Kill stops the container as if sig killed it.
@@ -183,10 +217,34 @@ func (r *Runtime) Delete(_ context.Context, id string, force bool) error {
 	return nil
 }
 
+// ExitState reports a stopped container whose exit file was written,
+// as the real runtime does from conmon's files.
+func (r *Runtime) ExitState(id string) (*oci.State, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	st, ok := r.Containers[id]
+	if !ok || st.Status != oci.StatusStopped {
+		return nil, false
+	}
+	if _, err := os.Stat(filepath.Join(r.exitDirs[id], id)); err != nil {
+		return nil, false
+	}
+	c := *st
+	return &c, true
+}
+
+// StateCalls is how many times State was called.
+func (r *Runtime) StateCalls() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.states
+}
+
 // State returns a copy of the container's state.
 func (r *Runtime) State(_ context.Context, id string) (*oci.State, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.states++
 	if r.StateErr != nil {
 		return nil, r.StateErr
 	}

@@ -18,6 +18,10 @@
 #   BENCH_EXEC_N=             exec: ExecSync calls (default: BENCH_N if set, else 100)
 #   BENCH_EXEC_STREAMS=100    exec: streaming Execs, whose p50 is the Exec(stream) headline
 #   BENCH_RESTORE_N=100       pods alive across the restore restart
+#   BENCH_STATUS_N=100        status: running pods whose status is read
+#   BENCH_PULL_N=3            pull: pulls of the generated 345 MB image (kept in /var/tmp/pinrt-bench-pull)
+#   BENCH_PULL_MBPS=125       pull: the registry's bandwidth in MB/s (125: a 1 Gbit/s link; 0: unlimited)
+#   BENCH_PULL_SCALE=1        pull: image size relative to the 345 MB
 #   BENCH_RESTORE_CONTAINERS= set to 1 to give each restore pod a container
 #   BENCH_ALLOW_ERRORS=       set to 1 to exit 0 even when scenarios had errors
 #   BENCH_BRIDGE=pbench0      bridge name; BENCH_SUBNET=10.200.0.0/16
@@ -25,12 +29,15 @@
 #   PINRT_BIN=bin/pinrt       the daemon binary to benchmark
 #   BENCH_SCENARIOS=          space-separated subset to run, e.g. "sandbox-netns-p1
 #                             sandbox-userns-p8" (names as in the summary; empty: all)
+#   BENCH_NRI=1               0 disables NRI (its socket is always in the temp dir)
 #   BENCH_LOG_LEVEL=debug     pinrt's log level; at debug pinrt logs the phase timings
 #                             (namespaces, cni_add, state, cni_del, unpin) the tables show
 #
 # The daemon runs in its own cgroup (cgroup v1 cpuacct or v2), and every
 # scenario reports the CPU time of the daemon and all it started (namespace
-# helper, CNI plugins, runc, conmon) per pod: cpu_ms_per_pod.
+# helper, CNI plugins, runc, conmon) per pod: cpu_ms_per_pod; and, counted
+# through the kernel's process events connector, the processes it started
+# per pod (procs_per_pod) and the commands it ran (execs_per_pod.<cmd>).
 set -uo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -43,6 +50,10 @@ IDLE=${BENCH_IDLE:-60s}
 EXEC_N=${BENCH_EXEC_N:-${BENCH_N:-100}}
 EXEC_STREAMS=${BENCH_EXEC_STREAMS:-100}
 RESTORE_N=${BENCH_RESTORE_N:-100}
+STATUS_N=${BENCH_STATUS_N:-100}
+PULL_N=${BENCH_PULL_N:-3}
+PULL_MBPS=${BENCH_PULL_MBPS:-125}
+PULL_SCALE=${BENCH_PULL_SCALE:-1}
 BRIDGE=${BENCH_BRIDGE:-pbench0}
 SUBNET=${BENCH_SUBNET:-10.200.0.0/16}
 TIMEOUT=${BENCH_TIMEOUT:-60s}
@@ -81,6 +92,17 @@ fi
 mkdir "$CGROUP" || die "cannot create cgroup $CGROUP"
 mkdir -p "$TMP/root" "$TMP/run" "$TMP/cni/net.d" "$TMP/cni/ipam" "$TMP/logs" "$TMP/conf.d" "$OUT"
 : >"$TMP/pinrt.toml"
+# NRI and CDI look in the temp dir, never at the host's /var/run/nri or
+# /etc/cdi. BENCH_NRI=0 runs with NRI disabled, to compare.
+cat >"$TMP/conf.d/50-nri-cdi.toml" <<EOF
+[nri]
+enable = $([ "${BENCH_NRI:-1}" = 0 ] && echo false || echo true)
+socket_path = "$TMP/nri/nri.sock"
+plugin_path = "$TMP/nri/plugins"
+plugin_config_path = "$TMP/nri/conf.d"
+[cdi]
+spec_dirs = ["$TMP/cdi"]
+EOF
 
 # Stop pinrt: TERM, then KILL after 10s. Works for a daemon started by the
 # restart helper too, since both go through the pid file.
@@ -259,6 +281,13 @@ run_bench() {
 		/^Exec\(stream\) / { k = k " Exec(stream)-p50=" $4 }
 		/^portforward_mb_per_s = / { k = k " port-forward=" $3 "MB/s" }
 		/^idle_cpu_ms_per_min = / { k = k " idle-cpu=" $3 "ms/min" }
+		/^ContainerStatus / { k = k " ContainerStatus-p50=" $4 }
+		/^ListContainers / { k = k " ListContainers-p50=" $4 }
+		/^status_procs_started = / { k = k " status-procs=" $3 }
+		/^procs_per_pod = / { k = k " procs/pod=" $3 }
+		/^PullImage +[0-9]/ { k = k " PullImage-p50=" $4 }
+		/^download / { k = k " download-p50=" $6 }
+		/^pull_over_download = / { k = k " pull/download=" $3 }
 		END { print k }' "$OUT/$name.txt")
 	SUMMARY+=("$(printf '%-22s %s%s' "$name" "$last" "$key")")
 	[ "$rc" = 0 ] || FAILED=$((FAILED + 1))
@@ -275,6 +304,10 @@ for v in netns userns; do
 done
 run_bench "pod-p1" pod -n "$N" -p 1 --image "$IMAGE"
 run_bench "pod-p$PAR" pod -n "$N" -p "$PAR" --image "$IMAGE"
+# ContainerStatus (plain and verbose) and ListContainers with
+# BENCH_STATUS_N pods running, one call at a time; status_procs_started
+# counts the processes the runtime started meanwhile (want 0).
+run_bench "status" status -n "$STATUS_N" -p "$PAR" --image "$IMAGE" --stats-rounds 5
 # ExecSync and streaming Exec (client-go SPDY) of "echo hi" in one pod;
 # --streams, because the tool's default is a tenth of -n.
 run_bench "exec" exec -n "$EXEC_N" --streams "$EXEC_STREAMS" --image "$IMAGE"
@@ -286,6 +319,11 @@ run_bench "density" density -n "$DENSITY_N" -p "$PAR" --image "$IMAGE" --stats-r
 restore_args=()
 [ "${BENCH_RESTORE_CONTAINERS:-}" = 1 ] && restore_args=(--with-containers --image "$IMAGE")
 run_bench "restore" restore -n "$RESTORE_N" -p "$PAR" --restart-cmd "sh $TMP/restart-pinrt.sh" "${restore_args[@]}"
+
+# Pulls of issue 22's image (3 gzip layers: 300 MB of binary data, 20 000
+# small files, 74 MB of executables) from a local registry limited to
+# BENCH_PULL_MBPS, against the download of its blobs alone.
+run_bench "pull" pull -n "$PULL_N" --limit-mbps "$PULL_MBPS" --scale "$PULL_SCALE"
 
 # The image pull path on its own, in process: a cold pull of a 10-layer,
 # 200 MB image (MB/s, download and unpack seconds).

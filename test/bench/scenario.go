@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -25,6 +26,9 @@ const (
 	ScenarioExec = "exec"
 	// ScenarioPortForward times reading through a PortForward stream.
 	ScenarioPortForward = "portforward"
+	// ScenarioStatus times ContainerStatus and ListContainers with N
+	// running pods, and counts the processes the runtime starts meanwhile.
+	ScenarioStatus = "status"
 )
 
 // Variant names: which namespaces the pods get.
@@ -56,6 +60,9 @@ const (
 	OpRestartAllReady  = "restart→all Ready"
 	OpListCtrStats     = "ListContainerStats"
 	OpListPodStats     = "ListPodSandboxStats"
+	OpContainerStatus  = "ContainerStatus"
+	OpContainerStatusV = "ContainerStatus(verbose)"
+	OpListContainers   = "ListContainers"
 )
 
 // Label keys put on every pod and container so that a run's objects can be
@@ -118,6 +125,10 @@ type Config struct {
 	// IdleWindow, when set with CPU, makes density measure the CPU used
 	// while its pods idle for this long, reported per minute.
 	IdleWindow time.Duration
+
+	// DropCaches makes pull drop the kernel's page cache before every
+	// pull (root; affects the whole machine).
+	DropCaches bool
 
 	// DaemonLog, when set, is the runtime's log file; the phase timings it
 	// logs at debug level during the run are reported per phase.
@@ -198,6 +209,9 @@ type runner struct {
 	// pods is the number of pods the per-pod metrics divide by when it
 	// is not cfg.N (exec, portforward: one pod).
 	pods int
+	// procs counts the processes the daemon starts; nil when it cannot
+	// (no PID, not root).
+	procs *ProcWatch
 }
 
 // Run executes scenario against c. RPC failures are counted in the result;
@@ -238,29 +252,20 @@ func Run(ctx context.Context, c *Client, scenario string, cfg Config) (*Result, 
 	if cfg.DaemonLog != "" {
 		tail = NewLogTail(cfg.DaemonLog)
 	}
+	procsBefore := r.watchProcs(scenario)
+	if r.procs != nil {
+		defer r.procs.Close()
+	}
 
-	var wall time.Duration
-	switch scenario {
-	case ScenarioSandbox:
-		wall = r.sandbox(ctx)
-	case ScenarioPod:
-		wall = r.pod(ctx)
-	case ScenarioDensity:
-		wall = r.density(ctx)
-	case ScenarioRestore:
-		if cfg.Restart == nil {
-			return nil, errors.New("restore needs a restart command")
-		}
-		wall = r.restore(ctx)
-	case ScenarioExec:
-		wall = r.exec(ctx)
-	case ScenarioPortForward:
-		wall = r.portforward(ctx)
-	default:
-		return nil, fmt.Errorf("unknown scenario %q", scenario)
+	wall, err := r.run(ctx, scenario)
+	if err != nil {
+		return nil, err
 	}
 	res.WallMs = ms(wall)
 	r.resourceMetrics(cpuBefore, daemonBefore, daemonPID, tail)
+	if r.procs != nil {
+		r.procMetrics(r.procs.Counts().Sub(procsBefore))
+	}
 	res.Ops = r.rec.Summaries(wall)
 	for i := range res.Ops {
 		if w, ok := r.walls[res.Ops[i].Name]; ok {
@@ -839,4 +844,128 @@ func PerMinute(cpu, window time.Duration) float64 {
 		return 0
 	}
 	return ms(cpu) * float64(time.Minute) / float64(window)
+}
+
+// run runs scenario and returns its wall time.
+func (r *runner) run(ctx context.Context, scenario string) (time.Duration, error) {
+	switch scenario {
+	case ScenarioSandbox:
+		return r.sandbox(ctx), nil
+	case ScenarioPod:
+		return r.pod(ctx), nil
+	case ScenarioDensity:
+		return r.density(ctx), nil
+	case ScenarioRestore:
+		if r.cfg.Restart == nil {
+			return 0, errors.New("restore needs a restart command")
+		}
+		return r.restore(ctx), nil
+	case ScenarioExec:
+		return r.exec(ctx), nil
+	case ScenarioPortForward:
+		return r.portforward(ctx), nil
+	case ScenarioStatus:
+		return r.status(ctx), nil
+	case ScenarioPull:
+		return r.pull(ctx), nil
+	}
+	return 0, fmt.Errorf("unknown scenario %q", scenario)
+}
+
+// watchProcs starts counting the daemon's processes when its PID is
+// known and the process events connector is there (root), and returns
+// the counts before the scenario. The restore scenario restarts the
+// daemon, whose successor would not be watched: it is not counted.
+func (r *runner) watchProcs(scenario string) ProcCounts {
+	if r.cfg.PID == nil || scenario == ScenarioRestore {
+		return ProcCounts{}
+	}
+	pid, err := r.cfg.PID()
+	if err != nil {
+		return ProcCounts{}
+	}
+	w, err := WatchProcs(pid)
+	if err != nil {
+		return ProcCounts{}
+	}
+	r.procs = w
+	return w.Counts()
+}
+
+// procMetrics reports the processes the daemon started per pod (forks,
+// threads not counted) and the commands it ran per pod, as
+// execs_per_pod.<command>, e.g. execs_per_pod.runc_state.
+func (r *runner) procMetrics(d ProcCounts) {
+	pods := r.cfg.N
+	if r.pods > 0 {
+		pods = r.pods
+	}
+	r.setMetric("procs_per_pod", float64(d.Forks)/float64(pods))
+	for k, v := range d.Execs {
+		r.setMetric("execs_per_pod."+strings.ReplaceAll(k, " ", "_"), float64(v)/float64(pods))
+	}
+	if d.Lost > 0 {
+		r.setMetric("procs_events_lost", float64(d.Lost))
+	}
+}
+
+// status starts N pods with a running container, then, one call at a
+// time as kubelet's pod workers make them, reads every container's
+// status (plain and verbose) and lists all containers, cfg.StatsRounds
+// times (default 5). status_procs_started counts the processes the runtime
+// started during the reads: a status read should start none.
+func (r *runner) status(ctx context.Context) time.Duration {
+	r.rec.Declare(OpPullImage, OpRunPodSandbox, OpCreateContainer, OpStartContainer, OpWaitRunning,
+		OpContainerStatus, OpContainerStatusV, OpListContainers)
+	r.rec.DeclareAggregate(OpPodRunning)
+	r.ensureImage(ctx)
+	pods, _ := r.startPods(ctx, ScenarioStatus, true)
+	r.setMetric("pods_running", float64(len(pods)))
+	rounds := r.cfg.StatsRounds
+	if rounds <= 0 {
+		rounds = 5
+	}
+	var before ProcCounts
+	if r.procs != nil {
+		before = r.procs.Counts()
+	}
+	status := func(op, id string, verbose bool) {
+		_ = r.rec.timed(op, func() error {
+			rctx, cancel := r.c.rpc(ctx)
+			defer cancel()
+			resp, err := r.c.Runtime.ContainerStatus(rctx, &runtimeapi.ContainerStatusRequest{ContainerId: id, Verbose: verbose})
+			if err == nil && resp.GetStatus().GetState() != runtimeapi.ContainerState_CONTAINER_RUNNING {
+				err = fmt.Errorf("container %s is %s, want CONTAINER_RUNNING", id, resp.GetStatus().GetState())
+			}
+			return err
+		})
+	}
+	start := time.Now()
+	for range rounds {
+		for _, p := range pods {
+			for _, id := range p.containers {
+				status(OpContainerStatus, id, false)
+				status(OpContainerStatusV, id, true)
+			}
+		}
+		_ = r.rec.timed(OpListContainers, func() error {
+			rctx, cancel := r.c.rpc(ctx)
+			defer cancel()
+			resp, err := r.c.Runtime.ListContainers(rctx, &runtimeapi.ListContainersRequest{})
+			if err == nil && len(resp.GetContainers()) < len(pods) {
+				err = fmt.Errorf("ListContainers listed %d containers, want at least %d", len(resp.GetContainers()), len(pods))
+			}
+			return err
+		})
+	}
+	wall := time.Since(start)
+	if r.procs != nil {
+		d := r.procs.Counts().Sub(before)
+		r.setMetric("status_procs_started", float64(d.Forks))
+	}
+	r.mu.Lock()
+	r.walls[OpContainerStatus], r.walls[OpContainerStatusV], r.walls[OpListContainers] = wall, wall, wall
+	r.mu.Unlock()
+	r.teardownAll(ctx, pods)
+	return wall
 }

@@ -15,13 +15,15 @@ prepare)
 	share=$2
 	repo=$(cd "$(dirname "$0")/../../.." && pwd)
 	(cd "$repo" && go test -c -o "$share/bin/pinrt-e2e.test" ./test/)
+	# The NRI tests' plugin, which the guest cannot build.
+	(cd "$repo" && CGO_ENABLED=0 go build -o "$share/bin/nriplugin" ./test/nriplugin)
 	;;
 run)
 	driver=$2 share=$3
 	tests=${PINRT_VM_TESTS:-'^(TestVersionAndStatus|TestRestore|TestContainers|TestCgroupV2|TestStats|TestSystemdUnit)$'}
 	skip=${PINRT_VM_SKIP:-'^(TestContainers|TestStats)$/^(ManyPods|ReopenLog|UsernsPod|IDMappedVolume|RuntimeWithoutIDMap|RuntimeHandlers|Stop|ExecSync|Security|Seccomp|SharedPID|List|BadInput)$'}
 	cd /tmp
-	PINRT_E2E_BINARY=$share/bin/pinrt PINRT_E2E_CGROUP_DRIVER=$driver \
+	PINRT_E2E_BINARY=$share/bin/pinrt PINRT_E2E_CGROUP_DRIVER=$driver PINRT_E2E_NRIPLUGIN=$share/bin/nriplugin \
 		exec "$share/bin/pinrt-e2e.test" -test.v -test.count="${PINRT_VM_COUNT:-1}" -test.timeout=40m \
 		-test.run "$tests" -test.skip "$skip"
 	;;

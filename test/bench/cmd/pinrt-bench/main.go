@@ -31,6 +31,10 @@ commands:
   exec       one running pod: N ExecSync and N/10 streaming Exec of "echo hi"
   portforward one pod serving a file: read it through PortForward (MB/s)
   restore    N pods, restart the runtime, time until all are Ready again
+  pull       generate issue 22's image (3 gzip layers, 345 MB), serve it from a local
+             registry and time N pulls (removing it before each) against the raw download
+  status     N running pods: ContainerStatus (plain, verbose) of each and ListContainers,
+             --stats-rounds times; counts the processes the runtime starts meanwhile
   cleanup    remove pods and containers (bench-labelled, or --all)
   registry   serve a busybox test image from an in-process registry
 
@@ -52,7 +56,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	cmd, args := args[0], args[1:]
 	switch cmd {
 	case bench.ScenarioSandbox, bench.ScenarioPod, bench.ScenarioDensity, bench.ScenarioRestore,
-		bench.ScenarioExec, bench.ScenarioPortForward:
+		bench.ScenarioExec, bench.ScenarioPortForward, bench.ScenarioStatus, bench.ScenarioPull:
 		return runScenario(ctx, cmd, args, stdout, stderr)
 	case "cleanup":
 		return runCleanup(ctx, args, stdout, stderr)
@@ -80,7 +84,7 @@ func runScenario(ctx context.Context, scenario string, args []string, stdout, st
 	usernsBase := fs.Uint("userns-base", bench.UsernsBlock, "first host ID for userns pods (multiple of 65536, not 0)")
 	fs.IntVar(&cfg.UsernsCount, "userns-count", 1024, "number of 65536-ID blocks for userns pods")
 	fs.BoolVar(&cfg.Keep, "keep", false, "density: leave the pods running")
-	fs.IntVar(&cfg.StatsRounds, "stats-rounds", 0, "density: list container and pod stats this many times while the pods run")
+	fs.IntVar(&cfg.StatsRounds, "stats-rounds", 0, "density: list container and pod stats this many times while the pods run; status: rounds of reads (0: 5)")
 	fs.IntVar(&cfg.Streams, "streams", 0, "exec: streaming execs (0: N/10, at least 1; negative: none); portforward: reads (0: 3)")
 	fs.IntVar(&cfg.ForwardMB, "forward-mb", 64, "portforward: MiB read through the port-forward per read")
 	fs.DurationVar(&cfg.IdleWindow, "idle", 0, "density: with --cgroup, measure the runtime's CPU while the pods idle this long (0: skip)")
@@ -95,6 +99,10 @@ func runScenario(ctx context.Context, scenario string, args []string, stdout, st
 	rounds := fs.Int("rounds", 2, "compare: rounds of A then B")
 	cgroupB := fs.String("cgroup-b", "", "compare: cgroup directory holding runtime B, for its CPU per pod")
 	asJSON := fs.Bool("json", false, "print JSON instead of the table")
+	genDir := fs.String("gen-dir", "/var/tmp/pinrt-bench-pull", "pull: where the generated layers are kept between runs")
+	scale := fs.Float64("scale", 1, "pull: size of the generated image relative to issue 22's 345 MB")
+	limitMBps := fs.Float64("limit-mbps", 0, "pull: the registry serves blobs at this many MB/s in all (0: as fast as it can)")
+	fs.BoolVar(&cfg.DropCaches, "drop-caches", false, "pull: drop the page cache before every pull (whole machine)")
 	out := fs.String("out", "", "also write the JSON result to this file")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -139,6 +147,15 @@ func runScenario(ctx context.Context, scenario string, args []string, stdout, st
 		}
 	}
 
+	if scenario == bench.ScenarioPull {
+		reg, err := startPullRegistry(ctx, *genDir, *scale, *limitMBps)
+		if err != nil {
+			_, _ = fmt.Fprintln(stderr, err)
+			return 2
+		}
+		defer func() { _ = reg.Close() }()
+		cfg.Image = reg.Image
+	}
 	if *compare != "" {
 		cfgB := cfg
 		cfgB.CPU, cfgB.DaemonLog = nil, ""
@@ -179,6 +196,20 @@ func runScenario(ctx context.Context, scenario string, args []string, stdout, st
 		return 1
 	}
 	return 0
+}
+
+// startPullRegistry generates the pull scenario's image (or reuses the
+// one in genDir) and serves it from a local registry.
+func startPullRegistry(ctx context.Context, genDir string, scale, mbps float64) (*bench.Registry, error) {
+	layers, err := bench.GeneratePullImage(ctx, genDir, scale)
+	if err != nil {
+		return nil, err
+	}
+	img, err := bench.PullImage(layers)
+	if err != nil {
+		return nil, err
+	}
+	return bench.StartPullRegistry(ctx, "127.0.0.1:0", img, mbps)
 }
 
 // runCompare runs scenario against endpoints A and B alternately, A, B,

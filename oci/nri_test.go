@@ -1,0 +1,161 @@
+package oci
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/containerd/errdefs"
+	nriapi "github.com/containerd/nri/pkg/api"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+func nriBaseSpec(t *testing.T) *specs.Spec {
+	t.Helper()
+	s, err := gen(t,
+		WithNamespaces(Namespaces{User: "/run/x/ns/user/p", Net: "/run/x/ns/net/p", PIDMode: PIDContainer}, false),
+		WithEnv(nil, []string{"KEEP=1", "DROP=1"}),
+		WithDevices(nil, false),
+		WithAnnotations(map[string]string{"io.kubernetes.cri.sandbox-id": "p"}),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestApplyNRIAdjustment(t *testing.T) {
+	s := nriBaseSpec(t)
+	adj := &nriapi.ContainerAdjustment{}
+	adj.AddEnv("NRI", "1")
+	adj.RemoveEnv("DROP")
+	adj.AddAnnotation("nri.example/a", "b")
+	adj.AddMount(&nriapi.Mount{Destination: "/nri", Source: "/tmp", Type: "bind", Options: []string{"rbind", "ro"}})
+	adj.AddRlimit("RLIMIT_NOFILE", 4242, 4242)
+	oom := 345
+	adj.SetLinuxOomScoreAdj(&oom)
+	adj.SetLinuxMemoryLimit(64 << 20)
+	adj.SetLinuxCgroupsPath("/nri/moved")
+	adj.AddDevice(&nriapi.LinuxDevice{Path: "/dev/nri-null", Type: "c", Major: 1, Minor: 3})
+	adj.AddHooks(&nriapi.Hooks{CreateRuntime: []*nriapi.Hook{{Path: "/bin/true"}}})
+	if err := ApplyNRIAdjustment(s, adj, nil); err != nil {
+		t.Fatal(err)
+	}
+	env := s.Process.Env
+	if !slices.Contains(env, "NRI=1") || !slices.Contains(env, "KEEP=1") || slices.Contains(env, "DROP=1") {
+		t.Errorf("env = %q", env)
+	}
+	if s.Annotations["nri.example/a"] != "b" || s.Annotations["io.kubernetes.cri.sandbox-id"] != "p" {
+		t.Errorf("annotations = %v", s.Annotations)
+	}
+	if m := mountAt(s, "/nri"); m == nil || m.Source != "/tmp" {
+		t.Errorf("mount /nri = %+v", m)
+	}
+	if len(s.Process.Rlimits) != 1 || s.Process.Rlimits[0] != (specs.POSIXRlimit{Type: "RLIMIT_NOFILE", Hard: 4242, Soft: 4242}) {
+		t.Errorf("rlimits = %+v", s.Process.Rlimits)
+	}
+	if s.Process.OOMScoreAdj == nil || *s.Process.OOMScoreAdj != 345 {
+		t.Errorf("oom score = %v", s.Process.OOMScoreAdj)
+	}
+	if l := s.Linux.Resources.Memory; l == nil || l.Limit == nil || *l.Limit != 64<<20 {
+		t.Errorf("memory = %+v", l)
+	}
+	if s.Linux.CgroupsPath != "/nri/moved" {
+		t.Errorf("cgroups path = %q", s.Linux.CgroupsPath)
+	}
+	if !slices.ContainsFunc(s.Linux.Devices, func(d specs.LinuxDevice) bool { return d.Path == "/dev/nri-null" && d.Major == 1 && d.Minor == 3 }) {
+		t.Errorf("devices = %+v", s.Linux.Devices)
+	}
+	if s.Hooks == nil || len(s.Hooks.CreateRuntime) != 1 || s.Hooks.CreateRuntime[0].Path != "/bin/true" {
+		t.Errorf("hooks = %+v", s.Hooks)
+	}
+}
+
+func TestApplyNRIAdjustmentRefusesNamespaces(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ns   func(a *nriapi.ContainerAdjustment)
+	}{
+		{"move the network namespace", func(a *nriapi.ContainerAdjustment) {
+			a.AddOrReplaceNamespace(&nriapi.LinuxNamespace{Type: "network", Path: "/proc/1/ns/net"})
+		}},
+		{"leave the user namespace", func(a *nriapi.ContainerAdjustment) {
+			a.RemoveNamespace(&nriapi.LinuxNamespace{Type: "user"})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := nriBaseSpec(t)
+			want := slices.Clone(s.Linux.Namespaces)
+			adj := &nriapi.ContainerAdjustment{}
+			adj.AddEnv("NRI", "1")
+			tc.ns(adj)
+			err := ApplyNRIAdjustment(s, adj, nil)
+			if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "namespaces") {
+				t.Fatalf("err = %v, want InvalidArgument about namespaces", err)
+			}
+			if !slices.Equal(s.Linux.Namespaces, want) {
+				t.Errorf("namespaces changed: %+v", s.Linux.Namespaces)
+			}
+		})
+	}
+}
+
+func TestApplyNRIAdjustmentCDI(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "t.yaml"), []byte(cdiSpecYAML(t.TempDir())), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, err := NewCDIRegistry([]string{dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	adj := &nriapi.ContainerAdjustment{}
+	adj.AddCDIDevice(&nriapi.CDIDevice{Name: "example.com/test=other"})
+	s := nriBaseSpec(t)
+	if err := ApplyNRIAdjustment(s, adj, r); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(s.Process.Env, "CDI_DEV=other") {
+		t.Errorf("env = %q, want the CDI device's", s.Process.Env)
+	}
+	bad := &nriapi.ContainerAdjustment{}
+	bad.AddCDIDevice(&nriapi.CDIDevice{Name: "example.com/test=nope"})
+	if err := ApplyNRIAdjustment(nriBaseSpec(t), bad, r); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "example.com/test=nope") {
+		t.Errorf("unknown CDI device from a plugin: %v", err)
+	}
+	if err := ApplyNRIAdjustment(nriBaseSpec(t), adj, nil); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("CDI device without a registry: %v", err)
+	}
+}
+
+func TestApplyNRIAdjustmentRefusesBadValues(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		adj  func(a *nriapi.ContainerAdjustment)
+		msg  string
+	}{
+		{"unknown rlimit", func(a *nriapi.ContainerAdjustment) { a.AddRlimit("RLIMIT_BOGUS", 1, 1) }, `unknown rlimit "RLIMIT_BOGUS"`},
+		{"soft above hard", func(a *nriapi.ContainerAdjustment) { a.AddRlimit("RLIMIT_NOFILE", 10, 20) }, "soft limit 20 above hard limit 10"},
+		{"relative mount", func(a *nriapi.ContainerAdjustment) {
+			a.AddMount(&nriapi.Mount{Destination: "rel", Source: "/tmp", Type: "bind"})
+		}, `mount destination "rel"`},
+		{"device type", func(a *nriapi.ContainerAdjustment) {
+			a.AddDevice(&nriapi.LinuxDevice{Path: "/dev/x", Type: "z"})
+		}, `unknown type "z"`},
+		{"relative hook", func(a *nriapi.ContainerAdjustment) {
+			a.AddHooks(&nriapi.Hooks{Poststart: []*nriapi.Hook{{Path: "true"}}})
+		}, `hook path "true"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			adj := &nriapi.ContainerAdjustment{}
+			tc.adj(adj)
+			err := ApplyNRIAdjustment(nriBaseSpec(t), adj, nil)
+			if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.msg) {
+				t.Errorf("err = %v, want InvalidArgument with %q", err, tc.msg)
+			}
+		})
+	}
+}

@@ -1,0 +1,284 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
+	nriapi "github.com/containerd/nri/pkg/api"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pinrt/pinrt/nri/nritest"
+)
+
+func newNRIFixture(t *testing.T) (*ctrFixture, *nritest.Fake) {
+	t.Helper()
+	f := newCtrFixture(t)
+	fake := &nritest.Fake{}
+	f.srv.SetNRI(fake)
+	return f, fake
+}
+
+func TestNRILifecycleEvents(t *testing.T) {
+	f, fake := newNRIFixture(t)
+	ctx := context.Background()
+	pod, _ := f.pod(t, false)
+	resp, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr("c")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.ContainerId
+	if _, err := f.srv.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: id}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.srv.UpdateContainerResources(ctx, &runtimeapi.UpdateContainerResourcesRequest{ContainerId: id, Linux: &runtimeapi.LinuxContainerResources{CpuShares: 512}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.srv.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: id}); err != nil {
+		t.Fatal(err)
+	}
+	// A repeated stop of a stopped container is no new event.
+	if _, err := f.srv.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: id}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.srv.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: id}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.srv.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: pod}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.srv.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: pod}); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"RunPodSandbox p", "CreateContainer c", "PostCreateContainer c", "StartContainer c", "PostStartContainer c",
+		"UpdateContainer c", "PostUpdateContainer c", "StopContainer c", "RemoveContainer c",
+		"StopPodSandbox p", "RemovePodSandbox p",
+	}
+	if got := fake.Events(); !slices.Equal(got, want) {
+		t.Errorf("events\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if n := fake.Blocked(); n != 0 {
+		t.Errorf("%d BlockSync holders left", n)
+	}
+}
+
+func TestNRICreateAdjustment(t *testing.T) {
+	f, fake := newNRIFixture(t)
+	pod, _ := f.pod(t, true)
+	fake.Adjust = &nriapi.ContainerAdjustment{}
+	fake.Adjust.AddEnv("FROM_PLUGIN", "1")
+	fake.Adjust.AddRlimit("RLIMIT_NOFILE", 100, 50)
+	resp, err := f.srv.CreateContainer(context.Background(), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr("c")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := f.rt.Specs[resp.ContainerId]
+	if !slices.Contains(spec.Process.Env, "FROM_PLUGIN=1") {
+		t.Errorf("env = %q", spec.Process.Env)
+	}
+	if len(spec.Process.Rlimits) != 1 || spec.Process.Rlimits[0].Soft != 50 {
+		t.Errorf("rlimits = %+v", spec.Process.Rlimits)
+	}
+}
+
+func TestNRICreateRefused(t *testing.T) {
+	tests := []struct {
+		name   string
+		inject func(fake *nritest.Fake)
+		want   error
+		msg    string
+		// undone: plugins saw the create and are told it is gone.
+		undone bool
+	}{
+		{"plugin refuses", func(fake *nritest.Fake) {
+			fake.CreateErr = fmt.Errorf("plugin \"10-picky\" said no: %w", errdefs.ErrFailedPrecondition)
+		}, errdefs.ErrFailedPrecondition, `10-picky`, false},
+		{"namespace move", func(fake *nritest.Fake) {
+			fake.Adjust = &nriapi.ContainerAdjustment{}
+			fake.Adjust.AddOrReplaceNamespace(&nriapi.LinuxNamespace{Type: "network", Path: "/proc/1/ns/net"})
+		}, errdefs.ErrInvalidArgument, "namespaces", true},
+		{"checked before it is applied", func(fake *nritest.Fake) {
+			fake.Check = true
+			fake.Adjust = &nriapi.ContainerAdjustment{}
+			fake.Adjust.AddRlimit("RLIMIT_BOGUS", 1, 1)
+		}, errdefs.ErrInvalidArgument, "RLIMIT_BOGUS", false},
+		{"leave the user namespace", func(fake *nritest.Fake) {
+			fake.Adjust = &nriapi.ContainerAdjustment{}
+			fake.Adjust.RemoveNamespace(&nriapi.LinuxNamespace{Type: "user"})
+		}, errdefs.ErrInvalidArgument, "namespaces", true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f, fake := newNRIFixture(t)
+			pod, _ := f.pod(t, true)
+			tc.inject(fake)
+			_, err := f.srv.CreateContainer(context.Background(), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr("c")})
+			if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.msg) {
+				t.Fatalf("err = %v, want %v containing %q", err, tc.want, tc.msg)
+			}
+			f.nothingLeft(t)
+			if got := slices.Contains(fake.Events(), "RemoveContainer c"); got != tc.undone {
+				t.Errorf("plugins told of the removal: %v, want %v (%q)", got, tc.undone, fake.Events())
+			}
+			if n := fake.Blocked(); n != 0 {
+				t.Errorf("%d BlockSync holders left", n)
+			}
+			*fake = nritest.Fake{}
+			if _, err := f.srv.CreateContainer(context.Background(), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr("c")}); err != nil {
+				t.Fatalf("the same name after the refusal: %v", err)
+			}
+		})
+	}
+}
+
+func TestNRIRunPodRefused(t *testing.T) {
+	f, fake := newNRIFixture(t)
+	fake.RunPodErr = fmt.Errorf("plugin \"20-pods\": no: %w", errdefs.ErrFailedPrecondition)
+	_, err := f.srv.RunPodSandbox(context.Background(), unitPod("p", false))
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "20-pods") {
+		t.Fatalf("err = %v", err)
+	}
+	if entries, _ := os.ReadDir(filepath.Join(f.cfg.Root, "sandboxes")); len(entries) > 0 {
+		t.Errorf("%d sandbox dirs left", len(entries))
+	}
+	if n := len(f.srv.sandboxes.List()); n != 0 {
+		t.Errorf("%d pods in the store", n)
+	}
+}
+
+func TestNRISnapshotAndUpdates(t *testing.T) {
+	f, _ := newNRIFixture(t)
+	ctx := context.Background()
+	pod, _ := f.pod(t, false)
+	var ids []string
+	for _, name := range []string{"a", "b"} {
+		resp, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr(name)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.srv.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: resp.ContainerId}); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, resp.ContainerId)
+	}
+	pods, ctrs, err := f.srv.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pods) != 1 || pods[0].GetId() != pod || pods[0].GetName() != "p" {
+		t.Errorf("pods = %v", pods)
+	}
+	if len(ctrs) != 2 || ctrs[0].GetPodSandboxId() != pod || ctrs[0].GetState() != nriapi.ContainerState_CONTAINER_RUNNING {
+		t.Errorf("containers = %v", ctrs)
+	}
+
+	up := &nriapi.ContainerUpdate{}
+	up.SetContainerId(ids[0])
+	up.SetLinuxCPUShares(777)
+	gone := &nriapi.ContainerUpdate{}
+	gone.SetContainerId("ffff")
+	gone.SetLinuxCPUShares(1)
+	ignored := &nriapi.ContainerUpdate{}
+	ignored.SetContainerId("eeee")
+	ignored.SetLinuxCPUShares(1)
+	ignored.SetIgnoreFailure()
+	failed, err := f.srv.UpdateContainers(ctx, []*nriapi.ContainerUpdate{up, gone, ignored})
+	if len(failed) != 1 || failed[0].GetContainerId() != "ffff" || !errdefs.IsNotFound(err) {
+		t.Errorf("failed = %v, err = %v; want only ffff, not found", failed, err)
+	}
+	if r := f.rt.Resources[ids[0]]; r == nil || r.CPU == nil || r.CPU.Shares == nil || *r.CPU.Shares != 777 {
+		t.Errorf("resources of %s = %+v, want the plugin's shares", ids[0], r)
+	}
+}
+
+// A plugin's answer to UpdateContainer replaces the requested limits.
+func TestNRIUpdateReplaced(t *testing.T) {
+	f, fake := newNRIFixture(t)
+	ctx := context.Background()
+	pod, _ := f.pod(t, false)
+	resp, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr("c")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.ContainerId
+	if _, err := f.srv.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: id}); err != nil {
+		t.Fatal(err)
+	}
+	up := &nriapi.ContainerUpdate{}
+	up.SetContainerId(id)
+	up.SetLinuxCPUShares(999)
+	fake.UpdateReply = []*nriapi.ContainerUpdate{up}
+	if _, err := f.srv.UpdateContainerResources(ctx, &runtimeapi.UpdateContainerResourcesRequest{ContainerId: id, Linux: &runtimeapi.LinuxContainerResources{CpuShares: 512}}); err != nil {
+		t.Fatal(err)
+	}
+	if r := f.rt.Resources[id]; r == nil || r.CPU == nil || r.CPU.Shares == nil || *r.CPU.Shares != 999 {
+		t.Errorf("resources = %+v, want the plugin's 999 shares", r)
+	}
+}
+
+func TestNRIEviction(t *testing.T) {
+	f, fake := newNRIFixture(t)
+	ctx := context.Background()
+	pod, _ := f.pod(t, false)
+	resp, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr("victim")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim := resp.ContainerId
+	if _, err := f.srv.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: victim}); err != nil {
+		t.Fatal(err)
+	}
+	fake.Evict = []*nriapi.ContainerEviction{{ContainerId: victim, Reason: "test"}}
+	if _, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr("newcomer")}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := f.srv.containers.Get(victim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !slices.Contains(fake.Events(), "StopContainer victim") {
+		if time.Now().After(deadline) {
+			t.Fatalf("evicted container is %s; events %q", c.Status().State, fake.Events())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A container that exits on its own is a StopContainer to plugins too.
+func TestNRIExitIsStop(t *testing.T) {
+	f, fake := newNRIFixture(t)
+	ctx := context.Background()
+	pod, _ := f.pod(t, false)
+	resp, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr("c")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.srv.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: resp.ContainerId}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.rt.Kill(ctx, resp.ContainerId, 9, false); err != nil {
+		t.Fatal(err)
+	}
+	st, err := f.srv.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: resp.ContainerId})
+	if err != nil || st.Status.State != runtimeapi.ContainerState_CONTAINER_EXITED {
+		t.Fatalf("status = %v, %v", st, err)
+	}
+	var stops int
+	for _, e := range fake.Events() {
+		if e == "StopContainer c" {
+			stops++
+		}
+	}
+	if stops != 1 {
+		t.Errorf("plugins saw %d StopContainer for one exit: %q", stops, fake.Events())
+	}
+}
