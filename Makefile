@@ -18,7 +18,7 @@ GOBIN_DIR := $(shell $(GO) env GOPATH)/bin
 VERSION  ?= $(shell git describe --tags --match 'v[0-9]*' --always --dirty 2>/dev/null)
 LDFLAGS  := -X github.com/pinrt/pinrt/version.describe=$(VERSION)
 
-.PHONY: all build test test-unit test-e2e test-vm k8snode chaos bench lint docs deps deps-apt deps-runc deps-cni deps-lint deps-vm run install clean
+.PHONY: all build test test-unit test-e2e test-vm critest k8snode chaos bench lint docs deps deps-apt deps-runc deps-cni deps-lint deps-vm run install clean
 
 all: build
 
@@ -48,13 +48,20 @@ chaos: build
 
 # test-vm boots a Debian VM (qemu TCG, systemd, cgroup v2) and runs the
 # suites of PINRT_VM_SUITES inside it with each cgroup driver: pinrt's
-# cgroup and daemon e2e tests, and a Kubernetes node (kubelet, the API
-# server) with pinrt as its runtime (test/k8snode). The first run builds
-# and caches the VM image and the Kubernetes binary in /var/cache/pinrt-vm
-# (see test/vm/run.sh, test/k8snode/build.sh).
-PINRT_VM_SUITES ?= e2e k8s
+# cgroup and daemon e2e tests, critest (the CRI conformance suite) against
+# pinrt run from contrib/pinrt.service, and a Kubernetes node (kubelet, the
+# API server) with pinrt as its runtime (test/k8snode). The first run
+# builds and caches the VM image, critest, its stand-in images and the
+# Kubernetes binary in /var/cache/pinrt-vm (see test/vm/run.sh,
+# test/critest, test/standin, test/k8snode/build.sh).
+PINRT_VM_SUITES ?= e2e critest k8s
 test-vm: deps-vm deps-runc deps-cni
 	PINRT_VM_SUITES="$(PINRT_VM_SUITES)" bash test/vm/run.sh
+
+# critest runs only the critest suite in the VM, under both cgroup drivers
+# (PINRT_VM_DRIVERS picks them), and prints critest's summary per driver.
+critest: deps-vm deps-runc deps-cni
+	PINRT_VM_SUITES=critest bash test/vm/run.sh
 
 # k8snode runs only the Kubernetes node suite in the VM, under both cgroup
 # drivers (PINRT_VM_DRIVERS picks them).
@@ -82,7 +89,8 @@ deps: deps-apt deps-vm deps-runc deps-cni deps-lint
 
 # iptables: the default network masquerades and maps ports through it.
 # crun: Debian's 1.8.1 lacks idmapped mounts; the tests check the refusal.
-# tar, gzip, zstd: tests build image layers with the tools the outside world uses.
+# tar, gzip, zstd: tests build image layers with the tools the outside world uses
+# (test/standin also fetches .debs with apt-get download and unpacks them with dpkg-deb).
 deps-apt:
 	@need=""; for p in conmon libseccomp-dev busybox-static iproute2 iptables crun tar gzip zstd; do \
 		dpkg -s $$p >/dev/null 2>&1 || need="$$need $$p"; done; \

@@ -54,8 +54,9 @@ func (*systemdDriver) Name() string { return DriverSystemd }
 // systemd's naming places inside the default slice. kubelet's systemd
 // cgroup driver sends its slice as the path systemd gives it
 // ("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid>.slice",
-// kubelet's CgroupName.ToSystemd); crictl and critest send the unit name.
-// Both mean the unit, which is what is returned.
+// kubelet's CgroupName.ToSystemd); crictl sends the unit name,
+// and critest a top-level slice's path ("/test.slice"). All mean the unit,
+// which is what is returned; a path that is not the slice's own is refused.
 func (d *systemdDriver) PodParent(kubeletParent, sandboxID string) (string, error) {
 	if kubeletParent != "" {
 		slice := kubeletParent

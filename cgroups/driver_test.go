@@ -34,6 +34,9 @@ func TestPodParentAndContainerPath(t *testing.T) {
 		{"systemd path refused", sd, "/kubepods/burstable/pod1", "", "", errdefs.ErrInvalidArgument},
 		{"systemd path not the slice's refused", sd, "/other.slice/kubepods-burstable-pod1.slice", "", "", errdefs.ErrInvalidArgument},
 		{"systemd root slice path refused", sd, "/", "", "", errdefs.ErrInvalidArgument},
+		{"systemd top-level slice as a path", sd, "/test.slice", "test.slice", "test.slice:pinrt:c", nil},
+		{"systemd nested slice as a path refused", sd, "/kubepods-burstable.slice", "", "", errdefs.ErrInvalidArgument},
+		{"systemd nested slice path", sd, "/kubepods.slice/kubepods-burstable.slice", "kubepods-burstable.slice", "kubepods-burstable.slice:pinrt:c", nil},
 		{"systemd dotdot refused", sd, "../x.slice", "", "", errdefs.ErrInvalidArgument},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -30,9 +30,13 @@ type pauseRootfs struct {
 	path string
 }
 
-// pauseRootfsDir prepares <runroot>/pause/rootfs once per daemon run: a
+// pauseRootfsDir prepares <root>/pause/rootfs once per daemon run: a
 // fresh copy of the running binary, so an upgraded pinrt runs its own
-// pause. The binary must be static, since the rootfs has no libc.
+// pause. The binary must be static, since the rootfs has no libc. It
+// lives under the root, not the runroot: /run is noexec where an
+// initramfs mounted it (Debian's does), and a bind mount keeps noexec
+// locked in a user namespace, so a userns pod's pause could not be run
+// from there (critest's NamespaceMode_POD in the VM found it).
 func (s *Server) pauseRootfsDir() (string, error) {
 	s.pause.mu.Lock()
 	defer s.pause.mu.Unlock()
@@ -46,7 +50,7 @@ func (s *Server) pauseRootfsDir() (string, error) {
 	if err := checkStatic(exe); err != nil {
 		return "", err
 	}
-	root := filepath.Join(s.cfg.RunRoot, "pause", "rootfs")
+	root := filepath.Join(s.cfg.Root, "pause", "rootfs")
 	// The mount points must exist: a userns pod's mapped root cannot
 	// create them in a directory owned by the host's root.
 	for _, d := range []string{"proc", "dev", "sys"} {

@@ -1,0 +1,109 @@
+#!/bin/bash
+# run.sh runs critest against a running pinrt with the checked-in skip
+# list and prints critest's summary, the skips and the slowest specs.
+#
+#   run.sh CRITEST ENDPOINT [OUTDIR]
+#
+# CRITEST is the critest binary (test/critest/build.sh), ENDPOINT pinrt's
+# CRI socket (unix:///run/pinrt/pinrt.sock), OUTDIR where the JUnit report
+# goes (default: a temporary directory). The exit code is critest's: 0
+# when no spec failed. A skipped spec that skip.txt does not name (a spec
+# that skipped itself) is reported as an unlisted skip.
+#
+# Environment:
+#   PINRT_CRITEST_FOCUS    -ginkgo.focus regexp, to run some specs only
+#   PINRT_CRITEST_TIMEOUT  -ginkgo.timeout for the whole suite (default 60m)
+#   PINRT_CRITEST_PARALLEL critest -parallel: specs run by that many
+#                          processes (ginkgo, next to CRITEST); default 1
+#   PINRT_CRITEST_ARGS     more critest flags
+set -uo pipefail
+
+critest=$1 endpoint=$2
+out=${3:-$(mktemp -d /tmp/critest-out.XXXXXX)}
+here=$(cd "$(dirname "$0")" && pwd)
+skipfile=$here/skip.txt
+mkdir -p "$out"
+
+# Each entry is "REGEXP # reason"; an entry without a reason is an error.
+patterns=()
+while IFS= read -r line; do
+	case $line in '' | '#'*) continue ;; esac
+	pat=${line%% # *}
+	reason=${line#* # }
+	if [ "$pat" = "$line" ] || [ -z "$reason" ]; then
+		echo "critest: $skipfile: entry without a reason: $line" >&2
+		exit 2
+	fi
+	patterns+=("$pat")
+done <"$skipfile"
+skip=$(
+	IFS='|'
+	echo "${patterns[*]}"
+)
+
+args=(
+	-runtime-endpoint "$endpoint" -image-endpoint "$endpoint"
+	-ginkgo.no-color -ginkgo.timeout "${PINRT_CRITEST_TIMEOUT:-60m}"
+	-ginkgo.junit-report "$out/junit.xml"
+	-ginkgo.skip "$skip"
+)
+[ -n "${PINRT_CRITEST_FOCUS:-}" ] && args+=(-ginkgo.focus "$PINRT_CRITEST_FOCUS")
+# critest -parallel runs the ginkgo CLI, which build.sh puts next to critest.
+[ "${PINRT_CRITEST_PARALLEL:-1}" -gt 1 ] && args+=(-parallel "$PINRT_CRITEST_PARALLEL")
+PATH=$(cd "$(dirname "$critest")" && pwd):$PATH
+# shellcheck disable=SC2206 # word splitting is the point
+[ -n "${PINRT_CRITEST_ARGS:-}" ] && args+=($PINRT_CRITEST_ARGS)
+
+echo "critest: $("$critest" -version 2>/dev/null | head -1); endpoint $endpoint; skip list $skipfile (${#patterns[@]} entries)"
+start=$(date +%s)
+"$critest" "${args[@]}" >"$out/critest.log" 2>&1
+rc=$?
+end=$(date +%s)
+
+# The log in full when something failed; otherwise the summary is enough.
+if [ "$rc" -ne 0 ]; then
+	cat "$out/critest.log"
+fi
+
+# JUnit: one <testcase name=".." status=".." time=".."> per spec.
+cases=$out/cases.tsv
+if [ -f "$out/junit.xml" ]; then
+	sed -n 's/.*<testcase name="\([^"]*\)" classname="[^"]*" status="\([^"]*\)" time="\([^"]*\)".*/\2\t\3\t\1/p' "$out/junit.xml" |
+		sed 's/&#39;/'"'"'/g; s/&#34;/"/g; s/&quot;/"/g; s/&amp;/\&/g; s/&lt;/</g; s/&gt;/>/g' >"$cases"
+else
+	: >"$cases"
+fi
+# Skipped specs: by skip.txt, critest's benchmarks (never validation
+# specs), or unlisted: a spec that skipped itself. A focused run skips
+# everything else, so it checks nothing.
+listed=0 benchmarks=0
+unlisted=()
+while IFS=$'\t' read -r status _ name; do
+	[ "$status" = skipped ] || continue
+	case $name in *benchmark*)
+		benchmarks=$((benchmarks + 1))
+		continue
+		;;
+	esac
+	if printf '%s\n' "$name" | grep -Eq -- "$skip"; then
+		listed=$((listed + 1))
+	elif [ -z "${PINRT_CRITEST_FOCUS:-}" ]; then
+		unlisted+=("$name")
+	fi
+done <"$cases"
+
+echo "critest: ===== summary ($((end - start))s) ====="
+grep -E '^(Ran [0-9]+ of [0-9]+ Specs|SUCCESS!|FAIL!)' "$out/critest.log" | sort -u
+awk -F'\t' '$1 == "failed" { print "critest: FAILED: " $3 }' "$cases"
+echo "critest: skipped by skip.txt: $listed; benchmarks (not run by design): $benchmarks; unlisted skips: ${#unlisted[@]}"
+for n in "${unlisted[@]}"; do
+	echo "critest: UNLISTED SKIP (the spec skipped itself): $n"
+done
+if [ "${#unlisted[@]}" -gt 0 ]; then
+	grep -A1 'status="skipped"' "$out/junit.xml" | grep -o '<skipped message="[^"]*"' | grep -v 'message="skipped"' |
+		sort -u | sed 's/<skipped message=/critest:   reason given: /'
+fi
+echo "critest: slowest specs:"
+awk -F'\t' '$1 == "passed" || $1 == "failed"' "$cases" | sort -t$'\t' -k2,2 -rn | head -8 |
+	awk -F'\t' '{ printf "critest:   %6.1fs %s\n", $2, $3 }'
+exit $rc
