@@ -5,9 +5,14 @@
 set -u
 share=/mnt/share
 out=$share/out
-cut -d' ' -f1 /proc/uptime >"$out/booted"
+# run.sh names this boot's settings on the kernel command line.
+envfile=env
+for a in $(cat /proc/cmdline); do
+	case $a in pinrt.env=*) envfile=${a#pinrt.env=} ;; esac
+done
 # shellcheck source=/dev/null
-. "$share/env"
+. "$share/$envfile"
+cut -d' ' -f1 /proc/uptime >"$out/booted.$TAG"
 
 install -m 0755 "$share/bin/runc" /usr/local/bin/runc
 mkdir -p /opt/cni
@@ -15,11 +20,11 @@ ln -sfn "$share/cni" /opt/cni/bin
 {
 	echo "kernel $(uname -r); $(systemctl --version | head -1)"
 	echo "cgroup fs: $(stat -fc %T /sys/fs/cgroup); controllers: $(cat /sys/fs/cgroup/cgroup.controllers)"
-} >"$out/guest-info"
+} >"$out/guest-info.$TAG"
 
 # If systemd stops this unit under the tests (the VM then powers off with
 # no result), leave the journal for run.sh to show.
-trap 'journalctl -b --no-pager -n 300 >"$out/journal-on-term.log" 2>&1; sync; exit 143' TERM
+trap 'journalctl -b --no-pager -n 300 >"$out/journal-on-term.$TAG.log" 2>&1; sync; exit 143' TERM
 
 # Each suite runs once per driver; a driver is done (out/DRIVER.done) when
 # all its suites have left an exit code.

@@ -20,7 +20,9 @@
 #   PINRT_VM_DRIVERS  cgroup drivers to run the suites with (default "cgroupfs systemd")
 #   PINRT_VM_CACHE    image cache (default /var/cache/pinrt-vm)
 #   PINRT_VM_MEM      guest memory in MiB (default 4096)
-#   PINRT_VM_TIMEOUT  seconds before the VM is killed (default 2400: make
+#   PINRT_VM_PARALLEL 1 (default): one VM per driver, all at once; 0: one
+#                     VM runs the drivers in turn
+#   PINRT_VM_TIMEOUT  seconds before a VM is killed (default 2700: make
 #                     test runs this in CI, which has 90 minutes in all)
 #   and each suite's own (see test/vm/suites/*.sh).
 set -euo pipefail
@@ -30,7 +32,7 @@ repo=$(cd "$here/../.." && pwd)
 cache=${PINRT_VM_CACHE:-/var/cache/pinrt-vm}
 suites=${PINRT_VM_SUITES:-e2e}
 drivers=${PINRT_VM_DRIVERS:-cgroupfs systemd}
-timeout=${PINRT_VM_TIMEOUT:-2400}
+timeout=${PINRT_VM_TIMEOUT:-2700}
 
 now() { date +%s.%N; }
 secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
@@ -67,33 +69,36 @@ for s in $suites; do
 	bash "$here/suites/$s.sh" prepare "$share"
 	echo "vm: suite $s prepared in $(secs "$p0" "$(now)")s"
 done
-# boot runs the tests for the drivers in $1 in one boot of the VM; their
-# results land in $share/out.
+# boot runs the suites for the drivers in $1 in one boot of the VM, named
+# $2; their results land in $share/out. The boot's settings reach the
+# guest in env.$2, named on the kernel command line.
 boot() {
+	local drivers_=$1 tag=$2
 	{
-		printf 'DRIVERS=%q\n' "$1"
+		printf 'DRIVERS=%q\n' "$drivers_"
 		printf 'SUITES=%q\n' "$suites"
+		printf 'TAG=%q\n' "$tag"
 		# Every PINRT_VM_* setting reaches the suites in the guest.
 		env | grep '^PINRT_VM_' | while IFS='=' read -r k v; do printf 'export %s=%q\n' "$k" "$v"; done
-	} >"$share/env"
+	} >"$share/env.$tag"
 	# -nic none: the guest has no network at all; the tests' registry and
 	# CNI bridges live inside it. snapshot=on keeps the cached image
-	# pristine.
+	# pristine, and lets boots share it.
 	local rc=0 b0
 	b0=$(now)
 	timeout --foreground -k 10 "$timeout" qemu-system-x86_64 \
 		-accel tcg -cpu max -smp 2 -m "${PINRT_VM_MEM:-4096}" -nographic -no-reboot -nic none \
 		-kernel "$img/vmlinuz" -initrd "$img/initrd.img" \
-		-append "console=ttyS0 root=/dev/vda rw systemd.unified_cgroup_hierarchy=1 panic=-1 loglevel=4 systemd.show_status=0" \
+		-append "console=ttyS0 root=/dev/vda rw systemd.unified_cgroup_hierarchy=1 panic=-1 loglevel=4 systemd.show_status=0 pinrt.env=env.$tag" \
 		-drive "file=$img/rootfs.img,if=virtio,format=raw,snapshot=on" \
 		-virtfs "local,path=$share,mount_tag=share,security_model=none,id=share" \
-		>"$share/console.log" 2>&1 || rc=$?
+		>"$share/console.$tag.log" 2>&1 </dev/null || rc=$?
 	if [ "$rc" -ne 0 ]; then
-		echo "vm: qemu exited with $rc after $(secs "$b0" "$(now)")s; console:"
-		tail -100 "$share/console.log"
-		exit 1
+		echo "vm[$tag]: qemu exited with $rc after $(secs "$b0" "$(now)")s; console:"
+		tail -100 "$share/console.$tag.log"
+		return 1
 	fi
-	echo "vm: guest userspace up $(cat "$share/out/booted" 2>/dev/null || echo "?")s after kernel start; VM ran $(secs "$b0" "$(now)")s in all"
+	echo "vm[$tag]: guest userspace up $(cat "$share/out/booted.$tag" 2>/dev/null || echo "?")s after kernel start; VM ran $(secs "$b0" "$(now)")s in all"
 }
 
 # missing lists the drivers of $1 that left no exit code: the VM went down
@@ -108,31 +113,43 @@ missing() {
 
 t2=$(now)
 echo "vm: binaries built in $(secs "$t1" "$t2")s; booting (TCG, 2 vCPUs, ${PINRT_VM_MEM:-4096} MiB)"
-boot "$drivers"
+if [ "${PINRT_VM_PARALLEL:-1}" = 1 ]; then
+	# One VM per driver, at once: the suites spend much of their time
+	# waiting (probes, grace periods, critest's polls), so two guests on
+	# two host cores finish well before one guest running both in turn.
+	for d in $drivers; do
+		boot "$d" "$d" &
+	done
+	wait || true
+else
+	boot "$drivers" all || true
+fi
 left=$(missing "$drivers")
 if [ -n "$left" ]; then
 	# Once, a VM powered off halfway through a run, leaving no result and
 	# no sign of why on the console. A test that failed is never
 	# retried; a run that never ended is, once, in a fresh boot.
-	echo "vm: no result for driver(s)$left; console:"
-	tail -60 "$share/console.log"
+	echo "vm: no result for driver(s)$left"
 	for d in $left; do
+		for f in "$share"/console.*.log; do
+			[ -f "$f" ] && { echo "vm: console ($(basename "$f")):"; tail -60 "$f"; }
+		done
 		for f in "$share/out/$d".*.log; do
 			[ -f "$f" ] && { echo "vm: partial output ($(basename "$f")):"; tail -100 "$f"; }
 		done
 	done
-	[ -f "$share/out/journal-on-term.log" ] && { echo "vm: guest journal when the test unit was stopped:"; cat "$share/out/journal-on-term.log"; }
+	for f in "$share"/out/journal-on-term.*.log; do
+		[ -f "$f" ] && { echo "vm: guest journal when the test unit was stopped ($(basename "$f")):"; cat "$f"; rm -f "$f"; }
+	done
 	echo "vm: booting again for$left"
-	rm -f "$share/out/journal-on-term.log"
-	boot "$left"
+	boot "$left" retry || true
 	if [ -n "$(missing "$left")" ]; then
 		echo "vm: still no result for$(missing "$left"); console:"
-		tail -100 "$share/console.log"
-		[ -f "$share/out/journal-on-term.log" ] && cat "$share/out/journal-on-term.log"
+		tail -100 "$share/console.retry.log"
+		[ -f "$share/out/journal-on-term.retry.log" ] && cat "$share/out/journal-on-term.retry.log"
 		exit 1
 	fi
 fi
-
 status=0
 for d in $drivers; do
 	for s in $suites; do
@@ -141,7 +158,7 @@ for d in $drivers; do
 		[ "$(cat "$share/out/$d.$s.rc")" = 0 ] || status=1
 	done
 done
-cat "$share/out/guest-info"
+cat "$share/out"/guest-info.* 2>/dev/null | sort -u
 for d in $drivers; do
 	for s in $suites; do
 		echo "vm: $s/$d: exit $(cat "$share/out/$d.$s.rc") in $(cat "$share/out/$d.$s.time")s"
