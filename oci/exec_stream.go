@@ -107,7 +107,7 @@ func (r *Runtime) ExecStream(ctx context.Context, id string, o ExecOptions) (int
 	}
 	var stream *execIO
 	if o.Tty {
-		stream, err = startTty(c, o, kill)
+		stream, err = startTty(c, o, kill, pidFile)
 	} else {
 		stream, err = startPipes(c, o, kill, execStdioOwner(rec, ps))
 	}
@@ -135,11 +135,39 @@ func (r *Runtime) ExecStream(ctx context.Context, id string, o ExecOptions) (int
 	var ee *exec.ExitError
 	switch {
 	case err == nil, errors.Is(err, exec.ErrWaitDelay):
-		return c.ProcessState.ExitCode(), nil
+		return exitCode(c.ProcessState), nil
 	case errors.As(err, &ee):
-		return ee.ExitCode(), nil
+		return exitCode(ee.ProcessState), nil
 	}
 	return -1, fmt.Errorf("exec in %s: %w", id, err)
+}
+
+// exitCode is a process's exit status as a shell reports it: 128 plus the
+// signal that killed it. Go's ExitCode says -1 for a signal, which kubelet
+// passes on and client-go refuses ("invalid exit code value").
+func exitCode(ps *os.ProcessState) int {
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return 128 + int(ws.Signal())
+	}
+	return ps.ExitCode()
+}
+
+// execPidFileWait bounds how long a hangup waits for runc to start the
+// exec'd process.
+const execPidFileWait = 10 * time.Second
+
+// waitPidFile reports whether pidFile appeared within d.
+func waitPidFile(pidFile string, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for {
+		if _, err := os.Stat(pidFile); err == nil {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // killPidFile SIGKILLs the process runc wrote into pidFile, if any, and
@@ -309,7 +337,9 @@ func startPipes(c *exec.Cmd, o ExecOptions, kill func(), owner *hostIDs) (_ *exe
 	}}, nil
 }
 
-func startTty(c *exec.Cmd, o ExecOptions, kill func()) (*execIO, error) {
+// startTty runs c on a new pty; pidFile is where runc records the exec'd
+// process, which a hangup waits for.
+func startTty(c *exec.Cmd, o ExecOptions, kill func(), pidFile string) (*execIO, error) {
 	master, slave, err := openPty()
 	if err != nil {
 		return nil, err
@@ -343,7 +373,13 @@ func startTty(c *exec.Cmd, o ExecOptions, kill func()) (*execIO, error) {
 		// SIGHUP to the process, and a shell left alone does not leak.
 		go func() {
 			_, _ = io.Copy(master, o.Stdin)
-			_ = c.Process.Signal(syscall.SIGHUP)
+			// runc relays signals only once its handler is in place,
+			// which is before it writes the pid file; a hangup sent
+			// earlier kills runc itself (kubectl exec -it with a stdin
+			// that ends at once).
+			if waitPidFile(pidFile, execPidFileWait) {
+				_ = c.Process.Signal(syscall.SIGHUP)
+			}
 		}()
 	}
 	stopResize := make(chan struct{})

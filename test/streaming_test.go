@@ -106,6 +106,7 @@ func TestStreaming(t *testing.T) {
 	t.Run("ExecExitCode", s.testExecExitCode)
 	t.Run("ExecStdin", s.testExecStdin)
 	t.Run("ExecTTYResize", s.testExecTTY)
+	t.Run("ExecTTYStdinEnds", s.testExecTTYStdinEnds)
 	t.Run("Tar", s.testTar)
 	t.Run("Attach", s.testAttach)
 	t.Run("AttachStdinOnce", func(t *testing.T) { s.testAttachStdinOnce(t, img) })
@@ -271,6 +272,23 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// testExecTTYStdinEnds runs TTY execs whose stdin ends at once, as
+// `kubectl exec -it` with a stdin that is not a terminal does: the hangup
+// that ends reaches the command, never runc before it relays signals, and
+// the exit code is one client-go accepts (the command's own, or 129 for
+// the hangup), never -1.
+func (s *streamEnv) testExecTTYStdinEnds(t *testing.T) {
+	for i := 0; i < 10; i++ {
+		u := s.execURL(t, s.server, []string{"sh", "-c", "exit 3"}, true, true)
+		var out lockedBuffer
+		err := spdyStream(Ctx(t), u, streamOpts{stdin: strings.NewReader(""), stdout: &out, tty: true})
+		var ee utilexec.ExitError
+		if !errors.As(err, &ee) || (ee.ExitStatus() != 3 && ee.ExitStatus() != 129) {
+			t.Fatalf("try %d: TTY exec with an ended stdin: got %v (%T), want an exit error with code 3 or 129; output %q", i, err, err, out.String())
+		}
+	}
 }
 
 func (s *streamEnv) testExecTTY(t *testing.T) {
