@@ -304,23 +304,7 @@ func StartPullRegistry(ctx context.Context, listen string, img v1.Image, mbps fl
 			inner.ServeHTTP(w, r)
 		})
 	}
-	r := &Registry{
-		Addr: ln.Addr().String(),
-		srv:  &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second},
-		done: make(chan error, 1),
-	}
-	go func() { r.done <- r.srv.Serve(ln) }()
-	r.Image = r.Addr + "/" + PullImageRepo
-	ref, err := name.ParseReference(r.Image, name.Insecure)
-	if err != nil {
-		_ = r.Close()
-		return nil, err
-	}
-	if err := remote.Write(ref, img, remote.WithContext(ctx)); err != nil {
-		_ = r.Close()
-		return nil, fmt.Errorf("push %s: %w", r.Image, err)
-	}
-	return r, nil
+	return serveImage(ctx, ln, h, img, PullImageRepo)
 }
 
 // download fetches every layer blob of ref in parallel, as a pull

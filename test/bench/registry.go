@@ -133,13 +133,18 @@ func StartRegistry(ctx context.Context, listen, busyboxPath string) (*Registry, 
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", listen, err)
 	}
+	return serveImage(ctx, ln, registry.New(registry.Logger(discardLogger())), img, ImageRepo)
+}
+
+// serveImage serves h on ln and pushes img to it as repo.
+func serveImage(ctx context.Context, ln net.Listener, h http.Handler, img v1.Image, repo string) (*Registry, error) {
 	r := &Registry{
 		Addr: ln.Addr().String(),
-		srv:  &http.Server{Handler: registry.New(registry.Logger(discardLogger())), ReadHeaderTimeout: 10 * time.Second},
+		srv:  &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second},
 		done: make(chan error, 1),
 	}
 	go func() { r.done <- r.srv.Serve(ln) }()
-	r.Image = r.Addr + "/" + ImageRepo
+	r.Image = r.Addr + "/" + repo
 	ref, err := name.ParseReference(r.Image, name.Insecure)
 	if err != nil {
 		_ = r.Close()
