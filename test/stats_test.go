@@ -133,8 +133,10 @@ func (e *ctrEnv) testPodMetrics(t *testing.T) {
 	}
 	var pm *runtimeapi.PodSandboxMetrics
 	var before int64
-	// nc may not listen yet, and the background loop (every 200ms here)
-	// may have measured the writable layer before the files were written.
+	// nc may not listen yet, the background loop (every 200ms here) may
+	// have measured the writable layer before the files were written, and
+	// the kernel counts a CFS period only when the period's timer (100ms)
+	// first expires after the container ran.
 	waitFor(t, 10*time.Second, "nc's socket and the written files in the metrics", func() bool {
 		before = time.Now().Unix()
 		resp, err := e.d.Runtime.ListPodSandboxMetrics(Ctx(t), &runtimeapi.ListPodSandboxMetricsRequest{})
@@ -150,16 +152,18 @@ func (e *ctrEnv) testPodMetrics(t *testing.T) {
 		if pm == nil || len(pm.ContainerMetrics) != 1 || pm.ContainerMetrics[0].ContainerId != id {
 			t.Fatalf("metrics of pod %s: %v", pod, pm)
 		}
-		var sockets, inodes uint64
+		var sockets, inodes, periods uint64
 		for _, m := range pm.ContainerMetrics[0].Metrics {
 			switch m.Name {
 			case "container_sockets":
 				sockets = m.Value.GetValue()
 			case "container_fs_inodes_total":
 				inodes = m.Value.GetValue()
+			case "container_cpu_cfs_periods_total":
+				periods = m.Value.GetValue()
 			}
 		}
-		return sockets > 0 && inodes >= 11
+		return sockets > 0 && inodes >= 11 && periods > 0
 	})
 	// The id label is the cgroup's directory, as cAdvisor names it: under
 	// systemd, the pod's slice and the container's scope in it.
