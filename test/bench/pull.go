@@ -359,6 +359,13 @@ func (r *runner) pull(ctx context.Context) time.Duration {
 			r.rec.Fail(OpPull, fmt.Errorf("removing the image before the pull: %w", err))
 			continue
 		}
+		if r.cfg.PullSettle > 0 {
+			select {
+			case <-time.After(r.cfg.PullSettle):
+			case <-ctx.Done():
+				return time.Since(start)
+			}
+		}
 		if r.cfg.DropCaches {
 			if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("3"), 0o200); err != nil {
 				r.rec.Fail(OpPull, fmt.Errorf("dropping caches: %w", err))

@@ -22,6 +22,7 @@
 #   BENCH_PULL_N=3            pull: pulls of the generated 345 MB image (kept in /var/tmp/pinrt-bench-pull)
 #   BENCH_PULL_MBPS=125       pull: the registry's bandwidth in MB/s (125: a 1 Gbit/s link; 0: unlimited)
 #   BENCH_PULL_SCALE=1        pull: image size relative to the 345 MB
+#   BENCH_PULL_SETTLE=36s     pull: wait after each removal (see --pull-settle; 0s: pull at once)
 #   BENCH_RESTORE_CONTAINERS= set to 1 to give each restore pod a container
 #   BENCH_ALLOW_ERRORS=       set to 1 to exit 0 even when scenarios had errors
 #   BENCH_BRIDGE=pbench0      bridge name; BENCH_SUBNET=10.200.0.0/16
@@ -30,6 +31,7 @@
 #   BENCH_SCENARIOS=          space-separated subset to run, e.g. "sandbox-netns-p1
 #                             sandbox-userns-p8" (names as in the summary; empty: all)
 #   BENCH_NRI=1               0 disables NRI (its socket is always in the temp dir)
+#   BENCH_PPROF=             host:port: serve pinrt's /debug/pprof there while the bench runs
 #   BENCH_LOG_LEVEL=debug     pinrt's log level; at debug pinrt logs the phase timings
 #                             (namespaces, cni_add, state, cni_del, unpin) the tables show
 #
@@ -54,6 +56,7 @@ STATUS_N=${BENCH_STATUS_N:-100}
 PULL_N=${BENCH_PULL_N:-3}
 PULL_MBPS=${BENCH_PULL_MBPS:-125}
 PULL_SCALE=${BENCH_PULL_SCALE:-1}
+PULL_SETTLE=${BENCH_PULL_SETTLE:-36s}
 BRIDGE=${BENCH_BRIDGE:-pbench0}
 SUBNET=${BENCH_SUBNET:-10.200.0.0/16}
 TIMEOUT=${BENCH_TIMEOUT:-60s}
@@ -93,7 +96,9 @@ mkdir "$CGROUP" || die "cannot create cgroup $CGROUP"
 mkdir -p "$TMP/root" "$TMP/run" "$TMP/cni/net.d" "$TMP/cni/ipam" "$TMP/logs" "$TMP/conf.d" "$OUT"
 : >"$TMP/pinrt.toml"
 # NRI and CDI look in the temp dir, never at the host's /var/run/nri or
-# /etc/cdi. BENCH_NRI=0 runs with NRI disabled, to compare.
+# /etc/cdi. BENCH_NRI=0 runs with NRI disabled, to compare. A pinrt older
+# than NRI (issue 22's starting commit, say) refuses the keys: it gets none.
+if "$PINRT" config --default 2>/dev/null | grep -q '^\[nri\]'; then
 cat >"$TMP/conf.d/50-nri-cdi.toml" <<EOF
 [nri]
 enable = $([ "${BENCH_NRI:-1}" = 0 ] && echo false || echo true)
@@ -103,6 +108,12 @@ plugin_config_path = "$TMP/nri/conf.d"
 [cdi]
 spec_dirs = ["$TMP/cdi"]
 EOF
+fi
+# BENCH_PPROF=127.0.0.1:6061 serves pinrt's /debug/pprof there, to profile
+# a scenario while it runs.
+if [ -n "${BENCH_PPROF:-}" ]; then
+	printf '[metrics]\naddress = "%s"\nenable_pprof = true\n' "$BENCH_PPROF" >"$TMP/conf.d/60-pprof.toml"
+fi
 
 # Stop pinrt: TERM, then KILL after 10s. Works for a daemon started by the
 # restart helper too, since both go through the pid file.
@@ -323,7 +334,7 @@ run_bench "restore" restore -n "$RESTORE_N" -p "$PAR" --restart-cmd "sh $TMP/res
 # Pulls of issue 22's image (3 gzip layers: 300 MB of binary data, 20 000
 # small files, 74 MB of executables) from a local registry limited to
 # BENCH_PULL_MBPS, against the download of its blobs alone.
-run_bench "pull" pull -n "$PULL_N" --limit-mbps "$PULL_MBPS" --scale "$PULL_SCALE"
+run_bench "pull" pull -n "$PULL_N" --limit-mbps "$PULL_MBPS" --scale "$PULL_SCALE" --pull-settle "$PULL_SETTLE"
 
 # The image pull path on its own, in process: a cold pull of a 10-layer,
 # 200 MB image (MB/s, download and unpack seconds).

@@ -130,6 +130,15 @@ type Config struct {
 	// pull (root; affects the whole machine).
 	DropCaches bool
 
+	// PullSettle makes pull wait this long between removing the image and
+	// pulling it again. On ext4 without a journal (this CI's hosts) the
+	// inode allocator skips every inode freed in the last
+	// dirty_expire_centisecs (30 s) plus 5 s, rescanning them for each new
+	// file, so a pull of 20 000 files right after the removal of the same
+	// 20 000 spends seconds of kernel CPU in find_inode_bit: a cost of the
+	// remove-then-pull loop, not of a pull onto a node.
+	PullSettle time.Duration
+
 	// DaemonLog, when set, is the runtime's log file; the phase timings it
 	// logs at debug level during the run are reported per phase.
 	DaemonLog string
