@@ -3,7 +3,6 @@ package oci
 import (
 	"errors"
 	"fmt"
-	"path"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -195,16 +194,10 @@ func sortedKeys(m map[string]bool) []string {
 
 // WithCDIDevices applies the CDI edits (device nodes, mounts, env, hooks)
 // of the named devices. It runs after the container's own mounts and
-// devices, so a CDI spec can replace them as it does in the anchors.
-//
-// In a pod with a user namespace runc cannot mknod, so it bind-mounts
-// each device node from the host path equal to its container path. A
-// node the spec exposes under another name (hostPath differs from path)
-// would then bind the wrong file, or none: it becomes an explicit bind
-// mount of its host path instead. Bind mounts from the spec are idmapped
-// with the pod's mappings, like volumes, so their owners show as in the
-// host.
-func WithCDIDevices(r *CDIRegistry, names []string, userNS bool, podUID, podGID []specs.LinuxIDMapping, feat *Features) SpecOpt {
+// devices, so a CDI spec can replace them as it does in the anchors. In
+// a pod with a user namespace (u set) the nodes and bind mounts are
+// rewritten to work there (rewriteForUserNS).
+func WithCDIDevices(r *CDIRegistry, names []string, u *PodUserNS) SpecOpt {
 	return func(g *Generator) error {
 		if len(names) == 0 {
 			return nil
@@ -212,35 +205,29 @@ func WithCDIDevices(r *CDIRegistry, names []string, userNS bool, podUID, podGID 
 		if r == nil {
 			return fmt.Errorf("CDI devices %s requested, but CDI is not configured: %w", quoteAll(names), errdefs.ErrFailedPrecondition)
 		}
-		nodes, mounts, err := r.inject(g.Config, names)
-		if err != nil {
-			return err
-		}
-		if !userNS {
-			return nil
-		}
-		for _, n := range nodes {
-			if n.HostPath == "" || path.Clean(n.HostPath) == path.Clean(n.Path) {
-				continue
-			}
-			dst := path.Clean(n.Path)
-			g.Config.Linux.Devices = slices.DeleteFunc(g.Config.Linux.Devices, func(d specs.LinuxDevice) bool { return path.Clean(d.Path) == dst })
-			g.setMount(specs.Mount{Destination: dst, Type: "bind", Source: filepath.Clean(n.HostPath), Options: []string{"bind", "nosuid", "noexec"}})
-		}
-		for _, m := range mounts {
-			i := g.mount(m.ContainerPath)
-			if i < 0 || !isBind(g.Config.Mounts[i]) {
-				continue
-			}
-			if feat == nil || !feat.IDMapMounts {
-				return fmt.Errorf("CDI mount %s: idmapped mounts are not supported by the runtime: %w", m.ContainerPath, errdefs.ErrFailedPrecondition)
-			}
-			sm := &g.Config.Mounts[i]
-			sm.UIDMappings = slices.Clone(podUID)
-			sm.GIDMappings = slices.Clone(podGID)
-		}
-		return nil
+		return r.injectForUserNS(g.Config, names, u)
 	}
+}
+
+// injectForUserNS applies the edits of names to s and, for a pod with a
+// user namespace, rewrites the nodes and mounts they added.
+func (r *CDIRegistry) injectForUserNS(s *specs.Spec, names []string, u *PodUserNS) error {
+	nodes, mounts, err := r.inject(s, names)
+	if err != nil || u == nil {
+		return err
+	}
+	hn := make([]hostNode, 0, len(nodes))
+	for _, n := range nodes {
+		hn = append(hn, hostNode{Path: n.Path, HostPath: n.HostPath})
+	}
+	dsts := make([]string, 0, len(mounts))
+	for _, m := range mounts {
+		dsts = append(dsts, m.ContainerPath)
+	}
+	if err := rewriteForUserNS(s, hn, dsts, u); err != nil {
+		return fmt.Errorf("CDI devices %s: %w", quoteAll(names), err)
+	}
+	return nil
 }
 
 func isBind(m specs.Mount) bool {

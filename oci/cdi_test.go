@@ -151,7 +151,7 @@ func TestWithCDIDevices(t *testing.T) {
 	idmap := &Features{IDMapMounts: true}
 
 	t.Run("host user namespace: a device node", func(t *testing.T) {
-		s, err := gen(t, WithEnv(nil, []string{"A=1"}), WithDevices(nil, false), WithCDIDevices(r, names, false, nil, nil, idmap))
+		s, err := gen(t, WithEnv(nil, []string{"A=1"}), WithDevices(nil, false), WithCDIDevices(r, names, nil))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -177,7 +177,7 @@ func TestWithCDIDevices(t *testing.T) {
 
 	t.Run("pod user namespace: a bind mount and an idmapped mount", func(t *testing.T) {
 		s, err := gen(t, WithNamespaces(Namespaces{User: "/run/x/user"}, false), WithDevices(nil, false),
-			WithCDIDevices(r, names, true, podMap, podMap, idmap))
+			WithCDIDevices(r, names, &PodUserNS{UIDMappings: podMap, GIDMappings: podMap, Features: idmap}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -193,16 +193,16 @@ func TestWithCDIDevices(t *testing.T) {
 		if m == nil || !slices.Equal(m.UIDMappings, podMap) || !slices.Equal(m.GIDMappings, podMap) {
 			t.Errorf("/cdi-share mount = %+v, want the pod's mappings", m)
 		}
-		if _, err := gen(t, WithCDIDevices(r, names, true, podMap, podMap, &Features{})); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		if _, err := gen(t, WithCDIDevices(r, names, &PodUserNS{UIDMappings: podMap, GIDMappings: podMap, Features: &Features{}})); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 			t.Errorf("without idmap support: %v, want FailedPrecondition", err)
 		}
 	})
 
 	t.Run("no registry", func(t *testing.T) {
-		if _, err := gen(t, WithCDIDevices(nil, names, false, nil, nil, nil)); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		if _, err := gen(t, WithCDIDevices(nil, names, nil)); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 			t.Errorf("err = %v", err)
 		}
-		if _, err := gen(t, WithCDIDevices(nil, nil, false, nil, nil, nil)); err != nil {
+		if _, err := gen(t, WithCDIDevices(nil, nil, nil)); err != nil {
 			t.Errorf("no devices, no registry: %v", err)
 		}
 	})
@@ -214,7 +214,7 @@ func TestWithCDIDevices(t *testing.T) {
 			t.Fatal(err)
 		}
 		_ = r.Resolve(names)
-		_, err = gen(t, WithCDIDevices(r, names, false, nil, nil, nil))
+		_, err = gen(t, WithCDIDevices(r, names, nil))
 		if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "gone.yaml") || !strings.Contains(err.Error(), names[0]) {
 			t.Errorf("err = %v, want FailedPrecondition naming the device and gone.yaml", err)
 		}

@@ -14,14 +14,17 @@ import (
 
 // ApplyNRIAdjustment applies what NRI plugins asked for (annotations,
 // env, args, mounts, devices, CDI devices, hooks, rlimits, resources, OOM
-// score, cgroups path) to a generated spec, in place.
+// score, cgroups path) to a generated spec, in place. In a pod with its
+// own user namespace (u set) the device nodes and bind mounts the
+// adjustment adds are rewritten to work there, as CDI's are
+// (rewriteForUserNS).
 //
 // A container's namespaces are the pod's pins, joined by path, and its
 // user namespace decides what every ID in the spec means: a plugin moving
 // it out of them would break what the pod was promised, so any namespace
 // adjustment is refused (the adaptation's validator refuses it first,
 // naming the plugin; this is the check that holds whatever it does).
-func ApplyNRIAdjustment(s *specs.Spec, adj *nriapi.ContainerAdjustment, cdi *CDIRegistry) error {
+func ApplyNRIAdjustment(s *specs.Spec, adj *nriapi.ContainerAdjustment, cdi *CDIRegistry, u *PodUserNS) error {
 	if adj == nil {
 		return nil
 	}
@@ -43,8 +46,7 @@ func ApplyNRIAdjustment(s *specs.Spec, adj *nriapi.ContainerAdjustment, cdi *CDI
 		if err := cdi.Resolve(names); err != nil {
 			return err
 		}
-		_, _, err := cdi.inject(sp, names)
-		return err
+		return cdi.injectForUserNS(sp, names, u)
 	}))
 	if err := ng.Adjust(adj); err != nil {
 		if errdefs.IsFailedPrecondition(err) {
@@ -55,7 +57,37 @@ func ApplyNRIAdjustment(s *specs.Spec, adj *nriapi.ContainerAdjustment, cdi *CDI
 	if !slices.Equal(before, s.Linux.Namespaces) {
 		return fmt.Errorf("NRI adjustment changed the namespaces: %w", errdefs.ErrInvalidArgument)
 	}
+	if err := nriForUserNS(s, adj, u); err != nil {
+		return fmt.Errorf("applying NRI adjustments: %w", err)
+	}
 	return nil
+}
+
+// nriForUserNS rewrites the device nodes and mounts adj added to s for a
+// pod with a user namespace: a plugin names a device by its container
+// path and numbers only, so its host node is looked up.
+func nriForUserNS(s *specs.Spec, adj *nriapi.ContainerAdjustment, u *PodUserNS) error {
+	if u == nil {
+		return nil
+	}
+	var nodes []hostNode
+	for _, d := range adj.GetLinux().GetDevices() {
+		if _, removed := d.IsMarkedForRemoval(); removed {
+			continue
+		}
+		host, err := hostDeviceNode(d.ToOCI())
+		if err != nil {
+			return err
+		}
+		nodes = append(nodes, hostNode{Path: d.GetPath(), HostPath: host})
+	}
+	var dsts []string
+	for _, m := range adj.GetMounts() {
+		if _, removed := m.IsMarkedForRemoval(); !removed {
+			dsts = append(dsts, m.GetDestination())
+		}
+	}
+	return rewriteForUserNS(s, nodes, dsts, u)
 }
 
 // rlimitTypes are the resource limits runc knows; runc refuses others

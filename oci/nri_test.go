@@ -41,7 +41,7 @@ func TestApplyNRIAdjustment(t *testing.T) {
 	adj.SetLinuxCgroupsPath("/nri/moved")
 	adj.AddDevice(&nriapi.LinuxDevice{Path: "/dev/nri-null", Type: "c", Major: 1, Minor: 3})
 	adj.AddHooks(&nriapi.Hooks{CreateRuntime: []*nriapi.Hook{{Path: "/bin/true"}}})
-	if err := ApplyNRIAdjustment(s, adj, nil); err != nil {
+	if err := ApplyNRIAdjustment(s, adj, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	env := s.Process.Env
@@ -92,7 +92,7 @@ func TestApplyNRIAdjustmentRefusesNamespaces(t *testing.T) {
 			adj := &nriapi.ContainerAdjustment{}
 			adj.AddEnv("NRI", "1")
 			tc.ns(adj)
-			err := ApplyNRIAdjustment(s, adj, nil)
+			err := ApplyNRIAdjustment(s, adj, nil, nil)
 			if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "namespaces") {
 				t.Fatalf("err = %v, want InvalidArgument about namespaces", err)
 			}
@@ -115,7 +115,7 @@ func TestApplyNRIAdjustmentCDI(t *testing.T) {
 	adj := &nriapi.ContainerAdjustment{}
 	adj.AddCDIDevice(&nriapi.CDIDevice{Name: "example.com/test=other"})
 	s := nriBaseSpec(t)
-	if err := ApplyNRIAdjustment(s, adj, r); err != nil {
+	if err := ApplyNRIAdjustment(s, adj, r, nil); err != nil {
 		t.Fatal(err)
 	}
 	if !slices.Contains(s.Process.Env, "CDI_DEV=other") {
@@ -123,10 +123,10 @@ func TestApplyNRIAdjustmentCDI(t *testing.T) {
 	}
 	bad := &nriapi.ContainerAdjustment{}
 	bad.AddCDIDevice(&nriapi.CDIDevice{Name: "example.com/test=nope"})
-	if err := ApplyNRIAdjustment(nriBaseSpec(t), bad, r); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "example.com/test=nope") {
+	if err := ApplyNRIAdjustment(nriBaseSpec(t), bad, r, nil); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "example.com/test=nope") {
 		t.Errorf("unknown CDI device from a plugin: %v", err)
 	}
-	if err := ApplyNRIAdjustment(nriBaseSpec(t), adj, nil); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+	if err := ApplyNRIAdjustment(nriBaseSpec(t), adj, nil, nil); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("CDI device without a registry: %v", err)
 	}
 }
@@ -152,10 +152,90 @@ func TestApplyNRIAdjustmentRefusesBadValues(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			adj := &nriapi.ContainerAdjustment{}
 			tc.adj(adj)
-			err := ApplyNRIAdjustment(nriBaseSpec(t), adj, nil)
+			err := ApplyNRIAdjustment(nriBaseSpec(t), adj, nil, nil)
 			if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.msg) {
 				t.Errorf("err = %v, want InvalidArgument with %q", err, tc.msg)
 			}
 		})
 	}
+}
+
+// In a pod with a user namespace runc binds each device node from the
+// host file at its container path and mounts binds unmapped: what a
+// plugin adds is rewritten as CDI's edits are.
+func TestApplyNRIAdjustmentUserNS(t *testing.T) {
+	share := t.TempDir()
+	r, err := NewCDIRegistry([]string{cdiDir(t, map[string]string{"test.yaml": cdiSpecYAML(share)})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	podMap := []specs.LinuxIDMapping{{ContainerID: 0, HostID: 200000, Size: 65536}}
+	u := &PodUserNS{UIDMappings: podMap, GIDMappings: podMap, Features: &Features{IDMapMounts: true}}
+	adj := &nriapi.ContainerAdjustment{}
+	adj.AddDevice(&nriapi.LinuxDevice{Path: "/dev/nri-null", Type: "c", Major: 1, Minor: 3})
+	adj.AddDevice(&nriapi.LinuxDevice{Path: "/dev/null", Type: "c", Major: 1, Minor: 3})
+	adj.AddMount(&nriapi.Mount{Destination: "/nri", Source: share, Type: "bind", Options: []string{"rbind", "ro"}})
+	adj.AddMount(&nriapi.Mount{Destination: "/nri-tmp", Type: "tmpfs", Source: "tmpfs"})
+	adj.AddCDIDevice(&nriapi.CDIDevice{Name: "example.com/test=null"})
+
+	s := nriBaseSpec(t)
+	if err := ApplyNRIAdjustment(s, adj, r, u); err != nil {
+		t.Fatal(err)
+	}
+	hasDev := func(p string) bool {
+		return slices.ContainsFunc(s.Linux.Devices, func(d specs.LinuxDevice) bool { return d.Path == p })
+	}
+	// /dev/nri-null is no host file: it becomes a bind of the host's
+	// node of c 1:3. /dev/null is one, and runc binds it itself.
+	if hasDev("/dev/nri-null") || !hasDev("/dev/null") {
+		t.Errorf("devices = %+v, want /dev/null only", s.Linux.Devices)
+	}
+	if m := mountAt(s, "/dev/nri-null"); m == nil || m.Source != "/dev/null" || m.Type != "bind" {
+		t.Errorf("/dev/nri-null mount = %+v, want a bind of /dev/null", m)
+	}
+	if m := mountAt(s, "/dev/null"); m != nil {
+		t.Errorf("/dev/null got a mount %+v", m)
+	}
+	for _, dst := range []string{"/nri", "/cdi-share"} {
+		if m := mountAt(s, dst); m == nil || !slices.Equal(m.UIDMappings, podMap) || !slices.Equal(m.GIDMappings, podMap) {
+			t.Errorf("%s mount = %+v, want the pod's mappings", dst, m)
+		}
+	}
+	if m := mountAt(s, "/nri-tmp"); m == nil || len(m.UIDMappings) != 0 {
+		t.Errorf("/nri-tmp mount = %+v, want an unmapped tmpfs", m)
+	}
+	if m := mountAt(s, "/dev/cdi-null"); m == nil || m.Source != "/dev/null" || hasDev("/dev/cdi-null") {
+		t.Errorf("/dev/cdi-null mount = %+v (devices %+v), want a bind of /dev/null", m, s.Linux.Devices)
+	}
+
+	// In the host's user namespace all stays as the plugin said.
+	s = nriBaseSpec(t)
+	if err := ApplyNRIAdjustment(s, adj, r, nil); err != nil {
+		t.Fatal(err)
+	}
+	if !hasDev("/dev/nri-null") || mountAt(s, "/dev/nri-null") != nil || len(mountAt(s, "/nri").UIDMappings) != 0 {
+		t.Errorf("host userns: devices %+v, mounts %+v", s.Linux.Devices, s.Mounts)
+	}
+}
+
+func TestApplyNRIAdjustmentUserNSRefused(t *testing.T) {
+	podMap := []specs.LinuxIDMapping{{ContainerID: 0, HostID: 200000, Size: 65536}}
+	t.Run("device with no host node", func(t *testing.T) {
+		adj := &nriapi.ContainerAdjustment{}
+		adj.AddDevice(&nriapi.LinuxDevice{Path: "/dev/nri-none", Type: "c", Major: 4000, Minor: 4000})
+		u := &PodUserNS{UIDMappings: podMap, GIDMappings: podMap, Features: &Features{IDMapMounts: true}}
+		err := ApplyNRIAdjustment(nriBaseSpec(t), adj, nil, u)
+		if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "/dev/nri-none") {
+			t.Errorf("err = %v, want FailedPrecondition naming /dev/nri-none", err)
+		}
+	})
+	t.Run("bind mount without idmapped mounts", func(t *testing.T) {
+		adj := &nriapi.ContainerAdjustment{}
+		adj.AddMount(&nriapi.Mount{Destination: "/nri", Source: "/tmp", Type: "bind", Options: []string{"rbind"}})
+		u := &PodUserNS{UIDMappings: podMap, GIDMappings: podMap, Features: &Features{}}
+		err := ApplyNRIAdjustment(nriBaseSpec(t), adj, nil, u)
+		if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "/nri") {
+			t.Errorf("err = %v, want FailedPrecondition naming /nri", err)
+		}
+	})
 }

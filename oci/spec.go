@@ -253,7 +253,7 @@ func BuildContainerSpec(ctx context.Context, c *ContainerSpec) (*specs.Spec, err
 		WithMounts(c.Mounts, hasUserNS, c.PodUIDMappings, c.PodGIDMappings, c.RuntimeFeatures),
 		WithImageVolumes(c.ImageVolumes),
 		WithDevices(c.Devices, c.Privileged),
-		WithCDIDevices(c.CDI, c.CDIDevices, hasUserNS, c.PodUIDMappings, c.PodGIDMappings, c.RuntimeFeatures),
+		WithCDIDevices(c.CDI, c.CDIDevices, c.PodUserNS()),
 		WithResources(c.Resources, host),
 		WithOOMScoreAdj(resOOM(c.Resources), host.OOMFloor),
 		WithCgroupsPath(c.CgroupParent, c.SandboxID, c.ID),
@@ -358,4 +358,13 @@ func (g *Generator) ctx() context.Context {
 		return context.Background()
 	}
 	return g.Ctx
+}
+
+// PodUserNS is what devices and mounts added to c are rewritten with in a
+// pod with its own user namespace; nil in the host's.
+func (c *ContainerSpec) PodUserNS() *PodUserNS {
+	if c.Namespaces.User == "" {
+		return nil
+	}
+	return &PodUserNS{UIDMappings: c.PodUIDMappings, GIDMappings: c.PodGIDMappings, Features: c.RuntimeFeatures}
 }

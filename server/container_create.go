@@ -382,7 +382,7 @@ func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *run
 	// From the NRI event until the container is in the store, a plugin
 	// connecting now waits: it then sees the container in its sync.
 	defer s.nri.BlockSync()()
-	if err := s.nriCreate(ctx, sb, &md, spec, &undo); err != nil {
+	if err := s.nriCreate(ctx, rt, sb, &md, spec, &undo); err != nil {
 		return nil, err
 	}
 	md.User = sandbox.ContainerUser{UID: spec.Process.User.UID, GID: spec.Process.User.GID, SupplementalGroups: spec.Process.User.AdditionalGids}

@@ -209,7 +209,11 @@ func (s *Server) evict(ctx context.Context, evictions []*nriapi.ContainerEvictio
 // created and applies them to spec. A refusal fails the creation.
 // Once plugins have seen the event, a failure tells them the container
 // is gone again: they may have reserved resources for it.
-func (s *Server) nriCreate(ctx context.Context, sb *sandbox.Sandbox, md *sandbox.ContainerMetadata, spec *specs.Spec, undo *cleanups) error {
+func (s *Server) nriCreate(ctx context.Context, rt ContainerRuntime, sb *sandbox.Sandbox, md *sandbox.ContainerMetadata, spec *specs.Spec, undo *cleanups) error {
+	u, err := podUserNS(ctx, rt, sb)
+	if err != nil {
+		return err
+	}
 	// Tried on a copy inside NRI, where the plugins that made an
 	// adjustment pinrt cannot apply are still known.
 	check := func(adj *nriapi.ContainerAdjustment) error {
@@ -221,7 +225,7 @@ func (s *Server) nriCreate(ctx context.Context, sb *sandbox.Sandbox, md *sandbox
 		if err != nil {
 			return err
 		}
-		return oci.ApplyNRIAdjustment(&try, adj, s.deps.CDI)
+		return oci.ApplyNRIAdjustment(&try, adj, s.deps.CDI, u)
 	}
 	adj, err := s.nri.CreateContainer(ctx, nriPod(&sb.Metadata), nriContainer(md, sandbox.ContainerStatus{State: sandbox.ContainerCreated}, spec), check)
 	if err != nil {
@@ -230,7 +234,7 @@ func (s *Server) nriCreate(ctx context.Context, sb *sandbox.Sandbox, md *sandbox
 	undo.add("NRI RemoveContainer", func(ctx context.Context) error {
 		return s.nri.RemoveContainer(ctx, nriPod(&sb.Metadata), nriContainer(md, sandbox.ContainerStatus{State: sandbox.ContainerExited}, nil))
 	})
-	if err := oci.ApplyNRIAdjustment(spec, adj.Adjust, s.deps.CDI); err != nil {
+	if err := oci.ApplyNRIAdjustment(spec, adj.Adjust, s.deps.CDI, u); err != nil {
 		return fmt.Errorf("container %q: %w", md.Name, err)
 	}
 	if failed, err := s.UpdateContainers(ctx, adj.Update); err != nil {
@@ -238,6 +242,19 @@ func (s *Server) nriCreate(ctx context.Context, sb *sandbox.Sandbox, md *sandbox
 	}
 	s.evict(ctx, adj.Evict)
 	return nil
+}
+
+// podUserNS is what devices and mounts a plugin adds to a container of
+// sb are rewritten with: nil for a pod in the host's user namespace.
+func podUserNS(ctx context.Context, rt ContainerRuntime, sb *sandbox.Sandbox) (*oci.PodUserNS, error) {
+	if sb.Pins["user"] == "" {
+		return nil, nil
+	}
+	feat, err := rt.Features(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &oci.PodUserNS{UIDMappings: sb.UIDMappings, GIDMappings: sb.GIDMappings, Features: feat}, nil
 }
 
 // nriNotify logs a failed notification: the operation it reports on has

@@ -13,9 +13,11 @@ import (
 
 	"github.com/containerd/errdefs"
 	nriapi "github.com/containerd/nri/pkg/api"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pinrt/pinrt/nri/nritest"
+	"github.com/pinrt/pinrt/oci"
 )
 
 func newNRIFixture(t *testing.T) (*ctrFixture, *nritest.Fake) {
@@ -86,6 +88,40 @@ func TestNRICreateAdjustment(t *testing.T) {
 	}
 	if len(spec.Process.Rlimits) != 1 || spec.Process.Rlimits[0].Soft != 50 {
 		t.Errorf("rlimits = %+v", spec.Process.Rlimits)
+	}
+}
+
+// A plugin's device and bind mount in a userns pod come out as the pod's
+// user namespace needs them (oci.ApplyNRIAdjustment has the details).
+func TestNRICreateAdjustmentUserNS(t *testing.T) {
+	f, fake := newNRIFixture(t)
+	f.rt.FeaturesResult = &oci.Features{IDMapMounts: true}
+	pod, _ := f.pod(t, true)
+	share := t.TempDir()
+	fake.Adjust = &nriapi.ContainerAdjustment{}
+	fake.Adjust.AddDevice(&nriapi.LinuxDevice{Path: "/dev/nri-null", Type: "c", Major: 1, Minor: 3})
+	fake.Adjust.AddMount(&nriapi.Mount{Destination: "/nri", Source: share, Type: "bind", Options: []string{"rbind", "ro"}})
+	resp, err := f.srv.CreateContainer(context.Background(), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr("c")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := f.rt.Specs[resp.ContainerId]
+	mounts := map[string]specs.Mount{}
+	for _, m := range spec.Mounts {
+		mounts[m.Destination] = m
+	}
+	if m, ok := mounts["/dev/nri-null"]; !ok || m.Source != "/dev/null" {
+		t.Errorf("/dev/nri-null mount = %+v, want a bind of the host's /dev/null", m)
+	}
+	if m := mounts["/nri"]; len(m.UIDMappings) == 0 || len(m.GIDMappings) == 0 {
+		t.Errorf("/nri mount = %+v, want the pod's mappings", m)
+	}
+
+	// Without idmapped mounts the plugin's bind is refused, leaving nothing.
+	f.rt.FeaturesResult = &oci.Features{}
+	_, err = f.srv.CreateContainer(context.Background(), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr("d")})
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "/nri") {
+		t.Fatalf("err = %v, want FailedPrecondition naming /nri", err)
 	}
 }
 

@@ -182,17 +182,32 @@ func TestNRI(t *testing.T) {
 		}
 		hooked := filepath.Join(t.TempDir(), "hooked")
 		startNRIPlugin(t, e.d, "injector", "-only", "inj", "-device", "/dev/nri-null:1:3", "-mount", share+":/nri-share", "-hook", hooked)
-		pod, podCfg := e.pod(t, PodConfig("nri-inj"))
-		id := e.run(t, pod, podCfg, e.ctr("inj", "sleep", "300"))
-		if out := e.mustExec(t, id, "stat", "-c", "%F %t:%T", "/dev/nri-null"); strings.TrimSpace(out) != "character special file 1:3" {
-			t.Errorf("/dev/nri-null is %q", out)
-		}
-		e.mustExec(t, id, "sh", "-c", "echo x > /dev/nri-null")
-		if out := e.mustExec(t, id, "cat", "/nri-share/f"); out != "from nri\n" {
-			t.Errorf("/nri-share/f = %q", out)
-		}
-		if b, err := os.ReadFile(hooked); err != nil || strings.TrimSpace(string(b)) != id {
-			t.Errorf("the plugin's createRuntime hook wrote %q (%v), want the container ID %s", b, err, id)
+		for _, userns := range []bool{false, true} {
+			name := fmt.Sprintf("nri-inj-%v", userns)
+			cfg := PodConfig(name)
+			if userns {
+				// runc binds device nodes into a user namespace from the
+				// host path of the same name, and there is no
+				// /dev/nri-null on the host: pinrt binds /dev/null.
+				cfg = UsernsPod(cfg, 0)
+			}
+			pod, podCfg := e.pod(t, cfg)
+			id := e.run(t, pod, podCfg, e.ctr("inj", "sleep", "300"))
+			if out := e.mustExec(t, id, "stat", "-c", "%F %t:%T", "/dev/nri-null"); strings.TrimSpace(out) != "character special file 1:3" {
+				t.Errorf("%s: /dev/nri-null is %q", name, out)
+			}
+			e.mustExec(t, id, "sh", "-c", "echo x > /dev/nri-null")
+			if out := e.mustExec(t, id, "cat", "/nri-share/f"); out != "from nri\n" {
+				t.Errorf("%s: /nri-share/f = %q", name, out)
+			}
+			// Host root's file shows as the container's root: in a userns
+			// pod only through the idmapped mount (else 65534).
+			if out := e.mustExec(t, id, "stat", "-c", "%u:%g", "/nri-share/f"); strings.TrimSpace(out) != "0:0" {
+				t.Errorf("%s: /nri-share/f owner = %q, want 0:0", name, out)
+			}
+			if b, err := os.ReadFile(hooked); err != nil || strings.TrimSpace(string(b)) != id {
+				t.Errorf("%s: the plugin's createRuntime hook wrote %q (%v), want the container ID %s", name, b, err, id)
+			}
 		}
 	})
 
