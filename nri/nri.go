@@ -163,6 +163,25 @@ func (n *NRI) RunPodSandbox(ctx context.Context, pod *api.PodSandbox) error {
 	return refused("RunPodSandbox", n.a.RunPodSandbox(ctx, &api.RunPodSandboxRequest{Pod: pod}))
 }
 
+// UpdatePodSandbox tells plugins about a pod's new resources (the sum of
+// its containers') and overhead, before they are applied. An error is a
+// refusal: the update must fail.
+func (n *NRI) UpdatePodSandbox(ctx context.Context, pod *api.PodSandbox, overhead, res *api.LinuxResources) error {
+	if n == nil {
+		return nil
+	}
+	_, err := n.a.UpdatePodSandbox(ctx, &api.UpdatePodSandboxRequest{Pod: pod, OverheadLinuxResources: overhead, LinuxResources: res})
+	return refused("UpdatePodSandbox", err)
+}
+
+// PostUpdatePodSandbox tells plugins a pod's resources changed.
+func (n *NRI) PostUpdatePodSandbox(ctx context.Context, pod *api.PodSandbox) error {
+	if n == nil {
+		return nil
+	}
+	return refused("PostUpdatePodSandbox", n.a.PostUpdatePodSandbox(ctx, &api.PostUpdatePodSandboxRequest{Pod: pod}))
+}
+
 // StopPodSandbox tells plugins a pod was stopped.
 func (n *NRI) StopPodSandbox(ctx context.Context, pod *api.PodSandbox) error {
 	if n == nil {

@@ -3,6 +3,7 @@ package nri
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -217,5 +218,78 @@ func BenchmarkCreateContainerNoPlugin(b *testing.B) {
 			b.Fatal(err)
 		}
 		unblock()
+	}
+}
+
+// podUpdater sees pod updates and refuses one of 1 CPU share.
+type podUpdater struct {
+	testPlugin
+	mu   sync.Mutex
+	seen []string
+}
+
+func (p *podUpdater) UpdatePodSandbox(_ context.Context, pod *api.PodSandbox, overhead, res *api.LinuxResources) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.seen = append(p.seen, fmt.Sprintf("update %s %d+%d", pod.GetId(), res.GetCpu().GetShares().GetValue(), overhead.GetCpu().GetShares().GetValue()))
+	if res.GetCpu().GetShares().GetValue() == 1 {
+		return errors.New("1 share is too little")
+	}
+	return nil
+}
+
+func (p *podUpdater) PostUpdatePodSandbox(_ context.Context, pod *api.PodSandbox) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.seen = append(p.seen, "post "+pod.GetId())
+	return nil
+}
+
+func TestUpdatePodSandbox(t *testing.T) {
+	n, cfg := startNRI(t, &fakeRuntime{})
+	p := &podUpdater{testPlugin: testPlugin{synced: make(chan []*api.PodSandbox, 1)}}
+	s, err := stub.New(p, stub.WithSocketPath(cfg.SocketPath), stub.WithPluginName("pods"), stub.WithPluginIdx("10"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Stop)
+	<-p.synced
+	shares := func(v uint64) *api.LinuxResources {
+		return &api.LinuxResources{Cpu: &api.LinuxCPU{Shares: api.UInt64(v)}}
+	}
+	pod := &api.PodSandbox{Id: "p1"}
+	// Registration completes after the sync: ask until the plugin hears.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if err := n.UpdatePodSandbox(context.Background(), pod, shares(10), shares(512)); err != nil {
+			t.Fatal(err)
+		}
+		p.mu.Lock()
+		heard := len(p.seen) > 0
+		p.mu.Unlock()
+		if heard {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the plugin never saw UpdatePodSandbox")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := n.PostUpdatePodSandbox(context.Background(), pod); err != nil {
+		t.Fatal(err)
+	}
+	err = n.UpdatePodSandbox(context.Background(), pod, nil, shares(1))
+	// The adaptation passes a plugin's own refusal on without its name.
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "too little") {
+		t.Errorf("err = %v, want FailedPrecondition with the plugin's reason", err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	want := []string{"update p1 512+10", "post p1", "update p1 1+0"}
+	if !slices.Equal(p.seen, want) {
+		t.Errorf("the plugin saw %q, want %q", p.seen, want)
 	}
 }

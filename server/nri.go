@@ -23,6 +23,8 @@ import (
 type NRI interface {
 	BlockSync() func()
 	RunPodSandbox(ctx context.Context, pod *nriapi.PodSandbox) error
+	UpdatePodSandbox(ctx context.Context, pod *nriapi.PodSandbox, overhead, res *nriapi.LinuxResources) error
+	PostUpdatePodSandbox(ctx context.Context, pod *nriapi.PodSandbox) error
 	StopPodSandbox(ctx context.Context, pod *nriapi.PodSandbox) error
 	RemovePodSandbox(ctx context.Context, pod *nriapi.PodSandbox) error
 	CreateContainer(ctx context.Context, pod *nriapi.PodSandbox, ctr *nriapi.Container, check nri.CheckFunc) (*nri.Adjustment, error)

@@ -318,3 +318,41 @@ func TestNRIExitIsStop(t *testing.T) {
 		t.Errorf("plugins saw %d StopContainer for one exit: %q", stops, fake.Events())
 	}
 }
+
+func TestNRIUpdatePodSandbox(t *testing.T) {
+	f, fake := newNRIFixture(t)
+	ctx := context.Background()
+	pod, _ := f.pod(t, false)
+	req := &runtimeapi.UpdatePodSandboxResourcesRequest{
+		PodSandboxId: pod,
+		Overhead:     &runtimeapi.LinuxContainerResources{CpuShares: 10},
+		Resources:    &runtimeapi.LinuxContainerResources{CpuShares: 512, MemoryLimitInBytes: 64 << 20},
+	}
+	if _, err := f.srv.UpdatePodSandboxResources(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"RunPodSandbox p", "UpdatePodSandbox p", "PostUpdatePodSandbox p"}
+	if got := fake.Events(); !slices.Equal(got, want) {
+		t.Errorf("events %q, want %q", got, want)
+	}
+	if r := fake.PodResources; r.GetCpu().GetShares().GetValue() != 512 || r.GetMemory().GetLimit().GetValue() != 64<<20 {
+		t.Errorf("plugins were told resources %v", r)
+	}
+	if o := fake.PodOverhead; o.GetCpu().GetShares().GetValue() != 10 {
+		t.Errorf("plugins were told overhead %v", o)
+	}
+
+	// A refusal fails the update, naming the plugin, and records nothing.
+	fake.UpdatePodErr = fmt.Errorf("plugin \"30-pods\": no: %w", errdefs.ErrFailedPrecondition)
+	refused := &runtimeapi.UpdatePodSandboxResourcesRequest{PodSandboxId: pod, Resources: &runtimeapi.LinuxContainerResources{CpuShares: 1024}}
+	_, err := f.srv.UpdatePodSandboxResources(ctx, refused)
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "30-pods") {
+		t.Fatalf("err = %v, want FailedPrecondition naming 30-pods", err)
+	}
+	if r, _ := f.srv.podResources.Load(pod); r != req {
+		t.Errorf("the refused update was recorded: %v", r)
+	}
+	if got := fake.Events(); len(got) != 4 || got[3] != "UpdatePodSandbox p" {
+		t.Errorf("events after the refusal %q, want no PostUpdatePodSandbox", got)
+	}
+}

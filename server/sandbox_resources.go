@@ -16,15 +16,22 @@ import (
 // verbose PodSandboxStatus) and applies their CPU and memory limits to the
 // pod cgroup when pinrt owns it. When kubelet named a cgroup parent, the
 // pod cgroup is kubelet's, and kubelet has resized it before this call.
+// NRI plugins are told before (a refusal fails the update, changing
+// nothing) and after.
 func (s *Server) UpdatePodSandboxResources(ctx context.Context, req *runtimeapi.UpdatePodSandboxResourcesRequest) (*runtimeapi.UpdatePodSandboxResourcesResponse, error) {
 	sb, err := s.sandboxes.Get(req.PodSandboxId)
 	if err != nil {
 		return nil, err
 	}
+	pod := nriPod(&sb.Metadata)
+	if err := s.nri.UpdatePodSandbox(ctx, pod, nriResources(toResources(req.GetOverhead())), nriResources(toResources(req.GetResources()))); err != nil {
+		return nil, fmt.Errorf("pod %s: %w", sb.ID, err)
+	}
 	s.podResources.Store(sb.ID, req)
 	if err := s.applyPodResources(ctx, sb, req.GetResources()); err != nil {
 		return nil, err
 	}
+	nriNotify(ctx, "PostUpdatePodSandbox", s.nri.PostUpdatePodSandbox(ctx, pod))
 	log.G(ctx).WithFields(log.Fields{"pod": sb.Namespace + "/" + sb.Name, "id": shortID(sb.ID)}).Info("pod resources updated")
 	return &runtimeapi.UpdatePodSandboxResourcesResponse{}, nil
 }

@@ -141,6 +141,11 @@ func TestNRI(t *testing.T) {
 			}); err != nil {
 				t.Fatalf("UpdateContainerResources: %v", err)
 			}
+			if _, err := e.d.Runtime.UpdatePodSandboxResources(Ctx(t), &runtimeapi.UpdatePodSandboxResourcesRequest{
+				PodSandboxId: pod, Resources: &runtimeapi.LinuxContainerResources{CpuShares: 512},
+			}); err != nil {
+				t.Fatalf("UpdatePodSandboxResources: %v", err)
+			}
 			if _, err := e.d.Runtime.StopContainer(Ctx(t), &runtimeapi.StopContainerRequest{ContainerId: id}); err != nil {
 				t.Fatal(err)
 			}
@@ -155,6 +160,7 @@ func TestNRI(t *testing.T) {
 				"RunPodSandbox " + name, "CreateContainer " + name + "/c", "PostCreateContainer " + name + "/c",
 				"StartContainer " + name + "/c", "PostStartContainer " + name + "/c",
 				"UpdateContainer " + name + "/c", "PostUpdateContainer " + name + "/c",
+				"UpdatePodSandbox " + name + " shares=512", "PostUpdatePodSandbox " + name,
 				"StopContainer " + name + "/c", "RemoveContainer " + name + "/c",
 				"StopPodSandbox " + name, "RemovePodSandbox " + name,
 			}

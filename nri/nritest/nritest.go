@@ -25,9 +25,12 @@ type Fake struct {
 	Check bool
 	// UpdateReply answers UpdateContainer.
 	UpdateReply []*api.ContainerUpdate
-	// CreateErr fails CreateContainer, RunPodErr RunPodSandbox and
-	// StartErr StartContainer, as a plugin's refusal would.
-	CreateErr, RunPodErr, StartErr error
+	// CreateErr fails CreateContainer, RunPodErr RunPodSandbox,
+	// StartErr StartContainer and UpdatePodErr UpdatePodSandbox, as a
+	// plugin's refusal would.
+	CreateErr, RunPodErr, StartErr, UpdatePodErr error
+	// PodResources are the resources UpdatePodSandbox was told, last.
+	PodResources, PodOverhead *api.LinuxResources
 	blocked                        int
 }
 
@@ -68,6 +71,19 @@ func (f *Fake) BlockSync() func() {
 func (f *Fake) RunPodSandbox(_ context.Context, pod *api.PodSandbox) error {
 	f.record("RunPodSandbox", pod.GetName())
 	return f.RunPodErr
+}
+
+func (f *Fake) UpdatePodSandbox(_ context.Context, pod *api.PodSandbox, overhead, res *api.LinuxResources) error {
+	f.record("UpdatePodSandbox", pod.GetName())
+	f.mu.Lock()
+	f.PodResources, f.PodOverhead = res, overhead
+	f.mu.Unlock()
+	return f.UpdatePodErr
+}
+
+func (f *Fake) PostUpdatePodSandbox(_ context.Context, pod *api.PodSandbox) error {
+	f.record("PostUpdatePodSandbox", pod.GetName())
+	return nil
 }
 
 func (f *Fake) StopPodSandbox(_ context.Context, pod *api.PodSandbox) error {

@@ -54,6 +54,16 @@ func (p *plugin) RunPodSandbox(_ context.Context, pod *api.PodSandbox) error {
 	return nil
 }
 
+func (p *plugin) UpdatePodSandbox(_ context.Context, pod *api.PodSandbox, _, res *api.LinuxResources) error {
+	p.record("UpdatePodSandbox %s shares=%d", pod.GetName(), res.GetCpu().GetShares().GetValue())
+	return nil
+}
+
+func (p *plugin) PostUpdatePodSandbox(_ context.Context, pod *api.PodSandbox) error {
+	p.record("PostUpdatePodSandbox %s", pod.GetName())
+	return nil
+}
+
 func (p *plugin) StopPodSandbox(_ context.Context, pod *api.PodSandbox) error {
 	p.record("StopPodSandbox %s", pod.GetName())
 	return nil
