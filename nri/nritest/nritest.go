@@ -31,7 +31,7 @@ type Fake struct {
 	CreateErr, RunPodErr, StartErr, UpdatePodErr error
 	// PodResources are the resources UpdatePodSandbox was told, last.
 	PodResources, PodOverhead *api.LinuxResources
-	blocked                        int
+	blocked                   int
 }
 
 // Events returns the events seen so far.
