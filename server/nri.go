@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	nriapi "github.com/containerd/nri/pkg/api"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -227,6 +228,9 @@ func (s *Server) nriCreate(ctx context.Context, rt ContainerRuntime, sb *sandbox
 		if err != nil {
 			return err
 		}
+		if err := s.nriCgroupsPath(adj); err != nil {
+			return err
+		}
 		return oci.ApplyNRIAdjustment(&try, adj, s.deps.CDI, u)
 	}
 	adj, err := s.nri.CreateContainer(ctx, nriPod(&sb.Metadata), nriContainer(md, sandbox.ContainerStatus{State: sandbox.ContainerCreated}, spec), check)
@@ -236,6 +240,9 @@ func (s *Server) nriCreate(ctx context.Context, rt ContainerRuntime, sb *sandbox
 	undo.add("NRI RemoveContainer", func(ctx context.Context) error {
 		return s.nri.RemoveContainer(ctx, nriPod(&sb.Metadata), nriContainer(md, sandbox.ContainerStatus{State: sandbox.ContainerExited}, nil))
 	})
+	if err := s.nriCgroupsPath(adj.Adjust); err != nil {
+		return fmt.Errorf("container %q: %w", md.Name, err)
+	}
 	if err := oci.ApplyNRIAdjustment(spec, adj.Adjust, s.deps.CDI, u); err != nil {
 		return fmt.Errorf("container %q: %w", md.Name, err)
 	}
@@ -243,6 +250,21 @@ func (s *Server) nriCreate(ctx context.Context, rt ContainerRuntime, sb *sandbox
 		log.G(ctx).WithError(err).Warnf("NRI: %d updates to other containers failed", len(failed))
 	}
 	s.evict(ctx, adj.Evict)
+	return nil
+}
+
+// nriCgroupsPath refuses a plugin's cgroups path the cgroup driver cannot
+// place a container at, or the root: runc would fail the creation only
+// once conmon runs, naming no plugin. The container's stats, metrics and
+// restore follow the path (they read it from the bundle's config.json).
+func (s *Server) nriCgroupsPath(adj *nriapi.ContainerAdjustment) error {
+	p := adj.GetLinux().GetCgroupsPath()
+	if p == "" {
+		return nil
+	}
+	if fs := s.deps.CgroupDriver.FSPath(p); fs == "" || fs == "/" {
+		return fmt.Errorf("NRI adjustment: cgroups path %q is no container cgroup for the %s driver: %w", p, s.deps.CgroupDriver.Name(), errdefs.ErrInvalidArgument)
+	}
 	return nil
 }
 

@@ -16,6 +16,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pinrt/pinrt/cgroups"
 	"github.com/pinrt/pinrt/nri/nritest"
 	"github.com/pinrt/pinrt/oci"
 )
@@ -146,6 +147,15 @@ func TestNRICreateRefused(t *testing.T) {
 			fake.Adjust = &nriapi.ContainerAdjustment{}
 			fake.Adjust.AddRlimit("RLIMIT_BOGUS", 1, 1)
 		}, errdefs.ErrInvalidArgument, "RLIMIT_BOGUS", false},
+		{"cgroups path of another driver", func(fake *nritest.Fake) {
+			fake.Check = true
+			fake.Adjust = &nriapi.ContainerAdjustment{}
+			fake.Adjust.SetLinuxCgroupsPath("system.slice:nri:moved")
+		}, errdefs.ErrInvalidArgument, `"system.slice:nri:moved"`, false},
+		{"root cgroup", func(fake *nritest.Fake) {
+			fake.Adjust = &nriapi.ContainerAdjustment{}
+			fake.Adjust.SetLinuxCgroupsPath("/")
+		}, errdefs.ErrInvalidArgument, `cgroups path "/"`, true},
 		{"leave the user namespace", func(fake *nritest.Fake) {
 			fake.Adjust = &nriapi.ContainerAdjustment{}
 			fake.Adjust.RemoveNamespace(&nriapi.LinuxNamespace{Type: "user"})
@@ -354,5 +364,53 @@ func TestNRIUpdatePodSandbox(t *testing.T) {
 	}
 	if got := fake.Events(); len(got) != 4 || got[3] != "UpdatePodSandbox p" {
 		t.Errorf("events after the refusal %q, want no PostUpdatePodSandbox", got)
+	}
+}
+
+// A plugin's cgroups path is where pinrt reads the container's stats and
+// metrics from.
+func TestNRICgroupsPathAdjustment(t *testing.T) {
+	f, fake := newNRIFixture(t)
+	cg := &fakeCgroups{groups: map[string]cgroups.Stats{}}
+	f.srv.deps.Cgroups = cg
+	ctx := context.Background()
+	pod, _ := f.pod(t, false)
+	fake.Adjust = &nriapi.ContainerAdjustment{}
+	fake.Adjust.SetLinuxCgroupsPath("/nri/moved")
+	resp, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr("c")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.ContainerId
+	if got := f.rt.Specs[id].Linux.CgroupsPath; got != "/nri/moved" {
+		t.Fatalf("spec cgroups path = %q", got)
+	}
+	if _, err := f.srv.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: id}); err != nil {
+		t.Fatal(err)
+	}
+	cg.set("/nri/moved", cgroups.Stats{Timestamp: time.Unix(1700000000, 0), CPUUsageNanos: 7e9, Memory: cgroups.Memory{WorkingSet: 4242}})
+	st, err := f.srv.ContainerStats(ctx, &runtimeapi.ContainerStatsRequest{ContainerId: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Stats.GetCpu().GetUsageCoreNanoSeconds().GetValue() != 7e9 || st.Stats.GetMemory().GetWorkingSetBytes().GetValue() != 4242 {
+		t.Errorf("stats = %v, want the moved cgroup's", st.Stats)
+	}
+	m, err := f.srv.ListPodSandboxMetrics(ctx, &runtimeapi.ListPodSandboxMetricsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found bool
+	for _, pm := range m.PodMetrics {
+		for _, cm := range pm.ContainerMetrics {
+			for _, x := range cm.Metrics {
+				if slices.Contains(x.LabelValues, "/nri/moved") {
+					found = true
+				}
+			}
+		}
+	}
+	if !found {
+		t.Errorf("no container metric labelled with the moved cgroup: %v", m.PodMetrics)
 	}
 }

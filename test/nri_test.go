@@ -217,6 +217,34 @@ func TestNRI(t *testing.T) {
 		}
 	})
 
+	// A plugin moving the container's cgroup: it runs there, and its
+	// stats are read from there.
+	t.Run("cgroups path", func(t *testing.T) {
+		if CgroupDriver() != "cgroupfs" {
+			t.Skip("the plugin names a cgroupfs path")
+		}
+		parent := fmt.Sprintf("/pinrt-e2e-nri-%d", os.Getpid())
+		t.Cleanup(func() {
+			dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", parent))
+			for _, d := range append(dirs, filepath.Join("/sys/fs/cgroup", parent)) {
+				_ = os.Remove(d)
+			}
+		})
+		startNRIPlugin(t, e.d, "mover", "-only", "moved", "-cgroup", parent)
+		pod, podCfg := e.pod(t, PodConfig("nri-cg"))
+		id := e.run(t, pod, podCfg, e.ctr("moved", "sleep", "300"))
+		if dir := CgroupDir(t, e.info(t, id).Pid, "memory"); !strings.HasSuffix(dir, parent+"/"+id) {
+			t.Errorf("the container runs in %s, want the plugin's %s/%s", dir, parent, id)
+		}
+		resp, err := e.d.Runtime.ContainerStats(Ctx(t), &runtimeapi.ContainerStatsRequest{ContainerId: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ws := resp.GetStats().GetMemory().GetWorkingSetBytes().GetValue(); ws == 0 {
+			t.Errorf("no memory stats from the moved cgroup: %v", resp.GetStats())
+		}
+	})
+
 	t.Run("namespace move refused", func(t *testing.T) {
 		p := startNRIPlugin(t, e.d, "nsmover", "-only", "nsmove", "-netns", "/proc/1/ns/net")
 		pod, podCfg := e.pod(t, UsernsPod(PodConfig("nri-ns"), 0))

@@ -30,6 +30,7 @@ type plugin struct {
 	device string // path:major:minor of a char device to add
 	mount  string // host:container read-only bind to add
 	hook   string // file a createRuntime hook writes the container ID to
+	cgroup string // cgroupfs parent the container's cgroup is moved under
 }
 
 // record appends one line to the event file; the tests poll it.
@@ -111,6 +112,9 @@ func (p *plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, c *api.
 	if p.hook != "" {
 		adj.AddHooks(&api.Hooks{CreateRuntime: []*api.Hook{{Path: "/bin/sh", Args: []string{"sh", "-c", "cat >/dev/null; echo " + c.GetId() + " >" + p.hook}}}})
 	}
+	if p.cgroup != "" {
+		adj.SetLinuxCgroupsPath(p.cgroup + "/" + c.GetId())
+	}
 	if p.netns != "" {
 		adj.AddOrReplaceNamespace(&api.LinuxNamespace{Type: "network", Path: p.netns})
 	}
@@ -173,6 +177,7 @@ func main() {
 	flag.StringVar(&p.device, "device", "", "path:major:minor of a char device to add")
 	flag.StringVar(&p.mount, "mount", "", "host:container read-only bind to add")
 	flag.StringVar(&p.hook, "hook", "", "file a createRuntime hook writes the container ID to")
+	flag.StringVar(&p.cgroup, "cgroup", "", "cgroupfs parent to move containers' cgroups under")
 	flag.Parse()
 	f, err := os.OpenFile(events, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
