@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -243,6 +244,20 @@ func TestNRI(t *testing.T) {
 		if ws := resp.GetStats().GetMemory().GetWorkingSetBytes().GetValue(); ws == 0 {
 			t.Errorf("no memory stats from the moved cgroup: %v", resp.GetStats())
 		}
+	})
+
+	// What critest's "container created during the Synchronize call"
+	// checks: a creation while a plugin synchronizes waits for the sync
+	// (nri.BlockSync) and reaches the plugin as an event, not lost
+	// between the snapshot and the plugin's registration.
+	t.Run("container created while a plugin synchronizes", func(t *testing.T) {
+		pod, podCfg := e.pod(t, PodConfig("nri-late"))
+		p := startNRIPlugin(t, e.d, "slowsync", "-sync-delay", "600ms")
+		if slices.Contains(p.lines(), "SYNCED") {
+			t.Fatal("the plugin finished synchronizing before the creation: the test raced")
+		}
+		e.create(t, pod, podCfg, e.ctr("late", "sleep", "300"))
+		p.wait(t, "CreateContainer nri-late/late", 5*time.Second)
 	})
 
 	t.Run("namespace move refused", func(t *testing.T) {

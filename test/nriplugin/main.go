@@ -10,6 +10,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/containerd/nri/pkg/api"
 	"github.com/containerd/nri/pkg/stub"
@@ -31,6 +32,8 @@ type plugin struct {
 	mount  string // host:container read-only bind to add
 	hook   string // file a createRuntime hook writes the container ID to
 	cgroup string // cgroupfs parent the container's cgroup is moved under
+	// syncDelay holds Synchronize open after it is recorded.
+	syncDelay time.Duration
 }
 
 // record appends one line to the event file; the tests poll it.
@@ -47,6 +50,8 @@ func (p *plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, ctrs []*
 		names = append(names, pod.GetName())
 	}
 	p.record("SYNC pods=%d containers=%d names=%s", len(pods), len(ctrs), strings.Join(names, ","))
+	time.Sleep(p.syncDelay)
+	p.record("SYNCED")
 	return nil, nil
 }
 
@@ -178,6 +183,7 @@ func main() {
 	flag.StringVar(&p.mount, "mount", "", "host:container read-only bind to add")
 	flag.StringVar(&p.hook, "hook", "", "file a createRuntime hook writes the container ID to")
 	flag.StringVar(&p.cgroup, "cgroup", "", "cgroupfs parent to move containers' cgroups under")
+	flag.DurationVar(&p.syncDelay, "sync-delay", 0, "how long Synchronize takes")
 	flag.Parse()
 	f, err := os.OpenFile(events, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
