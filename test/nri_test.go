@@ -187,8 +187,16 @@ func TestNRI(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(share, "f"), []byte("from nri\n"), 0o644); err != nil {
 			t.Fatal(err)
 		}
+		// A CDI device too, as NRI's device injector can ask for.
+		cdiShare := filepath.Join(e.d.Dir, "nri-cdi-share")
+		if err := os.MkdirAll(cdiShare, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(e.d.CDIDir, "e2e.yaml"), []byte(e2eCDISpec(cdiShare)), 0o644); err != nil {
+			t.Fatal(err)
+		}
 		hooked := filepath.Join(t.TempDir(), "hooked")
-		startNRIPlugin(t, e.d, "injector", "-only", "inj", "-device", "/dev/nri-null:1:3", "-mount", share+":/nri-share", "-hook", hooked)
+		startNRIPlugin(t, e.d, "injector", "-only", "inj", "-device", "/dev/nri-null:1:3", "-mount", share+":/nri-share", "-hook", hooked, "-cdi", "example.com/e2e=null")
 		for _, userns := range []bool{false, true} {
 			name := fmt.Sprintf("nri-inj-%v", userns)
 			cfg := PodConfig(name)
@@ -207,11 +215,18 @@ func TestNRI(t *testing.T) {
 			if out := e.mustExec(t, id, "cat", "/nri-share/f"); out != "from nri\n" {
 				t.Errorf("%s: /nri-share/f = %q", name, out)
 			}
-			// Host root's file shows as the container's root: in a userns
-			// pod only through the idmapped mount (else 65534).
-			if out := e.mustExec(t, id, "stat", "-c", "%u:%g", "/nri-share/f"); strings.TrimSpace(out) != "0:0" {
-				t.Errorf("%s: /nri-share/f owner = %q, want 0:0", name, out)
+			// Host root's files show as the container's root: in a userns
+			// pod only through idmapped mounts (else 65534).
+			for _, f := range []string{"/nri-share/f", "/cdi-share"} {
+				if out := e.mustExec(t, id, "stat", "-c", "%u:%g", f); strings.TrimSpace(out) != "0:0" {
+					t.Errorf("%s: %s owner = %q, want 0:0", name, f, out)
+				}
 			}
+			// The CDI device: the host's /dev/null under another name.
+			if out := e.mustExec(t, id, "stat", "-c", "%F %t:%T", "/dev/cdi-null"); strings.TrimSpace(out) != "character special file 1:3" {
+				t.Errorf("%s: /dev/cdi-null is %q", name, out)
+			}
+			e.mustExec(t, id, "sh", "-c", "echo x > /dev/cdi-null")
 			if b, err := os.ReadFile(hooked); err != nil || strings.TrimSpace(string(b)) != id {
 				t.Errorf("%s: the plugin's createRuntime hook wrote %q (%v), want the container ID %s", name, b, err, id)
 			}

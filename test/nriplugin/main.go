@@ -32,6 +32,7 @@ type plugin struct {
 	mount  string // host:container read-only bind to add
 	hook   string // file a createRuntime hook writes the container ID to
 	cgroup string // cgroupfs parent the container's cgroup is moved under
+	cdi    string // a CDI device to inject
 	// syncDelay holds Synchronize open after it is recorded.
 	syncDelay time.Duration
 }
@@ -117,6 +118,9 @@ func (p *plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, c *api.
 	if p.hook != "" {
 		adj.AddHooks(&api.Hooks{CreateRuntime: []*api.Hook{{Path: "/bin/sh", Args: []string{"sh", "-c", "cat >/dev/null; echo " + c.GetId() + " >" + p.hook}}}})
 	}
+	if p.cdi != "" {
+		adj.AddCDIDevice(&api.CDIDevice{Name: p.cdi})
+	}
 	if p.cgroup != "" {
 		adj.SetLinuxCgroupsPath(p.cgroup + "/" + c.GetId())
 	}
@@ -183,6 +187,7 @@ func main() {
 	flag.StringVar(&p.mount, "mount", "", "host:container read-only bind to add")
 	flag.StringVar(&p.hook, "hook", "", "file a createRuntime hook writes the container ID to")
 	flag.StringVar(&p.cgroup, "cgroup", "", "cgroupfs parent to move containers' cgroups under")
+	flag.StringVar(&p.cdi, "cdi", "", "CDI device to inject")
 	flag.DurationVar(&p.syncDelay, "sync-delay", 0, "how long Synchronize takes")
 	flag.Parse()
 	f, err := os.OpenFile(events, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
