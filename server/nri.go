@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -228,7 +229,7 @@ func (s *Server) nriCreate(ctx context.Context, rt ContainerRuntime, sb *sandbox
 		if err != nil {
 			return err
 		}
-		if err := s.nriCgroupsPath(adj); err != nil {
+		if err := s.nriCgroupsPath(sb, adj); err != nil {
 			return err
 		}
 		return oci.ApplyNRIAdjustment(&try, adj, s.deps.CDI, u)
@@ -240,7 +241,7 @@ func (s *Server) nriCreate(ctx context.Context, rt ContainerRuntime, sb *sandbox
 	undo.add("NRI RemoveContainer", func(ctx context.Context) error {
 		return s.nri.RemoveContainer(ctx, nriPod(&sb.Metadata), nriContainer(md, sandbox.ContainerStatus{State: sandbox.ContainerExited}, nil))
 	})
-	if err := s.nriCgroupsPath(adj.Adjust); err != nil {
+	if err := s.nriCgroupsPath(sb, adj.Adjust); err != nil {
 		return fmt.Errorf("container %q: %w", md.Name, err)
 	}
 	if err := oci.ApplyNRIAdjustment(spec, adj.Adjust, s.deps.CDI, u); err != nil {
@@ -254,16 +255,25 @@ func (s *Server) nriCreate(ctx context.Context, rt ContainerRuntime, sb *sandbox
 }
 
 // nriCgroupsPath refuses a plugin's cgroups path the cgroup driver cannot
-// place a container at, or the root: runc would fail the creation only
-// once conmon runs, naming no plugin. The container's stats, metrics and
-// restore follow the path (they read it from the bundle's config.json).
-func (s *Server) nriCgroupsPath(adj *nriapi.ContainerAdjustment) error {
+// place a container at, or one that is the pod's cgroup or holds it (the
+// root included): runc would fail the creation only once conmon runs,
+// naming no plugin, or put the container in a cgroup shared with others,
+// which runc deletes with the container and which a restore after a
+// crash mid-creation kills every process of. The container's stats,
+// metrics and restore follow the path (they read it from the bundle's
+// config.json).
+func (s *Server) nriCgroupsPath(sb *sandbox.Sandbox, adj *nriapi.ContainerAdjustment) error {
 	p := adj.GetLinux().GetCgroupsPath()
 	if p == "" {
 		return nil
 	}
-	if fs := s.deps.CgroupDriver.FSPath(p); fs == "" || fs == "/" {
-		return fmt.Errorf("NRI adjustment: cgroups path %q is no container cgroup for the %s driver: %w", p, s.deps.CgroupDriver.Name(), errdefs.ErrInvalidArgument)
+	drv := s.deps.CgroupDriver
+	fs := drv.FSPath(p)
+	if fs == "" {
+		return fmt.Errorf("NRI adjustment: cgroups path %q is no container cgroup for the %s driver: %w", p, drv.Name(), errdefs.ErrInvalidArgument)
+	}
+	if pod := s.podCgroup(sb); fs == "/" || fs == pod || strings.HasPrefix(pod, fs+"/") {
+		return fmt.Errorf("NRI adjustment: cgroups path %q is the pod's cgroup %s or holds it: %w", p, pod, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }

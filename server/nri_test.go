@@ -156,6 +156,10 @@ func TestNRICreateRefused(t *testing.T) {
 			fake.Adjust = &nriapi.ContainerAdjustment{}
 			fake.Adjust.SetLinuxCgroupsPath("/")
 		}, errdefs.ErrInvalidArgument, `cgroups path "/"`, true},
+		{"the pod's cgroup", func(fake *nritest.Fake) {
+			fake.Adjust = &nriapi.ContainerAdjustment{}
+			fake.Adjust.SetLinuxCgroupsPath("/pinrt")
+		}, errdefs.ErrInvalidArgument, `cgroups path "/pinrt"`, true},
 		{"leave the user namespace", func(fake *nritest.Fake) {
 			fake.Adjust = &nriapi.ContainerAdjustment{}
 			fake.Adjust.RemoveNamespace(&nriapi.LinuxNamespace{Type: "user"})
