@@ -131,12 +131,12 @@ type Config struct {
 	DropCaches bool
 
 	// PullSettle makes pull wait this long between removing the image and
-	// pulling it again. On ext4 without a journal (this CI's hosts) the
-	// inode allocator skips every inode freed in the last
-	// dirty_expire_centisecs (30 s) plus 5 s, rescanning them for each new
-	// file, so a pull of 20 000 files right after the removal of the same
-	// 20 000 spends seconds of kernel CPU in find_inode_bit: a cost of the
-	// remove-then-pull loop, not of a pull onto a node.
+	// pulling it again. On ext4 without a journal the inode allocator skips
+	// every inode freed in the last 60 s (360 s while its inode table block
+	// is dirty), rescanning them for each new file, so a pull of 20 000
+	// files right after the removal of the same 20 000 spends seconds of
+	// kernel CPU in find_inode_bit: a cost of the remove-then-pull loop,
+	// not of a pull onto a node. run.sh avoids it with a journaled root.
 	PullSettle time.Duration
 
 	// DaemonLog, when set, is the runtime's log file; the phase timings it

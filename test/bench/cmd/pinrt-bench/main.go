@@ -164,7 +164,7 @@ func parseScenarioFlags(scenario string, args []string, cfg *bench.Config, stder
 	f.scale = fs.Float64("scale", 1, "pull: size of the generated image relative to issue 22's 345 MB")
 	f.limitMBps = fs.Float64("limit-mbps", 0, "pull: the registry serves blobs at this many MB/s in all (0: as fast as it can)")
 	fs.BoolVar(&cfg.DropCaches, "drop-caches", false, "pull: drop the page cache before every pull (whole machine)")
-	fs.DurationVar(&cfg.PullSettle, "pull-settle", 0, "pull: wait this long after removing the image before each pull (36s outlasts ext4's recently-deleted inode window)")
+	fs.DurationVar(&cfg.PullSettle, "pull-settle", 0, "pull: wait this long after removing the image before each pull (on a journal-less ext4, 360s outlasts its recently-deleted inode window)")
 	f.out = fs.String("out", "", "also write the JSON result to this file")
 	if err := fs.Parse(args); err != nil {
 		return nil, false
