@@ -232,15 +232,20 @@ func convertMount(m *runtimeapi.Mount) (sandbox.ContainerMount, oci.Mount, error
 	return cm, om, nil
 }
 
-// imageVolume records an image volume (KEP-4639). It is read-only
-// whatever the request says, and private: nothing mounts below an image.
-// The sub path is checked where it is resolved, against the image.
+// imageVolume records an image volume (KEP-4639). It is read-only and
+// private: nothing mounts below an image. A request for a writable one is
+// refused, as the CRI asks (critest checks it); kubelet always sends
+// readonly for image volumes. The sub path is checked where it is
+// resolved, against the image.
 func imageVolume(m *runtimeapi.Mount) (sandbox.ContainerMount, error) {
 	if !path.IsAbs(m.ContainerPath) {
 		return sandbox.ContainerMount{}, invalid("image volume container path %q is not absolute", m.ContainerPath)
 	}
 	if m.HostPath != "" {
 		return sandbox.ContainerMount{}, invalid("image volume %s has a host path too", m.ContainerPath)
+	}
+	if !m.Readonly {
+		return sandbox.ContainerMount{}, invalid("image volume %s must be read-only: an image is never writable", m.ContainerPath)
 	}
 	return sandbox.ContainerMount{
 		ContainerPath: m.ContainerPath, Readonly: true,

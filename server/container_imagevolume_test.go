@@ -48,8 +48,7 @@ func TestCreateContainerImageVolumes(t *testing.T) {
 			pod, _ := f.pod(t, userns)
 			ctx := context.Background()
 			cfg := unitCtr("c")
-			// readonly=false is not honoured: an image is never writable.
-			cfg.Mounts = []*runtimeapi.Mount{imageMount("/tools", "", false), {HostPath: "/tmp", ContainerPath: "/scratch"}, imageMount("/etc/tools", "etc/conf.d", true)}
+			cfg.Mounts = []*runtimeapi.Mount{imageMount("/tools", "", true), {HostPath: "/tmp", ContainerPath: "/scratch"}, imageMount("/etc/tools", "etc/conf.d", true)}
 			if userns {
 				f.rt.FeaturesResult = &oci.Features{IDMapMounts: true}
 			}
@@ -111,12 +110,14 @@ func TestCreateContainerImageVolumeErrors(t *testing.T) {
 		want   error
 		msg    string
 	}{
-		{"image not pulled", &runtimeapi.Mount{ContainerPath: "/v", Image: &runtimeapi.ImageSpec{Image: "reg/absent:1"}}, nil,
+		{"image not pulled", &runtimeapi.Mount{ContainerPath: "/v", Image: &runtimeapi.ImageSpec{Image: "reg/absent:1"}, Readonly: true}, nil,
 			errdefs.ErrNotFound, `image volume /v: image "reg/absent:1" must be pulled first`},
-		{"relative container path", &runtimeapi.Mount{ContainerPath: "v", Image: &runtimeapi.ImageSpec{Image: "reg/tools:1"}}, nil,
+		{"relative container path", &runtimeapi.Mount{ContainerPath: "v", Image: &runtimeapi.ImageSpec{Image: "reg/tools:1"}, Readonly: true}, nil,
 			errdefs.ErrInvalidArgument, `image volume container path "v" is not absolute`},
-		{"host path as well", &runtimeapi.Mount{ContainerPath: "/v", HostPath: "/tmp", Image: &runtimeapi.ImageSpec{Image: "reg/tools:1"}}, nil,
+		{"host path as well", &runtimeapi.Mount{ContainerPath: "/v", HostPath: "/tmp", Image: &runtimeapi.ImageSpec{Image: "reg/tools:1"}, Readonly: true}, nil,
 			errdefs.ErrInvalidArgument, "has a host path too"},
+		{"writable", imageMount("/v", "", false), nil,
+			errdefs.ErrInvalidArgument, "image volume /v must be read-only"},
 		{"mount fails", imageMount("/v", "nope", true), func(f *ctrFixture) {
 			f.images.VolumeErr, f.images.VolumeErrIndex = fmt.Errorf("image volume sub path \"nope\": %w", errdefs.ErrNotFound), 1
 		}, errdefs.ErrNotFound, `image volume /v: image volume sub path "nope"`},

@@ -35,7 +35,7 @@ func TestImageVolume(t *testing.T) {
 
 	cfg := e.ctr("vol", "sleep", "1000")
 	cfg.Mounts = []*runtimeapi.Mount{
-		{ContainerPath: "/tools", Image: &runtimeapi.ImageSpec{Image: toolsRef}, Readonly: false},
+		{ContainerPath: "/tools", Image: &runtimeapi.ImageSpec{Image: toolsRef}, Readonly: true},
 		{ContainerPath: "/conf", Image: &runtimeapi.ImageSpec{Image: toolsRef}, ImageSubPath: "etc", Readonly: true},
 	}
 	id := e.run(t, pod, podCfg, cfg)
@@ -83,15 +83,16 @@ func TestImageVolume(t *testing.T) {
 	// Refused volumes leave no container, directory or mount behind.
 	before, beforeMounts := dirNames(t, filepath.Join(e.d.Root, "containers")), MountsUnder(e.d.Dir)
 	for name, m := range map[string]*runtimeapi.Mount{
-		"not pulled":       {ContainerPath: "/x", Image: &runtimeapi.ImageSpec{Image: e.reg.Ref("absent:1")}},
-		"missing sub path": {ContainerPath: "/x", Image: &runtimeapi.ImageSpec{Image: toolsRef}, ImageSubPath: "nope"},
-		"escaping path":    {ContainerPath: "/x", Image: &runtimeapi.ImageSpec{Image: toolsRef}, ImageSubPath: "../../etc"},
+		"not pulled":       {ContainerPath: "/x", Image: &runtimeapi.ImageSpec{Image: e.reg.Ref("absent:1")}, Readonly: true},
+		"missing sub path": {ContainerPath: "/x", Image: &runtimeapi.ImageSpec{Image: toolsRef}, ImageSubPath: "nope", Readonly: true},
+		"escaping path":    {ContainerPath: "/x", Image: &runtimeapi.ImageSpec{Image: toolsRef}, ImageSubPath: "../../etc", Readonly: true},
+		"writable":         {ContainerPath: "/x", Image: &runtimeapi.ImageSpec{Image: toolsRef}},
 	} {
 		bad := e.ctr("bad", "true")
 		bad.Mounts = []*runtimeapi.Mount{cfg.Mounts[0], m}
 		_, err := e.d.Runtime.CreateContainer(Ctx(t), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: bad, SandboxConfig: podCfg})
 		wantC := codes.NotFound
-		if name == "escaping path" {
+		if name == "escaping path" || name == "writable" {
 			wantC = codes.InvalidArgument
 		}
 		wantCode(t, err, wantC, "image volume /x")
@@ -154,7 +155,7 @@ func TestImageVolumeRestart(t *testing.T) {
 	e.pull(t, toolsRef)
 	pod, podCfg := e.pod(t, UsernsPod(PodConfig("imgvol-restart"), 0))
 	cfg := e.ctr("vol", "sleep", "1000")
-	cfg.Mounts = []*runtimeapi.Mount{{ContainerPath: "/v", Image: &runtimeapi.ImageSpec{Image: toolsRef}, ImageSubPath: "a"}}
+	cfg.Mounts = []*runtimeapi.Mount{{ContainerPath: "/v", Image: &runtimeapi.ImageSpec{Image: toolsRef}, ImageSubPath: "a", Readonly: true}}
 	id := e.run(t, pod, podCfg, cfg)
 	if err := e.d.Restart(); err != nil {
 		t.Fatalf("restart: %v", err)
