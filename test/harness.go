@@ -104,6 +104,10 @@ type Options struct {
 	// ConfigLogLevel leaves the log level to the config file instead of
 	// forcing debug with --log-level.
 	ConfigLogLevel bool
+	// RunRootLen and RootLen, when set, make the run directory and the
+	// root paths of exactly that many bytes under Dir; the CRI socket then
+	// goes in Dir, so a runroot of any length can be tested.
+	RunRootLen, RootLen int
 }
 
 // Daemon is one pinrt process under test.
@@ -167,6 +171,13 @@ func NewDaemon(t testing.TB, opts Options) *Daemon {
 	}
 	d.NRISocket = filepath.Join(d.NRIDir, "nri.sock")
 	d.Socket = filepath.Join(d.RunRoot, "pinrt.sock")
+	if opts.RunRootLen > 0 {
+		d.RunRoot = padPath(t, filepath.Join(dir, "r"), opts.RunRootLen)
+		d.Socket = filepath.Join(dir, "pinrt.sock")
+	}
+	if opts.RootLen > 0 {
+		d.Root = padPath(t, filepath.Join(dir, "s"), opts.RootLen)
+	}
 	t.Cleanup(d.cleanup)
 	for _, p := range []string{d.ConfigDir, d.CNIConfDir, d.CDIDir, d.NRIDir} {
 		if err := os.MkdirAll(p, 0o755); err != nil {
@@ -194,6 +205,24 @@ func NewDaemon(t testing.TB, opts Options) *Daemon {
 		d.writeNetwork()
 	}
 	return d
+}
+
+// padPath extends base to a path of exactly n bytes, in components of at
+// most 100 bytes.
+func padPath(t testing.TB, base string, n int) string {
+	t.Helper()
+	p := base
+	for len(p) < n {
+		if n-len(p) == 1 {
+			p += "p" // no room for a separator and a name
+			break
+		}
+		p = filepath.Join(p, strings.Repeat("p", min(n-len(p)-1, 100)))
+	}
+	if len(p) != n {
+		t.Fatalf("cannot make %q a path of %d bytes", base, n)
+	}
+	return p
 }
 
 // CgroupDriver is the cgroup driver the tests run the daemon with:
