@@ -117,3 +117,47 @@ func attachLeftovers(runRoot string) []string {
 	}
 	return left
 }
+
+// TestAttachAfterUpgrade creates a container with an older pinrt
+// ($PINRT_E2E_OLD_BINARY, which passed conmon --socket-dir-path) under
+// the 26-byte runroot whose link conmon cut, restarts into this pinrt, and
+// attaches: the socket is found in the bundle. Removing the pod removes
+// the old link and its directory. Skipped without an old binary.
+func TestAttachAfterUpgrade(t *testing.T) {
+	old := os.Getenv("PINRT_E2E_OLD_BINARY")
+	if old == "" {
+		t.Skip("PINRT_E2E_OLD_BINARY names no older pinrt to upgrade from")
+	}
+	e := newCtrEnvWith(t, "", func(o *Options) { o.RunRootLen, o.Binary = 26, old })
+	pod, podCfg := e.pod(t, PodConfig("upgrade"))
+	cfg := e.ctr("echo", "cat")
+	cfg.Stdin = true
+	s := &streamEnv{ctrEnv: e, pod: pod, podCfg: podCfg}
+	ctr := s.runCtr(t, cfg)
+	links := attachLeftovers(e.d.RunRoot)
+	if len(links) != 1 {
+		t.Fatalf("the old pinrt left links %v, want conmon's one", links)
+	}
+	if err := e.d.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	e.d.opts.Binary = ""
+	if err := e.d.Start(); err != nil {
+		t.Fatal(err)
+	}
+	s.attachEcho(t, ctr, "after the upgrade")
+	if _, err := e.d.Runtime.RemovePodSandbox(Ctx(t), &runtimeapi.RemovePodSandboxRequest{PodSandboxId: pod}); err != nil {
+		t.Fatalf("RemovePodSandbox: %v", err)
+	}
+	if left := attachLeftovers(e.d.RunRoot); len(left) > 0 {
+		t.Errorf("links left after removing the pod: %v", left)
+	}
+	if dir := filepath.Dir(links[0]); pathExists(dir) {
+		t.Errorf("%s is left after its last link was removed", dir)
+	}
+}
+
+func pathExists(p string) bool {
+	_, err := os.Lstat(p)
+	return err == nil
+}

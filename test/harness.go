@@ -108,6 +108,9 @@ type Options struct {
 	// root paths of exactly that many bytes under Dir; the CRI socket then
 	// goes in Dir, so a runroot of any length can be tested.
 	RunRootLen, RootLen int
+	// Binary, when set, is the pinrt this daemon runs instead of the one
+	// Binary builds (an older build, for an upgrade test).
+	Binary string
 }
 
 // Daemon is one pinrt process under test.
@@ -293,7 +296,11 @@ func (d *Daemon) Start() error {
 	}
 	defer logf.Close()
 	fmt.Fprintf(logf, "==== start %s\n", time.Now().Format(time.RFC3339Nano))
-	cmd := exec.Command(Binary(d.t), d.Args()...)
+	bin := d.opts.Binary
+	if bin == "" {
+		bin = Binary(d.t)
+	}
+	cmd := exec.Command(bin, d.Args()...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = append(os.Environ(), d.opts.Env...)
 	if err := cmd.Start(); err != nil {
