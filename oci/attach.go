@@ -102,11 +102,10 @@ func (r *Runtime) Attach(ctx context.Context, id string, o AttachOptions) error 
 	}
 }
 
-// dialAttach connects to conmon's attach socket, <bundle>/attach. conmon
-// binds it through /proc/self/fd/<fd of the bundle>/attach (--full-attach),
-// so the bundle's own path may be of any length; the socket is reached the
-// same way, through an O_PATH descriptor of the bundle. A path of the
-// bundle itself would not fit sun_path's 108 bytes under a long --root.
+// dialAttach connects to conmon's attach socket, <bundle>/attach, through
+// an O_PATH descriptor of the bundle, as conmon binds it (--full-attach):
+// the bundle's own path may be of any length, while a socket address
+// holds 108 bytes.
 func dialAttach(id, bundle string) (*net.UnixConn, error) {
 	fd, err := unix.Open(bundle, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -127,8 +126,8 @@ func dialAttach(id, bundle string) (*net.UnixConn, error) {
 // attachSocketName is the attach socket's name in the bundle.
 const attachSocketName = "attach"
 
-// procFdPath names the entry name in the directory open as fd, in at
-// most 30 bytes for any fd and a short name: it always fits sun_path.
+// procFdPath is the path of name in the directory open as fd: at most 30
+// bytes with a short name, so it always fits a socket address.
 func procFdPath(fd int, name string) string {
 	return "/proc/self/fd/" + strconv.Itoa(fd) + "/" + name
 }
