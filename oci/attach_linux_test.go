@@ -86,16 +86,28 @@ func TestRuntimeAttachAnyPathLength(t *testing.T) {
 			inR, inW := io.Pipe()
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
-			done := make(chan error, 1)
-			go func() { done <- rt.Attach(ctx, id, AttachOptions{Stdin: inR, Stdout: &out, Stderr: io.Discard}) }()
+			var attachErr error
+			ended := make(chan struct{})
+			go func() {
+				attachErr = rt.Attach(ctx, id, AttachOptions{Stdin: inR, Stdout: &out, Stderr: io.Discard})
+				// Writes to an attach that ended must fail, not block.
+				inR.CloseWithError(io.ErrClosedPipe)
+				close(ended)
+			}()
 			waitFor(t, func() bool {
+				select {
+				case <-ended:
+					t.Fatalf("attach ended before the echo came back: %v", attachErr)
+				default:
+				}
 				_, _ = io.WriteString(inW, "ping\n")
 				return strings.Contains(out.String(), "ping")
 			})
 			// The end of the client's stdin is a detach.
 			inW.Close()
-			if err := <-done; err != nil {
-				t.Fatalf("attach: %v", err)
+			<-ended
+			if attachErr != nil {
+				t.Fatalf("attach: %v", attachErr)
 			}
 		})
 	}
