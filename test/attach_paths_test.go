@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -160,4 +161,35 @@ func TestAttachAfterUpgrade(t *testing.T) {
 func pathExists(p string) bool {
 	_, err := os.Lstat(p)
 	return err == nil
+}
+
+// oldConmon answers --help as a conmon before 2.0.23 does: no
+// --full-attach.
+const oldConmon = `#!/bin/sh
+echo 'Application Options:'
+echo '  --socket-dir-path            Location of container attach sockets'
+echo '  --version                    Print the version and exit'
+`
+
+// TestOldConmonStopsStart checks that a conmon without --full-attach is
+// refused when the daemon starts, with a message naming the option and
+// the limit, instead of failing every container create.
+func TestOldConmonStopsStart(t *testing.T) {
+	fake := filepath.Join(t.TempDir(), "conmon")
+	if err := os.WriteFile(fake, []byte(oldConmon), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d := NewDaemon(t, Options{Config: fmt.Sprintf("[runtime]\nconmon = %q\n", fake)})
+	out, err := runWithTimeout(exec.Command(Binary(t), d.Args()...), 20*time.Second)
+	if err == nil {
+		t.Fatalf("pinrt started with a conmon that has no --full-attach:\n%s", out)
+	}
+	for _, want := range []string{fake, "--full-attach", "107 bytes"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("message %q does not name %q", out, want)
+		}
+	}
+	if _, err := os.Stat(d.Socket); !os.IsNotExist(err) {
+		t.Errorf("a socket exists after a failed start: %v", err)
+	}
 }
