@@ -326,6 +326,11 @@ func (c *Config) Validate() error {
 	}
 	// The kernel's sun_path holds 108 bytes including the terminating NUL.
 	if n := len(c.SocketPath()); n > 107 {
+		if c.Listen == "" {
+			// Every other path under the runroot may be as long as
+			// PATH_MAX; only the default socket's may not.
+			return &FieldError{"runroot", fmt.Sprintf("the CRI socket <runroot>/pinrt.sock would be %d bytes, the limit of a unix socket path is 107: set listen to a shorter path", n)}
+		}
 		return &FieldError{"listen", fmt.Sprintf("socket path is %d bytes, the limit is 107", n)}
 	}
 	if !logLevels[c.LogLevel] {

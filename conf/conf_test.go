@@ -142,6 +142,7 @@ func TestInvalidValues(t *testing.T) {
 		{"relative runroot", `runroot = "run"`, "runroot"},
 		{"relative listen", `listen = "pinrt.sock"`, "listen"},
 		{"socket path too long", `listen = "/` + strings.Repeat("s", 120) + `"`, "listen"},
+		{"default socket under a long run dir", `runroot = "/` + strings.Repeat("r", 100) + `"`, "runroot"},
 		{"log level", `log_level = "loud"`, "log_level"},
 		{"log format", `log_format = "xml"`, "log_format"},
 		{"negative shutdown", `shutdown_timeout = "-1s"`, "shutdown_timeout"},

@@ -51,7 +51,7 @@ func (r *Runtime) Attach(ctx context.Context, id string, o AttachOptions) error 
 	if err != nil {
 		return err
 	}
-	conn, err := r.dialAttach(id)
+	conn, err := dialAttach(id, rec.Bundle)
 	if err != nil {
 		return err
 	}
@@ -102,26 +102,34 @@ func (r *Runtime) Attach(ctx context.Context, id string, o AttachOptions) error 
 	}
 }
 
-// dialAttach connects to conmon's attach socket,
-// <socket-dir>/<id>/attach. The path can exceed sun_path's 108 bytes, so
-// it is reached through an O_PATH descriptor of its directory, as conmon
-// itself binds it.
-func (r *Runtime) dialAttach(id string) (*net.UnixConn, error) {
-	dir := filepath.Join(r.stateDir, "attach", id)
-	fd, err := unix.Open(dir, unix.O_PATH|unix.O_CLOEXEC, 0)
+// dialAttach connects to conmon's attach socket, <bundle>/attach, through
+// an O_PATH descriptor of the bundle, as conmon binds it (--full-attach):
+// the bundle's own path may be of any length, while a socket address
+// holds 108 bytes.
+func dialAttach(id, bundle string) (*net.UnixConn, error) {
+	fd, err := unix.Open(bundle, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		if errors.Is(err, unix.ENOENT) {
-			return nil, fmt.Errorf("attach socket of %s: %w", id, errdefs.ErrNotFound)
+			return nil, fmt.Errorf("attach socket of %s: bundle %s: %w", id, bundle, errdefs.ErrNotFound)
 		}
-		return nil, fmt.Errorf("attach socket of %s: %w", id, err)
+		return nil, fmt.Errorf("attach socket of %s: bundle %s: %w", id, bundle, err)
 	}
 	defer unix.Close(fd)
-	addr := &net.UnixAddr{Net: "unixpacket", Name: "/proc/self/fd/" + strconv.Itoa(fd) + "/attach"}
+	addr := &net.UnixAddr{Net: "unixpacket", Name: procFdPath(fd, attachSocketName)}
 	conn, err := net.DialUnix("unixpacket", nil, addr)
 	if err != nil {
 		return nil, fmt.Errorf("connecting to the attach socket of %s (is the container running?): %w: %w", id, err, errdefs.ErrFailedPrecondition)
 	}
 	return conn, nil
+}
+
+// attachSocketName is the attach socket's name in the bundle.
+const attachSocketName = "attach"
+
+// procFdPath is the path of name in the directory open as fd: at most 30
+// bytes with a short name, so it always fits a socket address.
+func procFdPath(fd int, name string) string {
+	return "/proc/self/fd/" + strconv.Itoa(fd) + "/" + name
 }
 
 // copyAttachOutput demultiplexes conmon's packets until conmon closes the

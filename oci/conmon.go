@@ -207,7 +207,11 @@ func (r *Runtime) conmonArgs(o CreateOptions) []string {
 		"-P", filepath.Join(o.Bundle, "conmon.pid"),
 		"--persist-dir", o.Bundle,
 		"--exit-dir", o.ExitDir,
-		"--socket-dir-path", filepath.Join(r.stateDir, "attach"),
+		// The attach socket goes straight into the bundle, bound through
+		// /proc/self/fd, with no symlink under a socket dir: conmon cuts a
+		// <socket dir>/<id> of exactly 107 bytes by one byte, so attach
+		// found nothing, and conmon before 2.1.7 never removes its links.
+		"--full-attach",
 		"--log-level", "error",
 		// runc's logrus output goes to a file: on stderr it would end up in
 		// the container log.

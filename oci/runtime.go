@@ -103,7 +103,7 @@ type record struct {
 const recordVersion = 1
 
 // NewRuntime resolves the binaries and prepares stateDir (per daemon, for
-// container records and attach sockets).
+// container records; the attach sockets are in the bundles).
 func NewRuntime(h Handler, stateDir string) (*Runtime, error) {
 	if h.Type != "" && h.Type != "oci" {
 		return nil, fmt.Errorf("runtime %q: unsupported type %q: %w", h.Name, h.Type, errdefs.ErrInvalidArgument)
@@ -123,7 +123,7 @@ func NewRuntime(h Handler, stateDir string) (*Runtime, error) {
 	if err != nil {
 		return nil, fmt.Errorf("runtime %q monitor: %w: %w", h.Name, err, errdefs.ErrNotFound)
 	}
-	dirs := []string{stateDir, filepath.Join(stateDir, "containers"), filepath.Join(stateDir, "attach")}
+	dirs := []string{stateDir, filepath.Join(stateDir, "containers")}
 	// The runtime's own root lives on tmpfs too. After a reboot it is gone
 	// until the first create, and `runc state` on a missing root fails in
 	// a way that cannot be told from a real error: every container would
@@ -142,6 +142,7 @@ func NewRuntime(h Handler, stateDir string) (*Runtime, error) {
 	for _, t := range temps {
 		_ = os.Remove(t)
 	}
+	pruneLegacyAttachLinks(stateDir)
 	abs, err := filepath.Abs(bin)
 	if err != nil {
 		return nil, err
@@ -457,6 +458,9 @@ func (r *Runtime) Delete(ctx context.Context, id string, force bool) error {
 		if err := r.failure(ctx, id, err, nil, nil); !errdefs.IsNotFound(err) {
 			return err
 		}
+	}
+	if err := r.removeLegacyAttachLinks(id); err != nil {
+		return err
 	}
 	if err := os.Remove(r.recordPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err

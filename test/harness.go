@@ -104,6 +104,13 @@ type Options struct {
 	// ConfigLogLevel leaves the log level to the config file instead of
 	// forcing debug with --log-level.
 	ConfigLogLevel bool
+	// RunRootLen and RootLen, when set, make the run directory and the
+	// root paths of exactly that many bytes under Dir; the CRI socket then
+	// goes in Dir, so a runroot of any length can be tested.
+	RunRootLen, RootLen int
+	// Binary, when set, is the pinrt this daemon runs instead of the one
+	// Binary builds (an older build, for an upgrade test).
+	Binary string
 }
 
 // Daemon is one pinrt process under test.
@@ -167,6 +174,13 @@ func NewDaemon(t testing.TB, opts Options) *Daemon {
 	}
 	d.NRISocket = filepath.Join(d.NRIDir, "nri.sock")
 	d.Socket = filepath.Join(d.RunRoot, "pinrt.sock")
+	if opts.RunRootLen > 0 {
+		d.RunRoot = padPath(t, filepath.Join(dir, "r"), opts.RunRootLen)
+		d.Socket = filepath.Join(dir, "pinrt.sock")
+	}
+	if opts.RootLen > 0 {
+		d.Root = padPath(t, filepath.Join(dir, "s"), opts.RootLen)
+	}
 	t.Cleanup(d.cleanup)
 	for _, p := range []string{d.ConfigDir, d.CNIConfDir, d.CDIDir, d.NRIDir} {
 		if err := os.MkdirAll(p, 0o755); err != nil {
@@ -194,6 +208,24 @@ func NewDaemon(t testing.TB, opts Options) *Daemon {
 		d.writeNetwork()
 	}
 	return d
+}
+
+// padPath extends base to a path of exactly n bytes, in components of at
+// most 100 bytes.
+func padPath(t testing.TB, base string, n int) string {
+	t.Helper()
+	p := base
+	for len(p) < n {
+		if n-len(p) == 1 {
+			p += "p" // no room for a separator and a name
+			break
+		}
+		p = filepath.Join(p, strings.Repeat("p", min(n-len(p)-1, 100)))
+	}
+	if len(p) != n {
+		t.Fatalf("cannot make %q a path of %d bytes", base, n)
+	}
+	return p
 }
 
 // CgroupDriver is the cgroup driver the tests run the daemon with:
@@ -264,7 +296,11 @@ func (d *Daemon) Start() error {
 	}
 	defer logf.Close()
 	fmt.Fprintf(logf, "==== start %s\n", time.Now().Format(time.RFC3339Nano))
-	cmd := exec.Command(Binary(d.t), d.Args()...)
+	bin := d.opts.Binary
+	if bin == "" {
+		bin = Binary(d.t)
+	}
+	cmd := exec.Command(bin, d.Args()...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = append(os.Environ(), d.opts.Env...)
 	if err := cmd.Start(); err != nil {

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
@@ -360,6 +361,11 @@ func newServer(ctx context.Context, cfg *conf.Config, m *metrics.Metrics) (*serv
 		return nil, err
 	}
 	log.G(ctx).WithFields(log.Fields{"driver": cg.Name(), "hierarchy": cgroups.Detect(cgroups.DefaultRoot).String()}).Info("cgroups")
+	// A conmon every create would fail with is refused now, not at the
+	// first pod; a missing one is reported per handler below.
+	if err := oci.CheckMonitor(ctx, cfg.Runtime.Conmon); err != nil && !errdefs.IsNotFound(err) {
+		return nil, err
+	}
 	runtimes := map[string]server.ContainerRuntime{}
 	for name, h := range cfg.Runtime.Runtimes {
 		rt, err := oci.NewRuntime(oci.Handler{
