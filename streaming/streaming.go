@@ -20,6 +20,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -270,14 +271,46 @@ type watchedConn struct {
 	cancel context.CancelCauseFunc
 }
 
+// lingerTimeout bounds how long a closed connection is read for the
+// client's end (see linger).
+const lingerTimeout = 30 * time.Second
+
 func (c *watchedConn) Close() error {
 	c.mu.Lock()
+	again := c.closed
 	c.closed = true
 	if c.cancel != nil {
 		c.cancel(errConnEnded)
 	}
 	c.mu.Unlock()
-	return c.Conn.Close()
+	if again {
+		return nil
+	}
+	tc, ok := c.Conn.(*net.TCPConn)
+	if !ok {
+		return c.Conn.Close()
+	}
+	if err := tc.CloseWrite(); err != nil {
+		return tc.Close()
+	}
+	go linger(tc)
+	return nil
+}
+
+// linger closes c, whose writing side is shut, once the client closed its
+// side or lingerTimeout passed, and reads what the client sends meanwhile.
+// Closing a TCP socket with received bytes nobody read makes the kernel
+// reset the connection (RFC 2525) and drop what it had not sent yet: the
+// library closes as soon as the exec ended, and the stdout a slow client
+// had still to receive (the tail of a 20 MB `tar c` through kubelet) was
+// lost, with the exit status, whenever a SPDY ping or stdin the exec no
+// longer read was waiting. The client saw the stream end with no error.
+func linger(c *net.TCPConn) {
+	defer c.Close()
+	if err := c.SetReadDeadline(time.Now().Add(lingerTimeout)); err != nil {
+		return
+	}
+	_, _ = io.Copy(io.Discard, c)
 }
 
 // watch makes the connection's close cancel ctx.

@@ -65,7 +65,9 @@ func main() {
 type streamEnv struct {
 	*ctrEnv
 	pod, server, echo string
-	podCfg            *runtimeapi.PodSandboxConfig
+	// img is the suite's image (tar and sha256sum among its applets).
+	img    string
+	podCfg *runtimeapi.PodSandboxConfig
 	// ctrs is every container the suite ran, for the final leak check.
 	ctrs []string
 }
@@ -95,7 +97,7 @@ func TestStreaming(t *testing.T) {
 	echo := e.ctr("echo", "cat")
 	echo.Image.Image = img
 	echo.Stdin = true
-	s := &streamEnv{ctrEnv: e, pod: pod, podCfg: podCfg}
+	s := &streamEnv{ctrEnv: e, pod: pod, podCfg: podCfg, img: img}
 	s.server = s.runCtr(t, srv)
 	s.echo = s.runCtr(t, echo)
 
@@ -117,6 +119,7 @@ func TestStreaming(t *testing.T) {
 	t.Run("ClientGoneEndsStreams", s.testClientGone)
 	t.Run("ContainerExitEndsStreams", s.testContainerExit)
 	t.Run("StopPodClosesForward", s.testStopPodClosesForward)
+	t.Run("ExecOutputComplete", s.testExecOutputComplete)
 	// Last, after every stream of the suite has ended.
 	t.Run("NoLeaks", s.testNoLeaks)
 }

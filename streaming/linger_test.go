@@ -1,0 +1,58 @@
+package streaming
+
+import (
+	"bytes"
+	"io"
+	"net"
+	"testing"
+	"time"
+)
+
+// Closing a stream's connection keeps what the client has yet to read,
+// even when the client sent bytes the server never read (a SPDY ping,
+// stdin an exec that ended no longer wanted). A plain close then reset the
+// connection and the kernel dropped the unsent tail of the output: a slow
+// client saw the stream end early, with no error.
+func TestCloseKeepsWhatTheClientHasYetToRead(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	client, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	// A small receive window: most of the output stays queued on the
+	// server's side, where a reset drops it.
+	if err := client.(*net.TCPConn).SetReadBuffer(16 << 10); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.Write(make([]byte, 4096)); err != nil {
+		t.Fatal(err)
+	}
+	sc, err := watchListener{ln}.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sc.(*watchedConn).Conn.(*net.TCPConn).SetWriteBuffer(1 << 20); err != nil {
+		t.Fatal(err)
+	}
+	want := bytes.Repeat([]byte("0123456789abcdef"), 128<<10/16)
+	_ = sc.SetWriteDeadline(time.Now().Add(10 * time.Second))
+	if _, err := sc.Write(want); err != nil {
+		t.Fatalf("the output did not fit in the socket buffers: %v", err)
+	}
+	// Let the client's bytes arrive before the close.
+	time.Sleep(100 * time.Millisecond)
+	if err := sc.Close(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	_ = client.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got, err := io.ReadAll(client)
+	if err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("the client read %d of the %d bytes written before the close, then %v", len(got), len(want), err)
+	}
+}
