@@ -30,12 +30,16 @@ type digest struct {
 }
 
 // slowSink hashes what it is given, sleeping on every write as a client
-// behind a slow link does.
+// behind a slow link does, and once, for pause, when pauseAt bytes came:
+// the output's end then waits in the socket buffers, with the exec over,
+// while the client's SPDY pings (every 5 s) still reach the daemon.
 type slowSink struct {
-	mu    sync.Mutex
-	h     hash.Hash
-	n     int64
-	delay time.Duration
+	mu      sync.Mutex
+	h       hash.Hash
+	n       int64
+	delay   time.Duration
+	pauseAt int64
+	pause   time.Duration
 }
 
 func newSlowSink(delay time.Duration) *slowSink {
@@ -46,6 +50,9 @@ func (w *slowSink) Write(p []byte) (int, error) {
 	time.Sleep(w.delay)
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.pause > 0 && w.n < w.pauseAt && w.n+int64(len(p)) >= w.pauseAt {
+		time.Sleep(w.pause)
+	}
 	w.h.Write(p)
 	w.n += int64(len(p))
 	return len(p), nil
@@ -79,6 +86,9 @@ type tailCase struct {
 	// starve stops the daemon for longer than its drain delay, again and
 	// again, while the exec runs.
 	starve bool
+	// pause stops the client for longer than its ping period 1 MB before
+	// the output's end.
+	pause bool
 	// within bounds the exec (a background child holds stdout for longer).
 	within time.Duration
 }
@@ -98,10 +108,11 @@ func (s *streamEnv) testExecOutputComplete(t *testing.T) {
 	endSum := s.sumIn(t, id, "cat /tmp/blob; printf END")
 	tar := "tar cf - -C /tmp blob"
 	for _, tc := range []tailCase{
-		{name: "SlowClient", script: tar, want: &tarSum, rounds: 3},
+		{name: "SlowClient", script: tar, want: &tarSum, rounds: 2},
+		{name: "ClientPausesAtTheEnd", script: tar, want: &tarSum, rounds: 2, pause: true},
 		{name: "SlowClientUnreadStdin", script: tar, want: &tarSum, rounds: 3, stdin: true},
-		{name: "LastBytesAtExit", script: "cat /tmp/blob; printf END", want: &endSum, rounds: 2},
-		{name: "WebSocket", script: tar, want: &tarSum, rounds: 1, websocket: true},
+		{name: "LastBytesAtExit", script: "cat /tmp/blob; printf END", want: &endSum, rounds: 2, pause: true},
+		{name: "WebSocket", script: tar, want: &tarSum, rounds: 1, websocket: true, pause: true},
 		{name: "StarvedDaemon", script: tar, want: &tarSum, rounds: 2, starve: true},
 		{name: "StarvedDaemonUnreadStdin", script: tar, want: &tarSum, rounds: 1, starve: true, stdin: true},
 		// The exec still ends, as kubelet expects, while a background
@@ -137,6 +148,9 @@ func (s *streamEnv) copyOut(t *testing.T, id string, tc tailCase, round int) {
 	t.Helper()
 	u := s.execURL(t, id, []string{"sh", "-c", tc.script}, tc.stdin, false)
 	out, errOut := newSlowSink(3*time.Millisecond), newSlowSink(0)
+	if tc.pause {
+		out.pauseAt, out.pause = tc.want.size-1<<20, 6*time.Second
+	}
 	o := remotecommand.StreamOptions{Stdout: out, Stderr: errOut}
 	if tc.stdin {
 		o.Stdin = io.LimitReader(zeros{}, 1<<30)
