@@ -228,10 +228,11 @@ func (w progressWriter) Write(b []byte) (int, error) {
 // writers left are processes it left in the background: the wait ends when
 // the output stood still for execWaitDelay (nothing written, no write in
 // flight) and unread says the kernel holds no byte the copies have yet to
-// read. A timer alone cut the tail of a 20 MB `tar c` whenever the copies
-// stalled for execWaitDelay with the pipe still full (a daemon starved of
-// CPU under TCG); whatever the copies already read is written after the
-// read ends close (see finish), so only unread bytes could be lost.
+// read. Progress alone would cut the tail of a 20 MB `tar c` whenever the
+// copies stalled for execWaitDelay between two writes with bytes still in
+// the pipe (a daemon starved of CPU); whatever the copies already read is
+// written after the read ends close (see finish), so only unread bytes
+// can be lost.
 func waitDrained(ctx context.Context, done <-chan struct{}, p *progress, unread func() int) {
 	last := p.written.Load()
 	for {

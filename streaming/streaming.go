@@ -299,12 +299,13 @@ func (c *watchedConn) Close() error {
 
 // linger closes c, whose writing side is shut, once the client closed its
 // side or lingerTimeout passed, and reads what the client sends meanwhile.
-// Closing a TCP socket with received bytes nobody read makes the kernel
-// reset the connection (RFC 2525) and drop what it had not sent yet: the
-// library closes as soon as the exec ended, and the stdout a slow client
-// had still to receive (the tail of a 20 MB `tar c` through kubelet) was
-// lost, with the exit status, whenever a SPDY ping or stdin the exec no
-// longer read was waiting. The client saw the stream end with no error.
+// The kernel resets a TCP connection closed with received bytes nobody
+// read (RFC 2525), or that receives bytes after its close (RFC 1122), and
+// drops the output it had not sent yet. The library closes as soon as the
+// exec ended, while a slow client (kubelet, the API server under TCG) may
+// have megabytes of stdout still to receive; a SPDY ping (client-go sends
+// one every 5 s) or stdin the exec no longer read then cost the tail of a
+// 20 MB `tar c` and the exit status, and the client saw a clean end.
 func linger(c *net.TCPConn) {
 	defer c.Close()
 	if err := c.SetReadDeadline(time.Now().Add(lingerTimeout)); err != nil {
