@@ -110,6 +110,7 @@ func TestStreaming(t *testing.T) {
 	t.Run("ExecTTYResize", s.testExecTTY)
 	t.Run("ExecTTYStdinEnds", s.testExecTTYStdinEnds)
 	t.Run("Tar", s.testTar)
+	t.Run("ExecOutputComplete", s.testExecOutputComplete)
 	t.Run("Attach", s.testAttach)
 	t.Run("AttachStdinOnce", func(t *testing.T) { s.testAttachStdinOnce(t, img) })
 	t.Run("AttachTTYResize", func(t *testing.T) { s.testAttachTTY(t, img) })
@@ -119,7 +120,6 @@ func TestStreaming(t *testing.T) {
 	t.Run("ClientGoneEndsStreams", s.testClientGone)
 	t.Run("ContainerExitEndsStreams", s.testContainerExit)
 	t.Run("StopPodClosesForward", s.testStopPodClosesForward)
-	t.Run("ExecOutputComplete", s.testExecOutputComplete)
 	// Last, after every stream of the suite has ended.
 	t.Run("NoLeaks", s.testNoLeaks)
 }
