@@ -307,7 +307,7 @@ func (c *watchedConn) Close() error {
 // one every 5 s) or stdin the exec no longer read then cost the tail of a
 // 20 MB `tar c` and the exit status, and the client saw a clean end.
 func linger(c *net.TCPConn) {
-	defer c.Close()
+	defer func() { _ = c.Close() }()
 	if err := c.SetReadDeadline(time.Now().Add(lingerTimeout)); err != nil {
 		return
 	}
