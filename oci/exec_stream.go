@@ -40,11 +40,14 @@ type ExecOptions struct {
 // execHelperPath is the binary that runs ExecHelperMain: the daemon itself.
 var execHelperPath = "/proc/self/exe"
 
-// execWaitDelay bounds how long output may stand still after the exec'd
-// process exited before the stream is cut: a background grandchild that
-// inherited the pipes must not hold the stream open. Output still moving
-// to the client, or a write the client is still taking, is waited for: a
-// client behind a slow link (kubelet, the API server) gets every byte.
+// execWaitDelay is how long output may stand still after the exec'd
+// process exited before the stream is cut, and only when the pipes hold
+// nothing unread: then everything the process wrote is on its way to the
+// client, and what still holds the pipes open is a background grandchild
+// that must not hold the stream open. Output still moving to the client,
+// a write the client is still taking, or bytes still in a pipe are waited
+// for: a client behind a slow link (kubelet, the API server) or a daemon
+// starved of CPU gets every byte.
 const execWaitDelay = 2 * time.Second
 
 // ExecStream runs o.Cmd in the running container id with its stdio copied
@@ -220,9 +223,17 @@ func (w progressWriter) Write(b []byte) (int, error) {
 	return n, err
 }
 
-// waitDrained waits until done closes, or the output stood still (nothing
-// written, no write in flight) for execWaitDelay, or ctx ends.
-func waitDrained(ctx context.Context, done <-chan struct{}, p *progress) {
+// waitDrained waits until done closes (every copy read EOF: all writers
+// are gone) or ctx ends. Failing that, once the process exited, the only
+// writers left are processes it left in the background: the wait ends when
+// the output stood still for execWaitDelay (nothing written, no write in
+// flight) and unread says the kernel holds no byte the copies have yet to
+// read. Progress alone would cut the tail of a 20 MB `tar c` whenever the
+// copies stalled for execWaitDelay between two writes with bytes still in
+// the pipe (a daemon starved of CPU); whatever the copies already read is
+// written after the read ends close (see finish), so only unread bytes
+// can be lost.
+func waitDrained(ctx context.Context, done <-chan struct{}, p *progress, unread func() int) {
 	last := p.written.Load()
 	for {
 		select {
@@ -233,11 +244,30 @@ func waitDrained(ctx context.Context, done <-chan struct{}, p *progress) {
 		case <-time.After(execWaitDelay):
 		}
 		now := p.written.Load()
-		if now == last && p.writing.Load() == 0 {
+		if now == last && p.writing.Load() == 0 && unread() == 0 {
 			return
 		}
 		last = now
 	}
+}
+
+// unreadBytes is how many bytes the kernel holds in fs that nobody read
+// yet (TIOCINQ, which is FIONREAD: pipes and a pty's master answer it). A
+// file that cannot say counts as holding some, so that it is waited for.
+func unreadBytes(fs ...*os.File) int {
+	n := 0
+	for _, f := range fs {
+		v := 1
+		if rc, err := f.SyscallConn(); err == nil {
+			_ = rc.Control(func(fd uintptr) {
+				if got, err := unix.IoctlGetInt(int(fd), unix.TIOCINQ); err == nil {
+					v = got
+				}
+			})
+		}
+		n += v
+	}
+	return n
 }
 
 // killOnError wraps a client stream: when writing to the client fails,
@@ -258,8 +288,9 @@ func (k killOnError) Write(p []byte) (int, error) {
 // startPipes starts c with pipes of its own for the streams the client
 // has, given to owner (nil: host root) so that a user-namespaced process
 // can reopen them (see stdio.go). The exec helper hands them on to the
-// process. After c exited, finish drains the output for at most
-// execWaitDelay: a background grandchild may hold the pipes for ever.
+// process. After c exited, finish drains the output to EOF, or, when a
+// background grandchild holds the pipes, until they stand empty and idle
+// (see waitDrained).
 func startPipes(c *exec.Cmd, o ExecOptions, kill func(), owner *hostIDs) (_ *execIO, retErr error) {
 	var childEnds, readEnds []*os.File
 	closeAll := func(fs []*os.File) {
@@ -329,7 +360,7 @@ func startPipes(c *exec.Cmd, o ExecOptions, kill func(), owner *hostIDs) (_ *exe
 	drained := make(chan struct{})
 	go func() { copies.Wait(); close(drained) }()
 	return &execIO{finish: func(ctx context.Context) {
-		waitDrained(ctx, drained, prog)
+		waitDrained(ctx, drained, prog, func() int { return unreadBytes(readEnds...) })
 		// Closing the read ends ends the copies of output a background
 		// process still holds open.
 		closeAll(readEnds)
@@ -400,7 +431,7 @@ func startTty(c *exec.Cmd, o ExecOptions, kill func(), pidFile string) (*execIO,
 	}
 	return &execIO{finish: func(ctx context.Context) {
 		close(stopResize)
-		waitDrained(ctx, outDone, prog)
+		waitDrained(ctx, outDone, prog, func() int { return unreadBytes(master) })
 		master.Close()
 		<-outDone
 	}}, nil

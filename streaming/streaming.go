@@ -20,6 +20,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -270,14 +271,47 @@ type watchedConn struct {
 	cancel context.CancelCauseFunc
 }
 
+// lingerTimeout bounds how long a closed connection is read for the
+// client's end (see linger).
+const lingerTimeout = 30 * time.Second
+
 func (c *watchedConn) Close() error {
 	c.mu.Lock()
+	again := c.closed
 	c.closed = true
 	if c.cancel != nil {
 		c.cancel(errConnEnded)
 	}
 	c.mu.Unlock()
-	return c.Conn.Close()
+	if again {
+		return nil
+	}
+	tc, ok := c.Conn.(*net.TCPConn)
+	if !ok {
+		return c.Conn.Close()
+	}
+	if err := tc.CloseWrite(); err != nil {
+		return tc.Close()
+	}
+	go linger(tc)
+	return nil
+}
+
+// linger closes c, whose writing side is shut, once the client closed its
+// side or lingerTimeout passed, and reads what the client sends meanwhile.
+// The kernel resets a TCP connection closed with received bytes nobody
+// read (RFC 2525), or that receives bytes after its close (RFC 1122), and
+// drops the output it had not sent yet. The library closes as soon as the
+// exec ended, while a slow client (kubelet, the API server under TCG) may
+// have megabytes of stdout still to receive; a SPDY ping (client-go sends
+// one every 5 s) or stdin the exec no longer read then cost the tail of a
+// 20 MB `tar c` and the exit status, and the client saw a clean end.
+func linger(c *net.TCPConn) {
+	defer func() { _ = c.Close() }()
+	if err := c.SetReadDeadline(time.Now().Add(lingerTimeout)); err != nil {
+		return
+	}
+	_, _ = io.Copy(io.Discard, c)
 }
 
 // watch makes the connection's close cancel ctx.

@@ -65,7 +65,9 @@ func main() {
 type streamEnv struct {
 	*ctrEnv
 	pod, server, echo string
-	podCfg            *runtimeapi.PodSandboxConfig
+	// img is the suite's image (tar and sha256sum among its applets).
+	img    string
+	podCfg *runtimeapi.PodSandboxConfig
 	// ctrs is every container the suite ran, for the final leak check.
 	ctrs []string
 }
@@ -95,7 +97,7 @@ func TestStreaming(t *testing.T) {
 	echo := e.ctr("echo", "cat")
 	echo.Image.Image = img
 	echo.Stdin = true
-	s := &streamEnv{ctrEnv: e, pod: pod, podCfg: podCfg}
+	s := &streamEnv{ctrEnv: e, pod: pod, podCfg: podCfg, img: img}
 	s.server = s.runCtr(t, srv)
 	s.echo = s.runCtr(t, echo)
 
@@ -108,6 +110,7 @@ func TestStreaming(t *testing.T) {
 	t.Run("ExecTTYResize", s.testExecTTY)
 	t.Run("ExecTTYStdinEnds", s.testExecTTYStdinEnds)
 	t.Run("Tar", s.testTar)
+	t.Run("ExecOutputComplete", s.testExecOutputComplete)
 	t.Run("Attach", s.testAttach)
 	t.Run("AttachStdinOnce", func(t *testing.T) { s.testAttachStdinOnce(t, img) })
 	t.Run("AttachTTYResize", func(t *testing.T) { s.testAttachTTY(t, img) })
