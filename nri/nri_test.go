@@ -152,20 +152,35 @@ func TestHungPluginBounded(t *testing.T) {
 	p := &testPlugin{synced: make(chan []*api.PodSandbox, 1), hang: hang}
 	connect(t, cfg, p, "hanger")
 	<-p.synced
-	time.Sleep(100 * time.Millisecond) // registration ends after the sync
+	// Registration completes after the sync, so a creation right after it
+	// may not reach the plugin yet: create until one does, which only the
+	// request timeout ends. A sleep here failed on a loaded host.
+	deadline := time.Now().Add(10 * time.Second)
+	for i := 0; ; i++ {
+		start := time.Now()
+		ctr := &api.Container{Id: fmt.Sprintf("c%d", i), PodSandboxId: "p1", Name: fmt.Sprintf("c%d", i)}
+		if _, err := n.CreateContainer(context.Background(), &api.PodSandbox{Id: "p1"}, ctr, nil); err != nil {
+			t.Fatalf("a hung plugin failed the creation: %v", err)
+		}
+		d := time.Since(start)
+		if d > 3*time.Second {
+			t.Errorf("a hung plugin held the creation %v with a %v request timeout", d, cfg.RequestTimeout)
+		}
+		if d >= cfg.RequestTimeout {
+			break // it waited for the hung plugin, and went on without it
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no creation reached the hung plugin")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// The plugin is dropped now: waiting for it again would take the
+	// whole request timeout.
 	start := time.Now()
-	_, err := n.CreateContainer(context.Background(), &api.PodSandbox{Id: "p1"}, &api.Container{Id: "c1", PodSandboxId: "p1", Name: "c"}, nil)
-	if err != nil {
-		t.Fatalf("a hung plugin failed the creation: %v", err)
-	}
-	if d := time.Since(start); d > 3*time.Second {
-		t.Errorf("a hung plugin held the creation %v with a 500ms request timeout", d)
-	}
-	start = time.Now()
-	if _, err := n.CreateContainer(context.Background(), &api.PodSandbox{Id: "p1"}, &api.Container{Id: "c2", PodSandboxId: "p1", Name: "c2"}, nil); err != nil {
+	if _, err := n.CreateContainer(context.Background(), &api.PodSandbox{Id: "p1"}, &api.Container{Id: "last", PodSandboxId: "p1", Name: "last"}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if d := time.Since(start); d > 250*time.Millisecond {
+	if d := time.Since(start); d >= cfg.RequestTimeout {
 		t.Errorf("the dropped plugin still delays creations: %v", d)
 	}
 }
