@@ -125,6 +125,27 @@ func TestLegacyContainerLayout(t *testing.T) {
 	}
 }
 
+func TestContainerDetachStopsWrites(t *testing.T) {
+	dir := t.TempDir()
+	c := NewContainer(testContainerMeta("ctr1"), dir)
+	if err := c.UpdateStatus(func(st *ContainerStatus) { st.State = ContainerRunning }); err != nil {
+		t.Fatal(err)
+	}
+	c.Detach()
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.UpdateStatus(func(st *ContainerStatus) { st.State = ContainerExited }); err != nil {
+		t.Fatalf("a detached record's update failed: %v", err)
+	}
+	if c.Status().State != ContainerExited {
+		t.Errorf("state %s, want exited in memory", c.Status().State)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("a detached record wrote into its removed directory: %v", err)
+	}
+}
+
 func TestContainerUpdateStatusFailedWriteKeepsOld(t *testing.T) {
 	c := NewContainer(testContainerMeta("ctr1"), filepath.Join(t.TempDir(), "missing"))
 	err := c.UpdateStatus(func(st *ContainerStatus) { st.State = ContainerRunning })

@@ -32,6 +32,8 @@ type record[M any, S comparable] struct {
 
 	mu     sync.Mutex
 	status S
+	// detached stops status writes: the directory is being removed.
+	detached bool
 	// opMu serialises lifecycle operations (Start, Stop, Remove).
 	opMu sync.Mutex
 }
@@ -55,13 +57,23 @@ func (r *record[M, S]) UpdateStatus(fn func(*S)) error {
 	if next == r.status {
 		return nil
 	}
-	if r.Dir != "" {
+	if r.Dir != "" && !r.detached {
 		if err := r.write(next); err != nil {
 			return err
 		}
 	}
 	r.status = next
 	return nil
+}
+
+// Detach stops writing status changes to the directory, which is about
+// to be removed: an exit noticed during a removal would otherwise write
+// state.json into the directory as it is emptied, and the removal fail
+// with "directory not empty". Once it returns no write is in progress.
+func (r *record[M, S]) Detach() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.detached = true
 }
 
 // save writes the whole record with the current status.

@@ -157,6 +157,9 @@ func (s *Server) removeContainer(ctx context.Context, c *sandbox.Container) erro
 	if err := s.deps.Images.UnmountRootfs(ctx, c.ID, c.SandboxID, c.Dir); err != nil {
 		return fmt.Errorf("unmounting the rootfs of %s: %w", c.ID, err)
 	}
+	// An exit the stop above caused may still be being recorded: no more
+	// writes into the directory once its removal starts.
+	c.Detach()
 	if err := os.RemoveAll(c.Dir); err != nil {
 		return fmt.Errorf("removing container %s: %w", c.ID, err)
 	}

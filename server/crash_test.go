@@ -311,6 +311,11 @@ func TestFailThenRestart(t *testing.T) {
 			if err := crashLifecycle(context.Background(), old); !errors.Is(err, errdefs.ErrUnavailable) {
 				t.Fatalf("lifecycle = %v, want the injected failure", err)
 			}
+			// The old daemon is dead: its exit watcher must not record
+			// the new one's stops in the directories it removes.
+			if old.exits.w != nil {
+				_ = old.exits.w.Close()
+			}
 			f.ns.CreateErr, net.SetupErr, net.TeardownErr, f.images.MountErr = nil, nil, nil, nil
 			f.rt.CreateErr, f.rt.StartErr, f.rt.StopErr, f.rt.DeleteErr = nil, nil, nil, nil
 			ids, err := nsmgr.NewAllocator(f.cfg.Userns.MinHostID, f.cfg.Userns.MaxHostID, f.cfg.Userns.MaxPods)
