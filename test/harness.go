@@ -312,8 +312,13 @@ func (d *Daemon) Start() error {
 	return d.connect()
 }
 
+// startTimeout bounds a daemon's start. On the host pinrt answers within
+// a second; in the VM under TCG, with a second guest sharing the host's
+// two cores, a restart with two pods took 31 s.
+const startTimeout = 2 * time.Minute
+
 func (d *Daemon) connect() error {
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(startTimeout)
 	for {
 		select {
 		case err := <-d.waitErr:
@@ -328,7 +333,7 @@ func (d *Daemon) connect() error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("pinrt did not answer within 30s:\n%s", d.Log())
+			return fmt.Errorf("pinrt did not answer within %s:\n%s", startTimeout, d.Log())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
