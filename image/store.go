@@ -126,6 +126,9 @@ func NewStore(opts Options) (*Store, error) {
 			return nil, fmt.Errorf("create image store: %w", err)
 		}
 	}
+	if err := markTopDir(s.path("tmp")); err != nil {
+		log.L.WithError(err).Warn("could not mark the image staging dir as a top directory (chattr +T); pulls right after removals may be slower on ext4 without a journal")
+	}
 	// Layers are lower dirs of containers that run as any user; the
 	// directory itself must be traversable.
 	if err := os.Chmod(s.path("layers"), 0o711); err != nil {
