@@ -322,10 +322,18 @@ func TestNRIExitIsStop(t *testing.T) {
 	if err != nil || st.Status.State != runtimeapi.ContainerState_CONTAINER_EXITED {
 		t.Fatalf("status = %v, %v", st, err)
 	}
+	// The exit watcher records the exit, then tells the plugins: the
+	// event may trail the status by a moment.
 	var stops int
-	for _, e := range fake.Events() {
-		if e == "StopContainer c" {
-			stops++
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		stops = 0
+		for _, e := range fake.Events() {
+			if e == "StopContainer c" {
+				stops++
+			}
+		}
+		if stops > 0 || time.Now().After(deadline) {
+			break
 		}
 	}
 	if stops != 1 {
