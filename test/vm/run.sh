@@ -20,6 +20,7 @@
 #   PINRT_VM_DRIVERS  cgroup drivers to run the suites with (default "cgroupfs systemd")
 #   PINRT_VM_CACHE    image cache (default /var/cache/pinrt-vm)
 #   PINRT_VM_MEM      guest memory in MiB (default 4096)
+#   PINRT_VM_SMP      vCPUs per guest (default 1; see the boot below)
 #   PINRT_VM_PARALLEL 1 (default): one VM per driver, all at once; 0: one
 #                     VM runs the drivers in turn
 #   PINRT_VM_TIMEOUT  seconds before a VM is killed (default 2700)
@@ -38,6 +39,7 @@ cache=${PINRT_VM_CACHE:-/var/cache/pinrt-vm}
 suites=${PINRT_VM_SUITES:-e2e}
 drivers=${PINRT_VM_DRIVERS:-cgroupfs systemd}
 timeout=${PINRT_VM_TIMEOUT:-2700}
+smp=${PINRT_VM_SMP:-1}
 
 now() { date +%s.%N; }
 secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
@@ -86,6 +88,13 @@ boot() {
 		# Every PINRT_VM_* setting reaches the suites in the guest.
 		env | grep '^PINRT_VM_' | while IFS='=' read -r k v; do printf 'export %s=%q\n' "$k" "$v"; done
 	} >"$share/env.$tag"
+	# One vCPU per guest by default, one guest per driver: TCG runs a
+	# vCPU on a host thread, and two guests of two vCPUs on a 2-core
+	# host each ran the e2e suite in 797 s, one vCPU each in 402-432 s
+	# (one guest of two vCPUs alone: 324-384 s), probably because
+	# oversubscribed vCPU threads wait for each other in TCG. And only
+	# guests of two vCPUs were seen dying on a stale int3 left by the
+	# kernel's own code patching (an Oops in __alloc_pages).
 	# -nic none: the guest has no network at all; the tests' registry and
 	# CNI bridges live inside it. snapshot=on keeps the cached image
 	# pristine, and lets boots share it.
@@ -99,7 +108,7 @@ boot() {
 		echo "export PINRT_VM_BUDGET=$((limit - 300))" >>"$share/env.$tag"
 	fi
 	timeout --foreground -k 10 "$limit" qemu-system-x86_64 \
-		-accel tcg -cpu max -smp 2 -m "${PINRT_VM_MEM:-4096}" -nographic -no-reboot -nic none \
+		-accel tcg -cpu max -smp "$smp" -m "${PINRT_VM_MEM:-4096}" -nographic -no-reboot -nic none \
 		-kernel "$img/vmlinuz" -initrd "$img/initrd.img" \
 		-append "console=ttyS0 root=/dev/vda rw systemd.unified_cgroup_hierarchy=1 panic=-1 loglevel=4 systemd.show_status=0 pinrt.env=env.$tag" \
 		-drive "file=$img/rootfs.img,if=virtio,format=raw,snapshot=on" \
@@ -124,7 +133,7 @@ missing() {
 }
 
 t2=$(now)
-echo "vm: binaries built in $(secs "$t1" "$t2")s; booting (TCG, 2 vCPUs, ${PINRT_VM_MEM:-4096} MiB)"
+echo "vm: binaries built in $(secs "$t1" "$t2")s; booting (TCG, $smp vCPU(s) per guest, ${PINRT_VM_MEM:-4096} MiB)"
 if [ "${PINRT_VM_PARALLEL:-1}" = 1 ]; then
 	# The guests share out/, so the primary driver's guest (the last one)
 	# can see when the others are done (inside.sh).

@@ -60,7 +60,7 @@ run)
 	cd /tmp
 	rc=0
 	PINRT_K8S_BINARY=/usr/local/bin/k8s PINRT_K8S_PINRT=$share/bin/pinrt PINRT_K8S_CGROUP_DRIVER=$driver \
-		"$share/bin/k8snode.test" -test.v -test.timeout=25m -test.run "${PINRT_VM_K8S_TESTS:-.}" || rc=$?
+		"$share/bin/k8snode.test" -test.v -test.timeout=40m -test.run "${PINRT_VM_K8S_TESTS:-.}" || rc=$?
 	exit $rc
 	;;
 *)
