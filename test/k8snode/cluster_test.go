@@ -481,7 +481,7 @@ func (u *unitService) mainPID() int {
 func (u *unitService) kill() {
 	before := u.systemctl("show", "-P", "NRestarts", u.name)
 	u.systemctl("kill", "--signal=SIGKILL", "--kill-whom=main", u.name)
-	deadline := time.Now().Add(time.Minute)
+	deadline := time.Now().Add(scaled(time.Minute))
 	for {
 		now := u.systemctl("show", "-P", "NRestarts", u.name)
 		state := u.systemctl("show", "-P", "ActiveState", u.name)
@@ -777,6 +777,7 @@ func (n *node) waitNodeReady(timeout time.Duration) {
 // with f's last error.
 func (n *node) poll(t testing.TB, what string, timeout time.Duration, f func() (bool, error)) {
 	t.Helper()
+	timeout = scaled(timeout)
 	deadline := time.Now().Add(timeout)
 	for {
 		ok, err := f()
@@ -789,6 +790,22 @@ func (n *node) poll(t testing.TB, what string, timeout time.Duration, f func() (
 		time.Sleep(500 * time.Millisecond)
 	}
 }
+
+// timeScale stretches every wait of the test (poll, exec, attach,
+// port-forward) on a slow node: PINRT_K8S_TIME_SCALE, a whole number,
+// default 1. test/vm/suites/k8s.sh sets it for a guest of one vCPU under
+// TCG, where the API server answered kubelet's status patches minutes
+// late (a Deployment whose pods kubelet had running at 3.5 min still
+// showed them Pending at 5).
+var timeScale = func() time.Duration {
+	v, err := strconv.Atoi(os.Getenv("PINRT_K8S_TIME_SCALE"))
+	if err != nil || v < 1 {
+		return 1
+	}
+	return time.Duration(v)
+}()
+
+func scaled(d time.Duration) time.Duration { return d * timeScale }
 
 // dumpLogs shows kubelet's and pinrt's logs (and the control plane's
 // tails) when the test failed.

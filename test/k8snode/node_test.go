@@ -291,7 +291,7 @@ func (n *node) stream(u *url.URL, o remotecommand.StreamOptions, timeout time.Du
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), scaled(timeout))
 	defer cancel()
 	if o.Tty {
 		o.Stderr = nil
@@ -341,7 +341,7 @@ func (n *node) checkExecTTY(t *testing.T, pod string) {
 
 // checkLogsFollow reads the shell container's ticks as they are written.
 func (n *node) checkLogsFollow(t *testing.T, ctx context.Context, pod string) {
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, scaled(time.Minute))
 	defer cancel()
 	r, err := n.cs.CoreV1().Pods(ns).GetLogs(pod, &corev1.PodLogOptions{Container: "shell", Follow: true, TailLines: ptr(int64(1))}).Stream(ctx)
 	if err != nil {
@@ -409,7 +409,7 @@ func (n *node) checkAttach(t *testing.T, pod string) {
 		}
 	}()
 	// The attach may come up after the first write: write until echoed.
-	deadline := time.After(time.Minute)
+	deadline := time.After(scaled(time.Minute))
 	tick := time.NewTicker(2 * time.Second)
 	defer tick.Stop()
 	if _, err := io.WriteString(inW, token+"\n"); err != nil {
@@ -427,8 +427,8 @@ func (n *node) checkAttach(t *testing.T, pod string) {
 				if err != nil {
 					t.Errorf("attach ended with %v", err)
 				}
-			case <-time.After(30 * time.Second):
-				t.Errorf("attach did not end 30s after stdin closed")
+			case <-time.After(scaled(30 * time.Second)):
+				t.Errorf("attach did not end %s after stdin closed", scaled(30*time.Second))
 			}
 			return
 		case err := <-done:
@@ -475,7 +475,7 @@ func (n *node) checkCopy(t *testing.T, pod string) {
 	var errb bytes.Buffer
 	// 20 MB through the API server and kubelet took over 2 minutes
 	// under TCG in a 1-vCPU guest.
-	const copyTimeout = 6 * time.Minute
+	const copyTimeout = 3 * time.Minute
 	if err := n.exec(pod, "shell", []string{"tar", "-xmf", "-", "-C", "/tmp"}, execOpts{stdin: &in, stderr: &errb, timeout: copyTimeout}); err != nil {
 		t.Fatalf("cp in: %v: %s", err, errb.String())
 	}
@@ -569,14 +569,14 @@ func (n *node) checkPortForward(t *testing.T, pod string) {
 	case <-ready:
 	case err := <-done:
 		t.Fatalf("port-forward: %v: %s", err, fwErr.String())
-	case <-time.After(time.Minute):
-		t.Fatal("port-forward not ready within a minute")
+	case <-time.After(scaled(time.Minute)):
+		t.Fatalf("port-forward not ready within %s", scaled(time.Minute))
 	}
 	ports, err := fw.GetPorts()
 	if err != nil {
 		t.Fatal(err)
 	}
-	client := &http.Client{Timeout: 30 * time.Second}
+	client := &http.Client{Timeout: scaled(30 * time.Second)}
 	for i := range 20 {
 		resp, err := client.Get(fmt.Sprintf("http://127.0.0.1:%d/?n=%d", ports[0].Local, i))
 		if err != nil {
@@ -776,8 +776,8 @@ func (n *node) checkDelete(t *testing.T, ctx context.Context, pod string) {
 	// the status update) took 30s under TCG on a loaded host. In a
 	// 1-vCPU guest, pinrt had stopped all of the pod 25s after the
 	// delete, and then kubelet's status patch timed out in the API
-	// server (60s).
-	slack := 3 * time.Minute
+	// server (60s); timeScale covers such a node.
+	slack := time.Minute
 	n.poll(t, "pod "+pod+" deleted", grace+slack, func() (bool, error) {
 		_, err := n.cs.CoreV1().Pods(ns).Get(ctx, pod, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {

@@ -11,6 +11,8 @@
 #
 # Environment (run.sh passes these through SHARE/env):
 #   PINRT_VM_K8S_TESTS  -test.run pattern (default: all, TestNode)
+#   PINRT_VM_K8S_TIME_SCALE  multiplies the test's waits (default 3 in a
+#                       guest of one vCPU, else 1)
 #   PINRT_VM_STANDIN_REPO  checkout whose test/standin makes the images
 #                       (default: this one); with none, busybox from
 #                       test/testimage and no nginx
@@ -58,8 +60,16 @@ run)
 		export PINRT_K8S_STANDIN_CONF=$out/mirrors.toml
 	fi
 	cd /tmp
+	# In a guest of one vCPU (run.sh's default) the control plane, kubelet
+	# and the pods share one emulated CPU: the test's waits are tripled.
+	scale=${PINRT_VM_K8S_TIME_SCALE:-}
+	if [ -z "$scale" ]; then
+		scale=1
+		[ "$(nproc)" -eq 1 ] && scale=3
+	fi
+	echo "k8s: $(nproc) vCPU(s), waits scaled by $scale"
 	rc=0
-	PINRT_K8S_BINARY=/usr/local/bin/k8s PINRT_K8S_PINRT=$share/bin/pinrt PINRT_K8S_CGROUP_DRIVER=$driver \
+	PINRT_K8S_TIME_SCALE=$scale PINRT_K8S_BINARY=/usr/local/bin/k8s PINRT_K8S_PINRT=$share/bin/pinrt PINRT_K8S_CGROUP_DRIVER=$driver \
 		"$share/bin/k8snode.test" -test.v -test.timeout=40m -test.run "${PINRT_VM_K8S_TESTS:-.}" || rc=$?
 	exit $rc
 	;;
