@@ -77,13 +77,15 @@ fits() {
 	done
 }
 
-# Each suite runs once per driver; a driver is done (out/DRIVER.done) when
-# all its suites have left an exit code.
+# Each suite runs once per driver, suite by suite: with the drivers in
+# turn in one boot, every driver gets e2e, then k8s, before any gets the
+# long critest, which the budget gives up first. A driver is done
+# (out/DRIVER.done) when all its suites have left an exit code.
 # The first e2e of the boot measures the host; drivers run in turn in
 # one boot are all held to it, their own e2e included.
 calib= calib_shared=0
-for d in $DRIVERS; do
-	for s in $SUITES; do
+for s in $SUITES; do
+	for d in $DRIVERS; do
 		if ! why=$(fits "$d" "$s"); then
 			echo "skip" >"$out/$d.$s.rc"
 			echo "not run: $why" >"$out/$d.$s.log"
@@ -100,6 +102,8 @@ for d in $DRIVERS; do
 			[ "$(nproc)" -gt 1 ] && ! others_done "$d" && calib_shared=1
 		fi
 	done
+done
+for d in $DRIVERS; do
 	touch "$out/$d.done"
 done
 sync
