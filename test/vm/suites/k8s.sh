@@ -60,7 +60,7 @@ run)
 		export PINRT_K8S_STANDIN_CONF=$out/mirrors.toml
 	fi
 	cd /tmp
-	# In a guest of one vCPU (run.sh's default) the control plane, kubelet
+	# In a guest of one vCPU (PINRT_VM_SMP=1) the control plane, kubelet
 	# and the pods share one emulated CPU: the test's waits are tripled.
 	scale=${PINRT_VM_K8S_TIME_SCALE:-}
 	if [ -z "$scale" ]; then
