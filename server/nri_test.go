@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -198,6 +199,61 @@ func TestNRIRunPodRefused(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(filepath.Join(f.cfg.Root, "sandboxes")); len(entries) > 0 {
 		t.Errorf("%d sandbox dirs left", len(entries))
+	}
+	if n := len(f.srv.sandboxes.List()); n != 0 {
+		t.Errorf("%d pods in the store", n)
+	}
+}
+
+// podCgroups records the pod cgroups a server removes, around the real
+// cgroupfs driver's paths (removing one that is not there succeeds).
+type podCgroups struct {
+	cgroups.Driver
+	mu      sync.Mutex
+	removed []string
+}
+
+func (d *podCgroups) RemovePod(ctx context.Context, kubeletParent, sandboxID string) error {
+	d.mu.Lock()
+	d.removed = append(d.removed, sandboxID)
+	d.mu.Unlock()
+	return d.Driver.RemovePod(ctx, kubeletParent, sandboxID)
+}
+
+// A pod with a shared PID namespace gets its pause process, whose cgroup
+// creation makes the pod cgroup, before NRI's RunPodSandbox: a refusal
+// must remove that cgroup too, not only the infra process (critest's
+// "should fail RunPodSandbox and clean up when the NRI hook errors" left
+// one behind per run).
+func TestNRIRunPodRefusedRemovesPodCgroup(t *testing.T) {
+	f, fake := newNRIFixture(t)
+	real, err := cgroups.New(cgroups.DriverCgroupfs, "/pinrt-unit-"+newID()[:8])
+	if err != nil {
+		t.Fatal(err)
+	}
+	drv := &podCgroups{Driver: real}
+	f.srv.deps.CgroupDriver = drv
+	// The pause rootfs as prepared: the test binary, which the fake
+	// runtime never runs, need not be static.
+	f.srv.pause.path = t.TempDir()
+	fake.RunPodErr = fmt.Errorf("plugin \"00-refuse\": no: %w", errdefs.ErrFailedPrecondition)
+	req := unitPod("p", false)
+	req.Config.Linux.SecurityContext.NamespaceOptions.Pid = runtimeapi.NamespaceMode_POD
+	if _, err := f.srv.RunPodSandbox(context.Background(), req); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "00-refuse") {
+		t.Fatalf("RunPodSandbox: err = %v, want the plugin's refusal", err)
+	}
+	var infra string
+	for _, c := range f.rt.Calls {
+		if id, ok := strings.CutPrefix(c, "create "); ok {
+			infra = id
+		}
+	}
+	if infra == "" {
+		t.Fatalf("no infra process was created (calls %v): the pod did not reach the step that makes its cgroup", f.rt.Calls)
+	}
+	// The infra process's ID is the pod's.
+	if !slices.Equal(drv.removed, []string{infra}) {
+		t.Errorf("pod cgroups removed: %v, want the refused pod's, %s", drv.removed, infra)
 	}
 	if n := len(f.srv.sandboxes.List()); n != 0 {
 		t.Errorf("%d pods in the store", n)

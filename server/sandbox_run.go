@@ -69,6 +69,13 @@ func (s *Server) runPod(ctx context.Context, req *podRequest) (_ *sandbox.Sandbo
 		return nil, err
 	}
 
+	// The infra process is the pod's first cgroup member: its creation
+	// makes the pod cgroup (cgroupfs: runc mkdirs the parent; systemd:
+	// EnsurePod starts the slice), which removing the infra leaves behind.
+	// critest's NRI spec refusing RunPodSandbox left one per run.
+	undo.add("remove pod cgroup", func(ctx context.Context) error {
+		return s.deps.CgroupDriver.RemovePod(ctx, md.CgroupParent, md.ID)
+	})
 	// A shared PID namespace lives as long as its first process: the
 	// pod's pause process, started last so it joins the finished pins.
 	if md.Modes.PID == sandbox.ModePod {

@@ -93,10 +93,14 @@ func (r *Runtime) Create(_ context.Context, o oci.CreateOptions) (int, error) {
 		return 0, fmt.Errorf("container %s: %w", o.ID, errdefs.ErrAlreadyExists)
 	}
 	r.nextPid++
-	// Like the real runtime, the bundle gets the spec as config.json.
+	// Like the real runtime, the bundle gets the spec as config.json,
+	// in a directory made if missing (the infra process's is).
 	if o.Bundle != "" && o.Spec != nil {
 		b, err := json.Marshal(o.Spec)
 		if err != nil {
+			return 0, err
+		}
+		if err := os.MkdirAll(o.Bundle, 0o700); err != nil {
 			return 0, err
 		}
 		if err := os.WriteFile(filepath.Join(o.Bundle, "config.json"), b, 0o600); err != nil {
