@@ -61,6 +61,16 @@ type node struct {
 	apiPort      int
 	kubeletPort  int
 	registryConf string
+	opts         nodeOpts
+}
+
+// nodeOpts are what a suite wants of the node beyond TestNode's needs.
+type nodeOpts struct {
+	// conformance: a scheduler and every default controller (namespace
+	// deletion, garbage collection, service account tokens, ...), which
+	// Kubernetes' e2e framework relies on; TestNode creates pods bound to
+	// the node and needs neither, which spares a slow VM two processes.
+	conformance bool
 }
 
 func env(t *testing.T, k string) string {
@@ -74,6 +84,10 @@ func env(t *testing.T, k string) string {
 // startNode brings the node up: the control plane, pinrt, kubelet, and
 // waits until the node is Ready. Everything stops on t.Cleanup.
 func startNode(t *testing.T, imgs images) *node {
+	return startNodeOpts(t, imgs, nodeOpts{})
+}
+
+func startNodeOpts(t *testing.T, imgs images, opts nodeOpts) *node {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
 	}
@@ -84,6 +98,7 @@ func startNode(t *testing.T, imgs images) *node {
 		driver:  env(t, "PINRT_K8S_CGROUP_DRIVER"),
 		images:  imgs,
 		systemd: isDir("/run/systemd/system"),
+		opts:    opts,
 	}
 	if n.driver == "systemd" && !n.systemd {
 		t.Fatal("cgroup driver systemd needs systemd as PID 1")
@@ -217,6 +232,7 @@ func (n *node) certs() {
 		{"admin", "k8snode-admin", "system:masters"},
 		{"apiserver-kubelet-client", "kube-apiserver-kubelet-client", "system:masters"},
 		{"controller-manager", "system:kube-controller-manager", "system:masters"},
+		{"scheduler", "system:kube-scheduler", "system:masters"},
 		{"kubelet", "system:node:" + nodeName, "system:nodes"},
 	} {
 		k, der := newCert(t, caCert, caKey, &x509.Certificate{
@@ -409,10 +425,19 @@ func (n *node) startControlPlane() {
 		}
 		return true, nil
 	})
+	controllers := "deployment-controller,replicaset-controller,serviceaccount-controller,root-ca-certificate-publisher-controller"
+	if n.opts.conformance {
+		controllers = "*"
+		n.startProc("kube-scheduler",
+			"--kubeconfig="+n.kubeconfig("scheduler"),
+			"--leader-elect=false", "--secure-port=0", "--profiling=false",
+		)
+	}
 	n.startProc("kube-controller-manager",
 		"--kubeconfig="+n.kubeconfig("controller-manager"),
-		"--controllers=deployment-controller,replicaset-controller,serviceaccount-controller,root-ca-certificate-publisher-controller",
+		"--controllers="+controllers,
 		"--root-ca-file="+pki("ca.crt"),
+		"--service-account-private-key-file="+pki("sa.key"),
 		"--leader-elect=false", "--secure-port=0", "--profiling=false",
 	)
 }

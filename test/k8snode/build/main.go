@@ -1,5 +1,5 @@
 // Command k8s is one static binary holding the Kubernetes node the VM test
-// needs: kubelet, kube-apiserver, kube-controller-manager and etcd. The code
+// needs: kubelet, kube-apiserver, kube-controller-manager, kube-scheduler and etcd. The code
 // the components share is compiled and linked once, which is most of it.
 //
 // It dispatches on the name it is run by (a symlink named kubelet) or on its
@@ -26,6 +26,7 @@ import (
 	_ "k8s.io/component-base/metrics/prometheus/version"
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
 	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 )
 
@@ -33,6 +34,7 @@ var commands = map[string]func() *cobra.Command{
 	"kubelet":                 func() *cobra.Command { return kubelet.NewKubeletCommand(context.Background()) },
 	"kube-apiserver":          apiserver.NewAPIServerCommand,
 	"kube-controller-manager": controllermanager.NewControllerManagerCommand,
+	"kube-scheduler":          func() *cobra.Command { return scheduler.NewSchedulerCommand() },
 }
 
 func main() {
@@ -50,7 +52,7 @@ func main() {
 	}
 	newCommand, ok := commands[name]
 	if !ok {
-		fmt.Fprintln(os.Stderr, "usage: k8s kubelet|kube-apiserver|kube-controller-manager|etcd [flags]")
+		fmt.Fprintln(os.Stderr, "usage: k8s kubelet|kube-apiserver|kube-controller-manager|kube-scheduler|etcd [flags]")
 		os.Exit(2)
 	}
 	command := newCommand()

@@ -1,0 +1,44 @@
+// Package conformance is Kubernetes' e2e suite (test/e2e of the release
+// pinned in ../go.mod) cut down to the packages that hold its
+// [NodeConformance] specs: test/e2e/common (node, storage, network).
+// The spec code, the framework and the suite set-up (e2e.RunE2ETests)
+// are upstream's, unchanged; only what the binary links is less than
+// e2e.test, so it builds in a fraction of the time. The only
+// [NodeConformance] spec of e2e.test left out is in test/e2e/apps and
+// carries a [FeatureGate:...] label, which make node-e2e deselects anyway.
+//
+// test/k8snode's TestNodeConformance runs the binary (go test -c) under
+// the ginkgo CLI against a node whose runtime is pinrt.
+package conformance
+
+import (
+	"flag"
+	"os"
+	"testing"
+
+	"k8s.io/kubernetes/test/e2e"
+	"k8s.io/kubernetes/test/e2e/framework"
+	"k8s.io/kubernetes/test/e2e/framework/config"
+	"k8s.io/kubernetes/test/e2e/framework/testfiles"
+	e2etestingmanifests "k8s.io/kubernetes/test/e2e/testing-manifests"
+	testfixtures "k8s.io/kubernetes/test/fixtures"
+
+	// The framework's defaults, as e2e.test sets them up.
+	_ "k8s.io/kubernetes/test/e2e/framework/debug/init"
+	_ "k8s.io/kubernetes/test/e2e/framework/node/init"
+)
+
+func TestMain(m *testing.M) {
+	config.CopyFlags(config.Flags, flag.CommandLine)
+	framework.RegisterCommonFlags(flag.CommandLine)
+	framework.RegisterClusterFlags(flag.CommandLine)
+	flag.Parse()
+	testfiles.AddFileSource(e2etestingmanifests.GetE2ETestingManifestsFS())
+	testfiles.AddFileSource(testfixtures.GetTestFixturesFS())
+	framework.AfterReadingAllFlags(&framework.TestContext)
+	os.Exit(m.Run())
+}
+
+func TestE2E(t *testing.T) {
+	e2e.RunE2ETests(t)
+}

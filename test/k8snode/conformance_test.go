@@ -1,0 +1,475 @@
+package k8snode
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"encoding/xml"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	admissionv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// deselected is what make node-e2e never selects, as upstream's node
+// conformance jobs leave it out: slow, serial, disruptive and flaky
+// specs, and those that need a feature beyond the default set.
+const deselected = `\[Slow\]|\[Serial\]|\[Disruptive\]|\[Flaky\]|\[Feature:[^\]]*\]`
+
+// TestNodeConformance runs Kubernetes' own [NodeConformance] e2e specs
+// (build/conformance: test/e2e/common of the pinned release, run by the
+// ginkgo CLI, in parallel) against a node whose runtime is pinrt: the
+// control plane, a scheduler and kubelet of that release, and the
+// stand-in images of test/standin through pinrt's registry mirrors.
+// test/k8snode/node-e2e.sh builds what it needs and runs it; `make
+// node-e2e` runs that.
+//
+// With PINRT_NODE_E2E_USERNS=1 a MutatingAdmissionPolicy puts every pod
+// that can have one in a user namespace (hostUsers: false), and the test
+// counts the pods and containers that ran with a non-identity uid_map,
+// read from /proc while they ran, so a policy that silently did nothing
+// fails the run.
+//
+// It fails on any failed spec, and on any spec that skipped itself
+// unless node-e2e-skip.txt names it with a reason.
+func TestNodeConformance(t *testing.T) {
+	dir := os.Getenv("PINRT_NODE_E2E_DIR")
+	if dir == "" {
+		t.Skip("PINRT_NODE_E2E_DIR is not set: make node-e2e (test/k8snode/node-e2e.sh) runs this test with what it builds")
+	}
+	userns := os.Getenv("PINRT_NODE_E2E_USERNS") == "1"
+	out := os.Getenv("PINRT_NODE_E2E_OUT")
+	if out == "" {
+		out = t.TempDir()
+	}
+	skips, err := readSkipList("node-e2e-skip.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := startNodeOpts(t, imageSource(t), nodeOpts{conformance: true})
+	mode := "host user namespace"
+	if userns {
+		n.forceUserns(t)
+		mode = "every pod that can have one in its own user namespace"
+	}
+	w := n.watchUserns(t)
+	t.Logf("node conformance: %s", mode)
+	res := n.runConformance(t, dir, out, skips)
+	seen := w.stop()
+	t.Logf("node conformance (%s): %s", mode, seen)
+	if userns && seen.userns == 0 {
+		t.Errorf("no pod ran in a user namespace: the admission policy took no effect")
+	}
+	if !userns && seen.userns != 0 {
+		t.Errorf("%d pods ran in a user namespace although none asked for one", seen.userns)
+	}
+	res.report(t)
+}
+
+// skipEntry is one line of a skip list: "REGEXP # reason".
+type skipEntry struct {
+	re     *regexp.Regexp
+	reason string
+}
+
+func readSkipList(path string) ([]skipEntry, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var out []skipEntry
+	for i, line := range strings.Split(string(b), "\n") {
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		pat, reason, ok := strings.Cut(line, " # ")
+		if !ok || strings.TrimSpace(reason) == "" {
+			return nil, fmt.Errorf("%s:%d: entry without a reason: %q", path, i+1, line)
+		}
+		re, err := regexp.Compile(pat)
+		if err != nil {
+			return nil, fmt.Errorf("%s:%d: %w", path, i+1, err)
+		}
+		out = append(out, skipEntry{re: re, reason: reason})
+	}
+	return out, nil
+}
+
+func skipPattern(skips []skipEntry) string {
+	p := []string{deselected}
+	for _, s := range skips {
+		p = append(p, s.re.String())
+	}
+	return strings.Join(p, "|")
+}
+
+// usernsPolicy sets hostUsers: false on every pod created without a
+// hostUsers of its own that may have it: no host namespace (the API
+// server refuses those with a user namespace), no privileged container,
+// no raw block device.
+const usernsPolicy = `!(has(object.spec.hostUsers)) &&
+  !(has(object.spec.hostNetwork) && object.spec.hostNetwork) &&
+  !(has(object.spec.hostPID) && object.spec.hostPID) &&
+  !(has(object.spec.hostIPC) && object.spec.hostIPC) &&
+  !object.spec.containers.exists(c, (has(c.securityContext) && has(c.securityContext.privileged) && c.securityContext.privileged) || has(c.volumeDevices)) &&
+  !(has(object.spec.initContainers) && object.spec.initContainers.exists(c, (has(c.securityContext) && has(c.securityContext.privileged) && c.securityContext.privileged) || has(c.volumeDevices)))`
+
+// forceUserns installs the MutatingAdmissionPolicy and its binding, and
+// waits until the API server applies it to a dry-run pod.
+func (n *node) forceUserns(t *testing.T) {
+	ctx := t.Context()
+	fail := admissionv1.Fail
+	never := admissionv1.NeverReinvocationPolicy
+	policy := &admissionv1.MutatingAdmissionPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "pinrt-userns"},
+		Spec: admissionv1.MutatingAdmissionPolicySpec{
+			MatchConstraints: &admissionv1.MatchResources{
+				ResourceRules: []admissionv1.NamedRuleWithOperations{{
+					RuleWithOperations: admissionv1.RuleWithOperations{
+						Operations: []admissionv1.OperationType{admissionv1.Create},
+						Rule:       admissionv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}},
+					},
+				}},
+			},
+			MatchConditions:    []admissionv1.MatchCondition{{Name: "can-have-userns", Expression: usernsPolicy}},
+			FailurePolicy:      &fail,
+			ReinvocationPolicy: never,
+			Mutations: []admissionv1.Mutation{{
+				PatchType:          admissionv1.PatchTypeApplyConfiguration,
+				ApplyConfiguration: &admissionv1.ApplyConfiguration{Expression: "Object{spec: Object.spec{hostUsers: false}}"},
+			}},
+		},
+	}
+	if _, err := n.cs.AdmissionregistrationV1().MutatingAdmissionPolicies().Create(ctx, policy, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("MutatingAdmissionPolicy: %v", err)
+	}
+	binding := &admissionv1.MutatingAdmissionPolicyBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "pinrt-userns"},
+		Spec:       admissionv1.MutatingAdmissionPolicyBindingSpec{PolicyName: "pinrt-userns"},
+	}
+	if _, err := n.cs.AdmissionregistrationV1().MutatingAdmissionPolicyBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("MutatingAdmissionPolicyBinding: %v", err)
+	}
+	probe := func(hostNetwork bool) *corev1.Pod {
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{GenerateName: "userns-probe-", Namespace: "default"},
+			Spec: corev1.PodSpec{
+				HostNetwork: hostNetwork,
+				Containers:  []corev1.Container{{Name: "c", Image: n.images.busybox()}},
+			},
+		}
+	}
+	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	n.poll(t, "the user-namespace policy in effect", 2*time.Minute, func() (bool, error) {
+		p, err := n.cs.CoreV1().Pods("default").Create(ctx, probe(false), dry)
+		if err != nil {
+			return false, err
+		}
+		if p.Spec.HostUsers == nil || *p.Spec.HostUsers {
+			return false, errors.New("a dry-run pod still has no hostUsers: false")
+		}
+		return true, nil
+	})
+	// A host-network pod must be left alone: with hostUsers: false the
+	// API server would refuse it.
+	p, err := n.cs.CoreV1().Pods("default").Create(ctx, probe(true), dry)
+	if err != nil {
+		t.Fatalf("a host-network pod under the policy: %v", err)
+	}
+	if p.Spec.HostUsers != nil {
+		t.Fatalf("the policy set hostUsers on a host-network pod")
+	}
+}
+
+// usernsWatch records, while the specs run, which pods' containers ran
+// in a user namespace: each running container's /proc/<pid>/uid_map.
+type usernsWatch struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+	mu     sync.Mutex
+	pods   map[string]bool // sandbox ID: a non-identity uid_map
+	ctrs   int
+}
+
+type usernsSeen struct{ pods, userns, containers int }
+
+func (s usernsSeen) String() string {
+	return fmt.Sprintf("%d pods seen running, %d of them with a non-identity uid_map (%d containers read)", s.pods, s.userns, s.containers)
+}
+
+func (n *node) watchUserns(t *testing.T) *usernsWatch {
+	conn, err := grpc.NewClient("unix://"+n.pinrtSock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	rs := runtimeapi.NewRuntimeServiceClient(conn)
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &usernsWatch{cancel: cancel, done: make(chan struct{}), pods: map[string]bool{}}
+	seen := map[string]bool{}
+	go func() {
+		defer close(w.done)
+		for ctx.Err() == nil {
+			w.poll(ctx, rs, seen)
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+		}
+	}()
+	t.Cleanup(func() { w.stop() })
+	return w
+}
+
+func (w *usernsWatch) poll(ctx context.Context, rs runtimeapi.RuntimeServiceClient, seen map[string]bool) {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	l, err := rs.ListContainers(cctx, &runtimeapi.ListContainersRequest{
+		Filter: &runtimeapi.ContainerFilter{State: &runtimeapi.ContainerStateValue{State: runtimeapi.ContainerState_CONTAINER_RUNNING}},
+	})
+	if err != nil {
+		return
+	}
+	for _, c := range l.Containers {
+		if seen[c.Id] {
+			continue
+		}
+		st, err := rs.ContainerStatus(cctx, &runtimeapi.ContainerStatusRequest{ContainerId: c.Id, Verbose: true})
+		if err != nil {
+			continue
+		}
+		var info struct {
+			Pid int `json:"pid"`
+		}
+		if json.Unmarshal([]byte(st.Info["info"]), &info) != nil || info.Pid <= 0 {
+			continue
+		}
+		m, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(info.Pid), "uid_map"))
+		if err != nil {
+			continue // gone already
+		}
+		seen[c.Id] = true
+		w.mu.Lock()
+		w.ctrs++
+		w.pods[c.PodSandboxId] = w.pods[c.PodSandboxId] || !identityMap(string(m))
+		w.mu.Unlock()
+	}
+}
+
+// identityMap reports whether a uid_map is the initial user namespace's.
+func identityMap(m string) bool {
+	return strings.Join(strings.Fields(m), " ") == "0 0 4294967295"
+}
+
+func (w *usernsWatch) stop() usernsSeen {
+	w.cancel()
+	<-w.done
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	s := usernsSeen{pods: len(w.pods), containers: w.ctrs}
+	for _, u := range w.pods {
+		if u {
+			s.userns++
+		}
+	}
+	return s
+}
+
+// conformanceResult is what the ginkgo run left: its summary lines and
+// each spec's outcome from the JUnit report.
+type conformanceResult struct {
+	exit     error
+	summary  []string
+	log      string
+	passed   []string
+	failed   []string
+	listed   int
+	unlisted []string // spec text, then the reason it gave
+	elapsed  time.Duration
+}
+
+// runConformance runs the suite under the ginkgo CLI and reads its
+// JUnit report.
+func (n *node) runConformance(t *testing.T, dir, out string, skips []skipEntry) *conformanceResult {
+	// The framework labels every [NodeConformance] spec so; the focus
+	// narrows that selection further.
+	focus := os.Getenv("PINRT_NODE_E2E_FOCUS")
+	if focus == "" {
+		focus = "."
+	}
+	procs := os.Getenv("PINRT_NODE_E2E_PROCS")
+	if procs == "" {
+		procs = "4"
+	}
+	timeout := os.Getenv("PINRT_NODE_E2E_TIMEOUT")
+	if timeout == "" {
+		timeout = "60m"
+	}
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	junit := filepath.Join(out, "junit.xml")
+	logPath := filepath.Join(out, "ginkgo.log")
+	args := []string{
+		"--procs=" + procs, "--no-color", "--timeout=" + timeout,
+		"--label-filter=NodeConformance",
+		"--focus=" + focus, "--skip=" + skipPattern(skips),
+		"--junit-report=" + junit, "--output-dir=" + out,
+		"--poll-progress-after=5m",
+		filepath.Join(dir, "conformance.test"), "--",
+		"--kubeconfig=" + n.kubeconfig("admin"),
+		"--provider=skeleton", "--node-os-distro=debian",
+		"--container-runtime-endpoint=unix://" + n.pinrtSock,
+		"--report-dir=" + out,
+		"--non-blocking-taints=node-role.kubernetes.io/control-plane",
+	}
+	f, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	cmd := exec.Command(filepath.Join(dir, "ginkgo"), args...)
+	cmd.Dir = out
+	pr, pw := io.Pipe()
+	cmd.Stdout, cmd.Stderr = pw, pw
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.WaitDelay = 30 * time.Second
+	res := &conformanceResult{log: logPath}
+	// The suite's progress goes to the log file; a line per finished
+	// spec goes to the test's output too, so a long run shows it moves.
+	copied := make(chan struct{})
+	go func() {
+		defer close(copied)
+		sc := bufio.NewScanner(pr)
+		sc.Buffer(make([]byte, 64<<10), 4<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			fmt.Fprintln(f, line)
+			if isSummaryLine(line) {
+				res.summary = append(res.summary, strings.TrimSpace(line))
+			}
+		}
+		_, _ = io.Copy(f, pr)
+	}()
+	start := time.Now()
+	t.Logf("node conformance: ginkgo %s (log %s)", strings.Join(args, " "), logPath)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	res.exit = cmd.Wait()
+	pw.Close()
+	<-copied
+	res.elapsed = time.Since(start)
+	res.readJUnit(t, junit, skips, regexp.MustCompile(focus))
+	return res
+}
+
+func isSummaryLine(l string) bool {
+	l = strings.TrimSpace(l)
+	return strings.HasPrefix(l, "Ran ") && strings.Contains(l, " Specs in ") ||
+		strings.HasPrefix(l, "SUCCESS!") || strings.HasPrefix(l, "FAIL!") ||
+		strings.HasPrefix(l, "Ginkgo ran ") || strings.HasPrefix(l, "Test Suite ")
+}
+
+type junitSuites struct {
+	Suites []struct {
+		Cases []junitCase `xml:"testcase"`
+	} `xml:"testsuite"`
+}
+
+type junitCase struct {
+	Name    string `xml:"name,attr"`
+	Status  string `xml:"status,attr"`
+	Skipped *struct {
+		Message string `xml:"message,attr"`
+	} `xml:"skipped"`
+}
+
+// readJUnit sorts the specs into passed, failed, skipped by the skip
+// list, and skipped by themselves (unlisted). Specs outside the focus or
+// deselected are not counted: ginkgo reports them as skipped too.
+func (r *conformanceResult) readJUnit(t *testing.T, path string, skips []skipEntry, focus *regexp.Regexp) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Errorf("no JUnit report: %v", err)
+		return
+	}
+	var js junitSuites
+	if err := xml.Unmarshal(b, &js); err != nil {
+		t.Errorf("JUnit report %s: %v", path, err)
+		return
+	}
+	desel := regexp.MustCompile(deselected)
+	for _, s := range js.Suites {
+		for _, c := range s.Cases {
+			if !strings.Contains(c.Name, "[NodeConformance]") || !focus.MatchString(c.Name) || desel.MatchString(c.Name) {
+				continue
+			}
+			switch c.Status {
+			case "passed":
+				r.passed = append(r.passed, c.Name)
+			case "failed", "panicked", "interrupted", "timedout", "aborted":
+				r.failed = append(r.failed, c.Name)
+			case "skipped", "pending":
+				if listed(skips, c.Name) {
+					r.listed++
+					continue
+				}
+				why := ""
+				if c.Skipped != nil {
+					why = c.Skipped.Message
+				}
+				r.unlisted = append(r.unlisted, c.Name+": "+why)
+			}
+		}
+	}
+}
+
+func listed(skips []skipEntry, name string) bool {
+	for _, s := range skips {
+		if s.re.MatchString(name) {
+			return true
+		}
+	}
+	return false
+}
+
+func (r *conformanceResult) report(t *testing.T) {
+	t.Logf("node conformance: %d passed, %d failed, %d skipped by node-e2e-skip.txt, %d unlisted skips, in %s",
+		len(r.passed), len(r.failed), r.listed, len(r.unlisted), r.elapsed.Round(time.Second))
+	for _, l := range r.summary {
+		t.Logf("ginkgo: %s", l)
+	}
+	for _, f := range r.failed {
+		t.Errorf("FAILED: %s", f)
+	}
+	for _, u := range r.unlisted {
+		t.Errorf("UNLISTED SKIP (the spec skipped itself; fix it or name it in node-e2e-skip.txt with a reason): %s", u)
+	}
+	if len(r.passed) == 0 {
+		t.Errorf("no spec passed: the selection ran nothing")
+	}
+	if r.exit != nil && len(r.failed) == 0 {
+		t.Errorf("ginkgo: %v with no failed spec in its report; its log:\n%s", r.exit, tail(readFile(r.log), 80))
+	}
+	if t.Failed() {
+		t.Logf("ginkgo's log: %s; its last lines:\n%s", r.log, tail(readFile(r.log), 150))
+	}
+}

@@ -1,0 +1,89 @@
+#!/bin/bash
+# node-e2e.sh: Kubernetes' node conformance against pinrt, on this host.
+# Builds (cached by version, see build.sh) the node binary, the e2e specs
+# (build/conformance), the ginkgo CLI and agnhost; builds and serves the
+# stand-in images of test/standin on 127.0.0.1; then runs
+# TestNodeConformance (conformance_test.go) once per mode: every pod in
+# the host's user namespace ("host"), then every pod that can have one in
+# its own ("userns", a MutatingAdmissionPolicy sets hostUsers: false).
+# Each run brings up its own node and removes it. The exit code is 0 only
+# when every run passed.
+#
+# Environment:
+#   PINRT_NODE_E2E_MODES    the runs, in order (default "host userns")
+#   PINRT_NODE_E2E_FOCUS    ginkgo --focus within [NodeConformance] (default: all)
+#   PINRT_NODE_E2E_SUBSET   "ci": the subset make test runs (the focus below), unless
+#                           PINRT_NODE_E2E_FOCUS is set
+#   PINRT_NODE_E2E_PROCS    ginkgo processes (default 4)
+#   PINRT_NODE_E2E_TIMEOUT  ginkgo --timeout per run (default 60m)
+#   PINRT_NODE_E2E_OUT      where each run's log and JUnit report go
+#                           (default a temporary directory, removed at the end)
+#   PINRT_VM_CACHE          the build cache (default /var/cache/pinrt-vm)
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+cache=${PINRT_VM_CACHE:-/var/cache/pinrt-vm}
+modes=${PINRT_NODE_E2E_MODES:-host userns}
+# CI's subset: what kubelet does with every pod (pods, container runtime,
+# lifecycle hooks, probes, security context, downward API, variable
+# expansion, kubelet, sysctls) and the volumes every pod has (emptyDir,
+# configMap, secret, projected, downward API).
+ci_focus='\[sig-node\] (Pods|PodOSRejection|Container Runtime|Container Lifecycle Hook|Probing container|Security Context|Downward API|Variable Expansion|Kubelet|Sysctls|ConfigMap|Secrets)|\[sig-storage\] (EmptyDir|ConfigMap|Secrets|Projected|Downward API)'
+if [ "${PINRT_NODE_E2E_SUBSET:-}" = ci ] && [ -z "${PINRT_NODE_E2E_FOCUS:-}" ]; then
+	export PINRT_NODE_E2E_FOCUS=$ci_focus
+fi
+[ "$(id -u)" = 0 ] || { echo "node-e2e: needs root (kubelet, pinrt, namespaces, mounts)" >&2; exit 1; }
+
+t0=$(date +%s)
+dir=$(PINRT_K8S_CACHE=$cache bash "$here/build.sh" conformance)
+work=$(mktemp -d /var/tmp/pinrt-node-e2e.XXXXXX)
+regpid=
+cleanup() {
+	[ -n "$regpid" ] && kill "$regpid" 2>/dev/null && wait "$regpid" 2>/dev/null
+	rm -rf "$work"
+}
+trap cleanup EXIT
+out=${PINRT_NODE_E2E_OUT:-$work/out}
+
+(cd "$repo" && CGO_ENABLED=0 go build -o "$work/pinrt" ./cmd/pinrt)
+# As the VM suites build it, so every suite shares the images' cache.
+(cd "$repo" && CGO_ENABLED=0 go build -trimpath -buildvcs=false -o "$work/pinrt-standin" ./test/standin/cmd/pinrt-standin)
+images=$("$work/pinrt-standin" build -cache "$cache/standin" -set node-e2e -agnhost "$dir/agnhost")
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+"$work/pinrt-standin" serve -addr "127.0.0.1:$port" -ready "$work/registry.ready" "$images" >"$work/registry.log" 2>&1 &
+regpid=$!
+for _ in $(seq 600); do
+	[ -f "$work/registry.ready" ] && break
+	kill -0 "$regpid" 2>/dev/null || { cat "$work/registry.log"; exit 1; }
+	sleep 0.2
+done
+[ -f "$work/registry.ready" ] || { echo "node-e2e: the stand-in registry did not come up"; cat "$work/registry.log"; exit 1; }
+"$work/pinrt-standin" mirrors -set node-e2e -addr "127.0.0.1:$port" >"$work/mirrors.toml"
+(cd "$here" && go test -c -o "$work/k8snode.test" .)
+echo "node-e2e: built and ready in $(($(date +%s) - t0))s (Kubernetes binaries in $dir)"
+
+status=0
+summary=()
+for mode in $modes; do
+	case $mode in
+	host) userns=0 ;;
+	userns) userns=1 ;;
+	*) echo "node-e2e: unknown mode $mode (host, userns)" >&2; exit 2 ;;
+	esac
+	start=$(date +%s)
+	rc=0
+	# The test reads node-e2e-skip.txt from its own directory.
+	(cd "$here" && PINRT_NODE_E2E_DIR=$dir PINRT_NODE_E2E_USERNS=$userns PINRT_NODE_E2E_OUT=$out/$mode \
+		PINRT_K8S_BINARY=$dir/k8s PINRT_K8S_PINRT=$work/pinrt PINRT_K8S_CGROUP_DRIVER=cgroupfs \
+		PINRT_K8S_STANDIN_CONF=$work/mirrors.toml \
+		"$work/k8snode.test" -test.v -test.timeout=120m -test.run '^TestNodeConformance$') 2>&1 |
+		tee "$work/$mode.log" || rc=$?
+	# A failed test leaves the node's logs above; the lines that matter
+	# are gathered at the end.
+	line="node-e2e[$mode]: exit $rc in $(($(date +%s) - start))s"
+	summary+=("$line" "$(grep -E 'node conformance \(|node conformance: [0-9]+ passed|ginkgo: (Ran|SUCCESS|FAIL)' "$work/$mode.log" | sed 's/^ *[a-z_]*\.go:[0-9]*: /  /')")
+	[ "$rc" -eq 0 ] || status=1
+done
+echo "node-e2e: ===== summary ($(($(date +%s) - t0))s in all; focus: ${PINRT_NODE_E2E_FOCUS:-all of [NodeConformance]})"
+printf '%s\n' "${summary[@]}"
+exit $status
