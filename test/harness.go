@@ -97,6 +97,12 @@ type Options struct {
 	// Network writes a test bridge conflist into the CNI conf dir. Without
 	// it the conf dir stays empty (and default_network is off).
 	Network bool
+	// HostPorts adds the portmap plugin to Network's conflist, so a pod's
+	// host ports answer on 127.0.0.1 (critest checks that). The plugin
+	// adds iptables rules for each such pod and removes them on CNI DEL;
+	// its top-level CNI-HOSTPORT-* chains stay, shared with any other
+	// user of portmap on the host.
+	HostPorts bool
 	// Args are extra command-line flags.
 	Args []string
 	// Env is added to the daemon's environment.
@@ -254,21 +260,26 @@ func randHex(n int) string {
 }
 
 // writeNetwork writes a bridge network private to this test: its own
-// bridge name, subnet and IPAM store, no masquerading and no port maps, so
-// the host firewall is never touched.
+// bridge name, subnet and IPAM store, no masquerading and, unless
+// HostPorts asks for them, no port maps, so the host firewall is never
+// touched.
 func (d *Daemon) writeNetwork() {
 	d.Bridge = "pt" + randHex(4)
 	b := make([]byte, 1)
 	_, _ = rand.Read(b)
 	d.Subnet = fmt.Sprintf("10.%d.%d.0/24", 200+int(b[0])%50, int(b[0]))
+	portmap := ""
+	if d.opts.HostPorts {
+		portmap = `, {"type": "portmap", "capabilities": {"portMappings": true}}`
+	}
 	conf := fmt.Sprintf(`{
   "cniVersion": "1.0.0",
   "name": "pinrt-e2e",
   "plugins": [{
     "type": "bridge", "bridge": %q, "isGateway": true, "ipMasq": false, "hairpinMode": true,
     "ipam": {"type": "host-local", "dataDir": %q, "ranges": [[{"subnet": %q}]]}
-  }]
-}`, d.Bridge, d.IPAMDir, d.Subnet)
+  }%s]
+}`, d.Bridge, d.IPAMDir, d.Subnet, portmap)
 	if err := os.WriteFile(filepath.Join(d.CNIConfDir, "10-e2e.conflist"), []byte(conf), 0o644); err != nil {
 		d.t.Fatal(err)
 	}

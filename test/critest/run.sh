@@ -6,12 +6,15 @@
 #
 # CRITEST is the critest binary (test/critest/build.sh), ENDPOINT pinrt's
 # CRI socket (unix:///run/pinrt/pinrt.sock), OUTDIR where the JUnit report
-# goes (default: a temporary directory). The exit code is critest's: 0
-# when no spec failed. A skipped spec that skip.txt does not name (a spec
-# that skipped itself) is reported as an unlisted skip.
+# goes (default: a temporary directory). It exits 0 only when no spec
+# failed, no spec skipped itself without an entry in skip.txt (an
+# UNLISTED SKIP, which fails the run) and at least one spec passed;
+# otherwise with critest's exit code, or 1.
 #
 # Environment:
-#   PINRT_CRITEST_FOCUS    -ginkgo.focus regexp, to run some specs only
+#   PINRT_CRITEST_FOCUS    -ginkgo.focus regexp, to run some specs only (the
+#                          VM's subset); a focused spec that skips itself
+#                          is still an unlisted skip
 #   PINRT_CRITEST_TIMEOUT  -ginkgo.timeout for the whole suite (default 60m)
 #   PINRT_CRITEST_PARALLEL critest -parallel: specs run by that many
 #                          processes (ginkgo, next to CRITEST); default 1
@@ -65,20 +68,37 @@ if [ "$rc" -ne 0 ]; then
 	cat "$out/critest.log"
 fi
 
-# JUnit: one <testcase name=".." status=".." time=".."> per spec.
+# JUnit: one <testcase name=".." status=".." time=".."> per spec, a
+# skipped one followed by <skipped message="skipped"> when the focus or
+# skip regexps left it out, or "skipped - REASON" when it called Skip.
 cases=$out/cases.tsv
 if [ -f "$out/junit.xml" ]; then
-	sed -n 's/.*<testcase name="\([^"]*\)" classname="[^"]*" status="\([^"]*\)" time="\([^"]*\)".*/\2\t\3\t\1/p' "$out/junit.xml" |
-		sed 's/&#39;/'"'"'/g; s/&#34;/"/g; s/&quot;/"/g; s/&amp;/\&/g; s/&lt;/</g; s/&gt;/>/g' >"$cases"
+	awk '
+	function attr(s, a, i, r) {
+		i = index(s, " " a "=\"")
+		if (!i) return ""
+		r = substr(s, i + length(a) + 3)
+		return substr(r, 1, index(r, "\"") - 1)
+	}
+	function flush() {
+		if (name != "") print status "\t" time "\t" name "\t" msg
+		name = ""
+	}
+	/<testcase / { flush(); name = attr($0, "name"); status = attr($0, "status"); time = attr($0, "time"); msg = "" }
+	/<skipped message="/ { if (name != "") msg = attr($0, "message") }
+	END { flush() }
+	' "$out/junit.xml" |
+		sed 's/&#39;/'"'"'/g; s/&#34;/"/g; s/&quot;/"/g; s/&#xA;/ /g; s/&amp;/\&/g; s/&lt;/</g; s/&gt;/>/g' >"$cases"
 else
 	: >"$cases"
 fi
 # Skipped specs: by skip.txt, critest's benchmarks (never validation
-# specs), or unlisted: a spec that skipped itself. A focused run skips
-# everything else, so it checks nothing.
+# specs), or unlisted: a spec that skipped itself, which fails the run.
+# A focused run leaves every other spec out with the plain message
+# "skipped"; a spec the focus selected that skipped itself still counts.
 listed=0 benchmarks=0
 unlisted=()
-while IFS=$'\t' read -r status _ name; do
+while IFS=$'\t' read -r status _ name msg; do
 	[ "$status" = skipped ] || continue
 	case $name in *benchmark*)
 		benchmarks=$((benchmarks + 1))
@@ -87,8 +107,8 @@ while IFS=$'\t' read -r status _ name; do
 	esac
 	if printf '%s\n' "$name" | grep -Eq -- "$skip"; then
 		listed=$((listed + 1))
-	elif [ -z "${PINRT_CRITEST_FOCUS:-}" ]; then
-		unlisted+=("$name")
+	elif [ -z "${PINRT_CRITEST_FOCUS:-}" ] || [ "$msg" != skipped ]; then
+		unlisted+=("$name: $msg")
 	fi
 done <"$cases"
 
@@ -99,9 +119,15 @@ echo "critest: skipped by skip.txt: $listed; benchmarks (not run by design): $be
 for n in "${unlisted[@]}"; do
 	echo "critest: UNLISTED SKIP (the spec skipped itself): $n"
 done
-if [ "${#unlisted[@]}" -gt 0 ]; then
-	grep -A1 'status="skipped"' "$out/junit.xml" | grep -o '<skipped message="[^"]*"' | grep -v 'message="skipped"' |
-		sort -u | sed 's/<skipped message=/critest:   reason given: /'
+if [ "$rc" -eq 0 ] && [ "${#unlisted[@]}" -gt 0 ]; then
+	echo "critest: FAIL: ${#unlisted[@]} spec(s) skipped themselves with no entry in $skipfile"
+	rc=1
+fi
+# A focus that matches nothing, or a report that lists no spec run, would
+# pass having checked nothing.
+if [ "$rc" -eq 0 ] && ! awk -F'\t' '$1 == "passed" { found = 1 } END { exit !found }' "$cases"; then
+	echo "critest: FAIL: no spec passed${PINRT_CRITEST_FOCUS:+ (focus: $PINRT_CRITEST_FOCUS)}"
+	rc=1
 fi
 echo "critest: slowest specs:"
 awk -F'\t' '$1 == "passed" || $1 == "failed"' "$cases" | sort -t$'\t' -k2,2 -rn | head -8 |
