@@ -87,7 +87,7 @@ func Catalog() []Entry {
 				if err != nil {
 					return nil, err
 				}
-				return image(Config{Cmd: []string{"sh"}, User: u.user}, base)
+				return b.image(Config{Cmd: []string{"sh"}, User: u.user}, base)
 			},
 		})
 	}
@@ -100,7 +100,7 @@ func Catalog() []Entry {
 				if err != nil {
 					return nil, err
 				}
-				return image(Config{Cmd: []string{"sh"}}, base)
+				return b.image(Config{Cmd: []string{"sh"}}, base)
 			},
 		},
 		{
@@ -129,7 +129,7 @@ func Catalog() []Entry {
 				if err != nil {
 					return nil, err
 				}
-				return image(Config{Cmd: []string{"sh"}, User: "1000"}, base, l)
+				return b.image(Config{Cmd: []string{"sh"}, User: "1000"}, base, l)
 			},
 		},
 		{
@@ -144,7 +144,7 @@ func Catalog() []Entry {
 				if err != nil {
 					return nil, err
 				}
-				return image(nginxConfig, base, ng)
+				return b.image(nginxConfig, base, ng)
 			},
 		},
 		{
@@ -168,7 +168,7 @@ func Catalog() []Entry {
 				if err != nil {
 					return nil, err
 				}
-				return image(nginxConfig, base, ng, l)
+				return b.image(nginxConfig, base, ng, l)
 			},
 		},
 		{
@@ -191,7 +191,7 @@ func Catalog() []Entry {
 				if err != nil {
 					return nil, err
 				}
-				return image(Config{
+				return b.image(Config{
 					Cmd:          []string{"httpd-foreground"},
 					WorkingDir:   "/usr/local/apache2",
 					Env:          []string{"PATH=/usr/local/apache2/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HTTPD_PREFIX=/usr/local/apache2"},
@@ -207,16 +207,11 @@ func Catalog() []Entry {
 				if err != nil {
 					return nil, err
 				}
-				t, err := b.newTree("nnp")
+				l, err := b.nnp(ctx)
 				if err != nil {
 					return nil, err
 				}
-				t.copyFile("/usr/local/bin/nnp", 0o755|os.ModeSetuid, b.Self)
-				l, err := t.layer(ctx)
-				if err != nil {
-					return nil, err
-				}
-				return image(Config{Entrypoint: []string{"/usr/local/bin/nnp"}}, base, l)
+				return b.image(Config{Entrypoint: []string{"/usr/local/bin/nnp"}}, base, l)
 			},
 		},
 		{
@@ -224,16 +219,7 @@ func Catalog() []Entry {
 			Names: []string{"registry.k8s.io/pause:3.9", "k8s.gcr.io/pause:3.9"},
 			About: "the pause image: a static /pause that waits for SIGTERM or SIGINT (pinrt-standin itself, called as pause), user 65535",
 			Build: func(ctx context.Context, b *Builder) (v1.Image, error) {
-				t, err := b.newTree("pause")
-				if err != nil {
-					return nil, err
-				}
-				t.copyFile("/pause", 0o755, b.Self)
-				l, err := t.layer(ctx)
-				if err != nil {
-					return nil, err
-				}
-				return image(Config{Entrypoint: []string{"/pause"}, User: "65535:65535", Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}}, l)
+				return b.pause(ctx)
 			},
 		},
 	}
@@ -307,6 +293,10 @@ working. Further configuration is required.</p>
 
 // nginx is the layer holding nginx, its libraries and configuration.
 func (b *Builder) nginx(ctx context.Context) (v1.Layer, error) {
+	return b.shared("nginx", func() (v1.Layer, error) { return b.nginxLayer(ctx) })
+}
+
+func (b *Builder) nginxLayer(ctx context.Context) (v1.Layer, error) {
 	t, err := b.newTree("nginx")
 	if err != nil {
 		return nil, err
@@ -333,6 +323,34 @@ func (b *Builder) nginx(ctx context.Context) (v1.Layer, error) {
 	return t.layer(ctx)
 }
 
+// nnp is the layer holding Kubernetes' test/images/nonewprivs program.
+func (b *Builder) nnp(ctx context.Context) (v1.Layer, error) {
+	return b.shared("nnp", func() (v1.Layer, error) {
+		t, err := b.newTree("nnp")
+		if err != nil {
+			return nil, err
+		}
+		t.copyFile("/usr/local/bin/nnp", 0o755|os.ModeSetuid, b.Self)
+		return t.layer(ctx)
+	})
+}
+
+// pause is the pause image: /pause alone, as user 65535.
+func (b *Builder) pause(ctx context.Context) (v1.Image, error) {
+	l, err := b.shared("pause", func() (v1.Layer, error) {
+		t, err := b.newTree("pause")
+		if err != nil {
+			return nil, err
+		}
+		t.copyFile("/pause", 0o755, b.Self)
+		return t.layer(ctx)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return b.image(Config{Entrypoint: []string{"/pause"}, User: "65535:65535", Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}}, l)
+}
+
 // withFile is the busybox image with an empty file at p.
 func (b *Builder) withFile(ctx context.Context, p string) (v1.Image, error) {
 	base, err := b.base(ctx)
@@ -348,14 +366,15 @@ func (b *Builder) withFile(ctx context.Context, p string) (v1.Image, error) {
 	if err != nil {
 		return nil, err
 	}
-	return image(Config{Cmd: []string{"sh"}}, base, l)
+	return b.image(Config{Cmd: []string{"sh"}}, base, l)
 }
 
-// base is the busybox layer every image but pause starts from; built once.
+// base is the busybox layer every image but pause starts from.
 func (b *Builder) base(ctx context.Context) (v1.Layer, error) {
-	if b.baseLayer != nil {
-		return b.baseLayer, nil
-	}
+	return b.shared("busybox", func() (v1.Layer, error) { return b.busybox(ctx) })
+}
+
+func (b *Builder) busybox(ctx context.Context) (v1.Layer, error) {
 	t, err := b.newTree("busybox")
 	if err != nil {
 		return nil, err
@@ -398,15 +417,5 @@ func (b *Builder) base(ctx context.Context) (v1.Layer, error) {
 	t.dir("/root", 0o700)
 	t.dir("/tmp", 0o777|os.ModeSticky)
 	t.symlink("/var/run", "../run")
-	b.baseLayer, err = t.layer(ctx)
-	return b.baseLayer, err
-}
-
-// Names lists every image name of the catalog.
-func Names() []string {
-	var names []string
-	for _, e := range Catalog() {
-		names = append(names, e.Names...)
-	}
-	return names
+	return t.layer(ctx)
 }

@@ -19,11 +19,11 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 )
 
-// Serve serves the images of the layout at dir from an in-memory
+// Serve serves the images of the layouts at dirs from an in-memory
 // registry on addr (host:port), each under <addr>/<its full name>. Once
 // every image is pushed it writes ready (when not empty); it serves until
-// ctx ends.
-func Serve(ctx context.Context, addr, dir, ready string, logw io.Writer) error {
+// ctx ends. Two layouts may hold one name only for one image.
+func Serve(ctx context.Context, addr string, dirs []string, ready string, logw io.Writer) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
@@ -36,37 +36,14 @@ func Serve(ctx context.Context, addr, dir, ready string, logw io.Writer) error {
 	go func() { served <- srv.Serve(ln) }()
 	defer func() { _ = srv.Close() }()
 
-	p, err := layout.FromPath(dir)
-	if err != nil {
-		return fmt.Errorf("image layout %s: %w", dir, err)
-	}
-	idx, err := p.ImageIndex()
-	if err != nil {
-		return err
-	}
-	im, err := idx.IndexManifest()
-	if err != nil {
-		return err
-	}
 	host := ln.Addr().String()
-	for _, d := range im.Manifests {
-		n := d.Annotations[RefNameAnnotation]
-		if n == "" {
-			return fmt.Errorf("image %s in %s has no %s", d.Digest, dir, RefNameAnnotation)
-		}
-		img, err := idx.Image(d.Digest)
-		if err != nil {
+	pushed := map[string]string{} // name to the digest pushed under it
+	for _, dir := range dirs {
+		if err := push(ctx, host, dir, pushed); err != nil {
 			return err
-		}
-		ref, err := name.ParseReference(host+"/"+n, name.Insecure)
-		if err != nil {
-			return err
-		}
-		if err := remote.Write(ref, img, remote.WithContext(ctx)); err != nil {
-			return fmt.Errorf("push %s: %w", ref, err)
 		}
 	}
-	fmt.Fprintf(logw, "standin: serving %d images on %s\n", len(im.Manifests), host)
+	fmt.Fprintf(logw, "standin: serving %d images on %s\n", len(pushed), host)
 	if ready != "" {
 		if err := os.WriteFile(ready, []byte(host+"\n"), 0o644); err != nil {
 			return err
@@ -81,6 +58,44 @@ func Serve(ctx context.Context, addr, dir, ready string, logw io.Writer) error {
 		}
 		return err
 	}
+}
+
+// push pushes every image of the layout at dir to the registry at host.
+func push(ctx context.Context, host, dir string, pushed map[string]string) error {
+	p, err := layout.FromPath(dir)
+	if err != nil {
+		return fmt.Errorf("image layout %s: %w", dir, err)
+	}
+	idx, err := p.ImageIndex()
+	if err != nil {
+		return err
+	}
+	im, err := idx.IndexManifest()
+	if err != nil {
+		return err
+	}
+	for _, d := range im.Manifests {
+		n := d.Annotations[RefNameAnnotation]
+		if n == "" {
+			return fmt.Errorf("image %s in %s has no %s", d.Digest, dir, RefNameAnnotation)
+		}
+		if prev, ok := pushed[n]; ok && prev != d.Digest.String() {
+			return fmt.Errorf("%s is %s in %s but %s in an earlier layout", n, d.Digest, dir, prev)
+		}
+		img, err := idx.Image(d.Digest)
+		if err != nil {
+			return err
+		}
+		ref, err := name.ParseReference(host+"/"+n, name.Insecure)
+		if err != nil {
+			return err
+		}
+		if err := remote.Write(ref, img, remote.WithContext(ctx)); err != nil {
+			return fmt.Errorf("push %s: %w", ref, err)
+		}
+		pushed[n] = d.Digest.String()
+	}
+	return nil
 }
 
 // Multicall runs the program pinrt-standin stands in for when it is

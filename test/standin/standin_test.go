@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
@@ -51,7 +52,7 @@ var critestImages = []string{
 
 func TestCatalogHasEveryCritestImage(t *testing.T) {
 	have := map[string]int{}
-	for _, n := range Names() {
+	for _, n := range Critest.Names() {
 		have[n]++
 		if _, err := name.ParseReference(n, name.StrictValidation); err != nil {
 			t.Errorf("%s: %v", n, err)
@@ -67,38 +68,53 @@ func TestCatalogHasEveryCritestImage(t *testing.T) {
 			t.Errorf("the catalog lacks %s", n)
 		}
 	}
-	for _, e := range Catalog() {
+	for _, e := range Critest.Catalog() {
 		if e.About == "" || e.Build == nil {
 			t.Errorf("%v: entry without About or Build", e.Names)
 		}
 	}
 }
 
-// MirrorsTOML must be configuration pinrt loads, sending every catalog
-// host to the stand-in registry only.
+// MirrorsTOML must be configuration pinrt loads, sending every host of
+// the sets to the stand-in registry only.
 func TestMirrorsTOMLLoadsInPinrt(t *testing.T) {
-	dir := t.TempDir()
-	file := filepath.Join(dir, "pinrt.toml")
-	if err := os.WriteFile(file, []byte(MirrorsTOML("127.0.0.1:5000")), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := conf.Load(file, filepath.Join(dir, "pinrt.d"), true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	hosts := Hosts()
-	if want := []string{"gcr.io", "k8s.gcr.io", "registry.k8s.io"}; strings.Join(hosts, " ") != strings.Join(want, " ") {
-		t.Errorf("Hosts() = %v, want %v", hosts, want)
-	}
-	for _, h := range hosts {
-		r, ok := cfg.Image.Registries[h]
-		if !ok {
-			t.Errorf("no [image.registries.%q]", h)
-			continue
-		}
-		if !r.SkipOrigin || len(r.Mirrors) != 1 || r.Mirrors[0] != "127.0.0.1:5000/"+h {
-			t.Errorf("%s: mirrors %v skip_origin %v, want [127.0.0.1:5000/%s] and true", h, r.Mirrors, r.SkipOrigin, h)
-		}
+	for _, tc := range []struct {
+		name  string
+		sets  []Set
+		hosts []string
+	}{
+		{"critest", []Set{Critest}, []string{"gcr.io", "k8s.gcr.io", "registry.k8s.io"}},
+		{"node-e2e", []Set{NodeE2E}, []string{"registry.k8s.io"}},
+		{"both", []Set{NodeE2E, Critest}, []string{"gcr.io", "k8s.gcr.io", "registry.k8s.io"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			file := filepath.Join(dir, "pinrt.toml")
+			if err := os.WriteFile(file, []byte(MirrorsTOML("127.0.0.1:5000", tc.sets...)), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			cfg, err := conf.Load(file, filepath.Join(dir, "pinrt.d"), true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			hosts := Hosts(tc.sets...)
+			if strings.Join(hosts, " ") != strings.Join(tc.hosts, " ") {
+				t.Errorf("Hosts() = %v, want %v", hosts, tc.hosts)
+			}
+			if len(cfg.Image.Registries) != len(tc.hosts) {
+				t.Errorf("%d [image.registries] entries, want %d", len(cfg.Image.Registries), len(tc.hosts))
+			}
+			for _, h := range tc.hosts {
+				r, ok := cfg.Image.Registries[h]
+				if !ok {
+					t.Errorf("no [image.registries.%q]", h)
+					continue
+				}
+				if !r.SkipOrigin || len(r.Mirrors) != 1 || r.Mirrors[0] != "127.0.0.1:5000/"+h {
+					t.Errorf("%s: mirrors %v skip_origin %v, want [127.0.0.1:5000/%s] and true", h, r.Mirrors, r.SkipOrigin, h)
+				}
+			}
+		})
 	}
 }
 
@@ -222,7 +238,7 @@ func TestServe(t *testing.T) {
 	ready := filepath.Join(t.TempDir(), "ready")
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- Serve(ctx, "127.0.0.1:0", dir, ready, io.Discard) }()
+	go func() { done <- Serve(ctx, "127.0.0.1:0", []string{dir}, ready, io.Discard) }()
 	defer func() {
 		cancel()
 		if err := <-done; err != nil {
@@ -272,7 +288,7 @@ func TestServeRejectsUnnamedImages(t *testing.T) {
 	if err := p.AppendImage(empty.Image); err != nil {
 		t.Fatal(err)
 	}
-	err = Serve(context.Background(), "127.0.0.1:0", dir, "", io.Discard)
+	err = Serve(context.Background(), "127.0.0.1:0", []string{dir}, "", io.Discard)
 	if err == nil || !strings.Contains(err.Error(), RefNameAnnotation) {
 		t.Errorf("Serve of an unnamed image: %v, want an error naming %s", err, RefNameAnnotation)
 	}
@@ -288,4 +304,91 @@ func TestMulticall(t *testing.T) {
 	if ok, _ := Multicall("pinrt-standin", &out); ok || out.Len() != 0 {
 		t.Errorf("pinrt-standin: handled %v, output %q; want neither", ok, out.String())
 	}
+}
+
+// Serve serves several layouts at once (critest's and node-e2e's sets
+// behind one mirror); one name must not stand for two images.
+func TestServeLayouts(t *testing.T) {
+	needTools(t, "tar", "gzip")
+	b := &Builder{work: t.TempDir()}
+	img := func(file string) v1.Image {
+		tr, err := b.newTree("s")
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr.file(file, 0o644, file+"\n")
+		l, err := tr.layer(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		i, err := image(Config{Cmd: []string{"sh"}}, l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return i
+	}
+	one, two := img("/one"), img("/two")
+	write := func(images map[string]v1.Image) string {
+		dir := t.TempDir()
+		p, err := layout.Write(dir, empty.Index)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for n, i := range images {
+			if err := p.AppendImage(i, layout.WithAnnotations(map[string]string{RefNameAnnotation: n})); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return dir
+	}
+	const (
+		a = "registry.k8s.io/e2e-test-images/busybox:1.29-2"
+		c = "registry.k8s.io/e2e-test-images/busybox:1.37.0-2"
+	)
+	critest := write(map[string]v1.Image{a: one})
+	nodeE2E := write(map[string]v1.Image{c: two, a: one}) // a again, the same image
+	clash := write(map[string]v1.Image{a: two})
+
+	t.Run("two layouts", func(t *testing.T) {
+		ready := filepath.Join(t.TempDir(), "ready")
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- Serve(ctx, "127.0.0.1:0", []string{critest, nodeE2E}, ready, io.Discard) }()
+		defer func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Serve: %v", err)
+			}
+		}()
+		var addr string
+		for deadline := time.Now().Add(30 * time.Second); addr == "" && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			if data, err := os.ReadFile(ready); err == nil {
+				addr = strings.TrimSpace(string(data))
+			}
+		}
+		if addr == "" {
+			t.Fatal("no ready file after 30s")
+		}
+		for n, want := range map[string]v1.Image{a: one, c: two} {
+			ref, err := name.ParseReference(addr+"/"+n, name.Insecure)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := remote.Image(ref)
+			if err != nil {
+				t.Fatalf("pull %s: %v", ref, err)
+			}
+			gd, _ := got.Digest()
+			wd, _ := want.Digest()
+			if gd != wd {
+				t.Errorf("%s: digest %s, want %s", ref, gd, wd)
+			}
+		}
+	})
+	t.Run("one name, two images", func(t *testing.T) {
+		err := Serve(context.Background(), "127.0.0.1:0", []string{critest, clash}, "", io.Discard)
+		if err == nil || !strings.Contains(err.Error(), a) || !strings.Contains(err.Error(), "earlier layout") {
+			t.Errorf("Serve of two images under %s: %v, want an error naming it", a, err)
+		}
+	})
 }

@@ -1,10 +1,13 @@
 // Command pinrt-standin builds the stand-in images of package standin
 // and serves them; see that package for how the suites use it.
 //
-//	pinrt-standin build -cache DIR          build (or reuse) the images; prints their layout directory
-//	pinrt-standin serve -addr A [-ready F] LAYOUT   serve them on A until killed
-//	pinrt-standin mirrors -addr A           print pinrt's [image.registries] settings for A
-//	pinrt-standin names                     list the image names
+//	pinrt-standin build -cache DIR [-set S] [-agnhost BIN]   build (or reuse) a set's images; prints their layout directory
+//	pinrt-standin serve -addr A [-ready F] LAYOUT...         serve them on A until killed
+//	pinrt-standin mirrors -addr A [-set S,...]               print pinrt's [image.registries] settings for A
+//	pinrt-standin names [-set S]                             list the image names
+//
+// The sets are critest (the default) and node-e2e, which needs -agnhost:
+// Kubernetes' agnhost built with CGO_ENABLED=0 from the release's module.
 package main
 
 import (
@@ -14,6 +17,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 
 	"github.com/pinrt/pinrt/test/standin"
@@ -29,7 +33,7 @@ func main() {
 	}
 }
 
-const usage = "usage: pinrt-standin build -cache DIR | serve -addr HOST:PORT [-ready FILE] LAYOUT | mirrors -addr HOST:PORT | names"
+const usage = "usage: pinrt-standin build -cache DIR [-set critest|node-e2e] [-agnhost BIN] | serve -addr HOST:PORT [-ready FILE] LAYOUT... | mirrors -addr HOST:PORT [-set SET,...] | names [-set SET]"
 
 func run(args []string) error {
 	if len(args) == 0 {
@@ -40,9 +44,21 @@ func run(args []string) error {
 	fs := flag.NewFlagSet("pinrt-standin "+args[0], flag.ContinueOnError)
 	switch args[0] {
 	case "build":
-		cache := fs.String("cache", "/var/cache/pinrt-vm/standin", "cache directory: .debs in DIR/debs, images in DIR/images-<key>")
+		cache := fs.String("cache", "/var/cache/pinrt-vm/standin", "cache directory: .debs in DIR/debs, images in DIR/images-<key> (critest) or DIR/images-<set>-<key>")
+		setName := fs.String("set", standin.Critest.Name, "the image set: critest or node-e2e")
+		agnhost := fs.String("agnhost", "", "Kubernetes' agnhost binary, built with CGO_ENABLED=0 (node-e2e)")
 		if err := fs.Parse(args[1:]); err != nil {
 			return err
+		}
+		if fs.NArg() != 0 {
+			return fmt.Errorf("%s", usage)
+		}
+		set, err := standin.LookupSet(*setName)
+		if err != nil {
+			return err
+		}
+		if *agnhost != "" && !set.Agnhost {
+			return fmt.Errorf("set %s holds no agnhost; -agnhost is for node-e2e", set.Name)
 		}
 		self, err := os.Executable()
 		if err != nil {
@@ -51,7 +67,7 @@ func run(args []string) error {
 		if err := os.MkdirAll(*cache, 0o755); err != nil {
 			return err
 		}
-		b := &standin.Builder{Self: self, Log: os.Stderr}
+		b := &standin.Builder{Set: set, Self: self, Agnhost: *agnhost, Log: os.Stderr}
 		dir, err := b.Cached(ctx, *cache)
 		if err != nil {
 			return err
@@ -64,19 +80,36 @@ func run(args []string) error {
 		if err := fs.Parse(args[1:]); err != nil {
 			return err
 		}
-		if fs.NArg() != 1 {
+		if fs.NArg() == 0 {
 			return fmt.Errorf("%s", usage)
 		}
-		return standin.Serve(ctx, *addr, fs.Arg(0), *ready, os.Stderr)
+		return standin.Serve(ctx, *addr, fs.Args(), *ready, os.Stderr)
 	case "mirrors":
 		addr := fs.String("addr", "127.0.0.1:5000", "the registry's address")
+		setNames := fs.String("set", standin.Critest.Name, "the image sets served there, comma-separated")
 		if err := fs.Parse(args[1:]); err != nil {
 			return err
 		}
-		fmt.Print(standin.MirrorsTOML(*addr))
+		var sets []standin.Set
+		for _, n := range strings.Split(*setNames, ",") {
+			s, err := standin.LookupSet(n)
+			if err != nil {
+				return err
+			}
+			sets = append(sets, s)
+		}
+		fmt.Print(standin.MirrorsTOML(*addr, sets...))
 		return nil
 	case "names":
-		for _, n := range standin.Names() {
+		setName := fs.String("set", standin.Critest.Name, "the image set")
+		if err := fs.Parse(args[1:]); err != nil {
+			return err
+		}
+		set, err := standin.LookupSet(*setName)
+		if err != nil {
+			return err
+		}
+		for _, n := range set.Names() {
 			fmt.Println(n)
 		}
 		return nil
