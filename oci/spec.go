@@ -64,6 +64,9 @@ type Mount struct {
 	// UIDMappings/GIDMappings idmap the mount; for a userns pod they default
 	// to the pod's mappings.
 	UIDMappings, GIDMappings []specs.LinuxIDMapping
+	// Options are the extra mount options the volume asks for, from
+	// VolumeMountOptions only (CRI mount_options).
+	Options []string
 }
 
 // Device is a host device node exposed in the container.
@@ -192,7 +195,7 @@ type ContainerSpec struct {
 	// Host describes the host; nil means probe the real one.
 	Host *HostInfo
 	// RuntimeFeatures are the chosen runtime's features; required when a
-	// mount needs idmap or rro.
+	// mount needs idmap or rro, and checked for a volume's extra options.
 	RuntimeFeatures *Features
 }
 
@@ -251,7 +254,7 @@ func BuildContainerSpec(ctx context.Context, c *ContainerSpec) (*specs.Spec, err
 		WithSysfs(hasUserNS, c.Namespaces.Net != "", c.Privileged),
 		WithPodFiles(c.HostsPath, c.ResolvPath, c.HostnamePath, c.ShmPath, c.ReadonlyRootfs),
 		WithMounts(c.Mounts, hasUserNS, c.PodUIDMappings, c.PodGIDMappings, c.RuntimeFeatures),
-		WithImageVolumes(c.ImageVolumes),
+		WithImageVolumes(c.ImageVolumes, c.RuntimeFeatures),
 		WithDevices(c.Devices, c.Privileged),
 		WithCDIDevices(c.CDI, c.CDIDevices, c.PodUserNS()),
 		WithResources(c.Resources, host),

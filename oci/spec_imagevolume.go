@@ -17,13 +17,16 @@ import (
 // pod's idmapped layers), so the bind carries no idmapping.
 type ImageVolume struct {
 	Source, ContainerPath string
+	// Options are the extra mount options asked for, as Mount's.
+	Options []string
 }
 
 // WithImageVolumes binds the image volumes read-only, whatever the
-// request said: an image is never writable. They replace a default
+// request said: an image is never writable. They are always nosuid and
+// nodev; noexec comes from the request's options. They replace a default
 // mount at the same destination like other volumes, and when one is the
 // parent of another mount the mounts are reordered parents first.
-func WithImageVolumes(vols []ImageVolume) SpecOpt {
+func WithImageVolumes(vols []ImageVolume, feat *Features) SpecOpt {
 	return func(g *Generator) error {
 		for _, v := range vols {
 			if !filepath.IsAbs(v.Source) {
@@ -32,9 +35,13 @@ func WithImageVolumes(vols []ImageVolume) SpecOpt {
 			if !path.IsAbs(v.ContainerPath) {
 				return fmt.Errorf("image volume container path %q is not absolute: %w", v.ContainerPath, errdefs.ErrInvalidArgument)
 			}
+			opts, err := withVolumeOptions([]string{"rbind", "ro", "rprivate", "nosuid", "nodev"}, v.ContainerPath, v.Options, feat)
+			if err != nil {
+				return err
+			}
 			g.setMount(specs.Mount{
 				Destination: path.Clean(v.ContainerPath), Type: "bind", Source: filepath.Clean(v.Source),
-				Options: []string{"rbind", "ro", "rprivate", "nosuid", "nodev"},
+				Options: opts,
 			})
 		}
 		if hidesChild(g.Config.Mounts, vols) {

@@ -48,13 +48,19 @@ func TestWithImageVolumes(t *testing.T) {
 			vols:   []ImageVolume{{Source: "/v/0/mnt", ContainerPath: "/img/"}},
 			want:   []specs.Mount{{Destination: "/img", Type: "bind", Source: "/v/0/mnt", Options: ro}},
 		},
+		{
+			name: "noexec added, nosuid/nodev not repeated",
+			vols: []ImageVolume{{Source: "/v/0/mnt", ContainerPath: "/img", Options: []string{"nosuid", "noexec", "nodev"}}},
+			want: []specs.Mount{{Destination: "/img", Type: "bind", Source: "/v/0/mnt", Options: append(ro[:len(ro):len(ro)], "noexec")}},
+		},
+		{name: "option not allowed", vols: []ImageVolume{{Source: "/v", ContainerPath: "/img", Options: []string{"rw"}}}, wantErr: errdefs.ErrInvalidArgument},
 		{name: "relative source", vols: []ImageVolume{{Source: "v", ContainerPath: "/img"}}, wantErr: errdefs.ErrInvalidArgument},
 		{name: "relative destination", vols: []ImageVolume{{Source: "/v", ContainerPath: "img"}}, wantErr: errdefs.ErrInvalidArgument},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			g := generatorFor(&specs.Spec{Linux: &specs.Linux{}, Mounts: tt.before})
-			err := WithImageVolumes(tt.vols)(g)
+			err := WithImageVolumes(tt.vols, nil)(g)
 			if !errors.Is(err, tt.wantErr) {
 				t.Fatalf("err = %v, want %v", err, tt.wantErr)
 			}

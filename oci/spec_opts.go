@@ -280,8 +280,10 @@ func WithPodFiles(hosts, resolv, hostname, shm string, readonlyRootfs bool) Spec
 
 // WithMounts adds the volumes. In a userns pod each gets idmap mappings
 // (its own, else the pod's), which needs runtime support; recursive
-// read-only needs "rro" in the runtime's mount options. Volumes replace
-// default mounts at the same destination and are ordered parents first.
+// read-only needs "rro" in the runtime's mount options. A volume's extra
+// options (noexec, nodev, nosuid) go with its others: runc remounts the
+// bind with them, idmapped or not. Volumes replace default mounts at the
+// same destination and are ordered parents first.
 func WithMounts(mounts []Mount, userNS bool, podUID, podGID []specs.LinuxIDMapping, feat *Features) SpecOpt {
 	return func(g *Generator) error {
 		sorted := append([]Mount(nil), mounts...)
@@ -323,6 +325,10 @@ func WithMounts(mounts []Mount, userNS bool, podUID, podGID []specs.LinuxIDMappi
 				opts = append(opts, "rro")
 			case m.Readonly:
 				opts = append(opts, "ro")
+			}
+			opts, err := withVolumeOptions(opts, m.ContainerPath, m.Options, feat)
+			if err != nil {
+				return err
 			}
 			sm := specs.Mount{Destination: path.Clean(m.ContainerPath), Type: "bind", Source: filepath.Clean(m.HostPath), Options: opts}
 			uids, gids := m.UIDMappings, m.GIDMappings

@@ -419,6 +419,29 @@ func TestWithMounts(t *testing.T) {
 		},
 		{name: "rro unsupported", feat: &Features{IDMapMounts: true}, mounts: []Mount{{HostPath: "/h", ContainerPath: "/a", Readonly: true, RecursiveReadOnly: true}}, wantErr: errdefs.ErrFailedPrecondition},
 		{name: "rro without ro", feat: full, mounts: []Mount{{HostPath: "/h", ContainerPath: "/a", RecursiveReadOnly: true}}, wantErr: errdefs.ErrInvalidArgument},
+		{
+			name:   "extra options after the others, repeats dropped",
+			mounts: []Mount{{HostPath: "/h", ContainerPath: "/a", Readonly: true, Options: []string{"noexec", "nosuid", "noexec", "nodev"}}},
+			want:   []specs.Mount{{Destination: "/a", Type: "bind", Source: "/h", Options: []string{"rbind", "rprivate", "ro", "noexec", "nosuid", "nodev"}}},
+		},
+		{
+			name:   "extra options on a userns pod's idmapped volume",
+			userNS: true, feat: full,
+			mounts: []Mount{{HostPath: "/h", ContainerPath: "/a", Options: []string{"noexec"}}},
+			want:   []specs.Mount{{Destination: "/a", Type: "bind", Source: "/h", Options: []string{"rbind", "rprivate", "noexec"}, UIDMappings: podMap, GIDMappings: podMap}},
+		},
+		{
+			name: "extra options with rro", feat: full,
+			mounts: []Mount{{HostPath: "/h", ContainerPath: "/a", Readonly: true, RecursiveReadOnly: true, Options: []string{"nodev"}}},
+			want:   []specs.Mount{{Destination: "/a", Type: "bind", Source: "/h", Options: []string{"rbind", "rprivate", "rro", "nodev"}}},
+		},
+		{name: "rw smuggled over a read-only volume", mounts: []Mount{{HostPath: "/h", ContainerPath: "/a", Readonly: true, Options: []string{"rw"}}}, wantErr: errdefs.ErrInvalidArgument},
+		{name: "propagation smuggled", mounts: []Mount{{HostPath: "/h", ContainerPath: "/a", Options: []string{"noexec", "rshared"}}}, wantErr: errdefs.ErrInvalidArgument},
+		{
+			name: "runtime whose features lack noexec", feat: &Features{MountOptions: []string{"rbind", "ro", "nosuid"}},
+			mounts:  []Mount{{HostPath: "/h", ContainerPath: "/a", Options: []string{"noexec"}}},
+			wantErr: errdefs.ErrFailedPrecondition,
+		},
 		{name: "relative host path", mounts: []Mount{{HostPath: "h", ContainerPath: "/a"}}, wantErr: errdefs.ErrInvalidArgument},
 		{name: "relative container path", mounts: []Mount{{HostPath: "/h", ContainerPath: "a"}}, wantErr: errdefs.ErrInvalidArgument},
 	}

@@ -51,6 +51,9 @@ type ContainerMount struct {
 	Image        string `json:"image,omitempty"`
 	ImageRef     string `json:"imageRef,omitempty"`
 	ImageSubPath string `json:"imageSubPath,omitempty"`
+	// MountOptions are the extra options asked for (noexec, nodev,
+	// nosuid), validated, without repeats.
+	MountOptions []string `json:"mountOptions,omitempty"`
 }
 
 // ContainerUser is the process identity the spec resolved.

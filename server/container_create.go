@@ -209,15 +209,20 @@ func convertMount(m *runtimeapi.Mount) (sandbox.ContainerMount, oci.Mount, error
 	if !path.IsAbs(m.ContainerPath) {
 		return sandbox.ContainerMount{}, oci.Mount{}, invalid("mount container path %q is not absolute", m.ContainerPath)
 	}
+	opts, err := oci.ValidMountOptions(m.ContainerPath, m.MountOptions)
+	if err != nil {
+		return sandbox.ContainerMount{}, oci.Mount{}, err
+	}
 	cm := sandbox.ContainerMount{
 		ContainerPath: m.ContainerPath, HostPath: m.HostPath, Readonly: m.Readonly,
 		Propagation: int32(m.Propagation), RecursiveReadOnly: m.RecursiveReadOnly,
 		UIDMappings: idMappings(m.UidMappings), GIDMappings: idMappings(m.GidMappings),
+		MountOptions: opts,
 	}
 	om := oci.Mount{
 		HostPath: m.HostPath, ContainerPath: m.ContainerPath, Readonly: m.Readonly,
 		RecursiveReadOnly: m.RecursiveReadOnly, SelinuxRelabel: m.SelinuxRelabel,
-		UIDMappings: cm.UIDMappings, GIDMappings: cm.GIDMappings,
+		UIDMappings: cm.UIDMappings, GIDMappings: cm.GIDMappings, Options: opts,
 	}
 	switch m.Propagation {
 	case runtimeapi.MountPropagation_PROPAGATION_PRIVATE:
@@ -235,7 +240,9 @@ func convertMount(m *runtimeapi.Mount) (sandbox.ContainerMount, oci.Mount, error
 // imageVolume records an image volume (KEP-4639). It is read-only and
 // private: nothing mounts below an image. A request for a writable one is
 // refused, as the CRI asks (critest checks it); kubelet always sends
-// readonly for image volumes. The sub path is checked where it is
+// readonly for image volumes. Kubernetes' API refuses bindMountOptions on
+// an image volume, but the CRI does not: a direct caller's noexec is
+// applied like a host volume's. The sub path is checked where it is
 // resolved, against the image.
 func imageVolume(m *runtimeapi.Mount) (sandbox.ContainerMount, error) {
 	if !path.IsAbs(m.ContainerPath) {
@@ -247,9 +254,13 @@ func imageVolume(m *runtimeapi.Mount) (sandbox.ContainerMount, error) {
 	if !m.Readonly {
 		return sandbox.ContainerMount{}, invalid("image volume %s must be read-only: an image is never writable", m.ContainerPath)
 	}
+	opts, err := oci.ValidMountOptions(m.ContainerPath, m.MountOptions)
+	if err != nil {
+		return sandbox.ContainerMount{}, err
+	}
 	return sandbox.ContainerMount{
 		ContainerPath: m.ContainerPath, Readonly: true,
-		Image: m.Image.Image, ImageSubPath: m.ImageSubPath,
+		Image: m.Image.Image, ImageSubPath: m.ImageSubPath, MountOptions: opts,
 	}, nil
 }
 
@@ -502,7 +513,7 @@ func (s *Server) mountImageVolumes(ctx context.Context, sb *sandbox.Sandbox, md 
 		if err != nil {
 			return nil, fmt.Errorf("image volume %s: %w", m.ContainerPath, err)
 		}
-		vols = append(vols, oci.ImageVolume{Source: src, ContainerPath: m.ContainerPath})
+		vols = append(vols, oci.ImageVolume{Source: src, ContainerPath: m.ContainerPath, Options: m.MountOptions})
 	}
 	return vols, nil
 }

@@ -106,6 +106,7 @@ func containerStatus(c *sandbox.Container) *runtimeapi.ContainerStatus {
 		cm := &runtimeapi.Mount{
 			ContainerPath: m.ContainerPath, HostPath: m.HostPath, Readonly: m.Readonly,
 			RecursiveReadOnly: m.RecursiveReadOnly, Propagation: runtimeapi.MountPropagation(m.Propagation),
+			MountOptions: m.MountOptions,
 		}
 		if m.Image != "" {
 			cm.Image = &runtimeapi.ImageSpec{Image: m.Image, ImageRef: m.ImageRef}

@@ -48,12 +48,19 @@ func (s *Server) Status(ctx context.Context, req *runtimeapi.StatusRequest) (*ru
 		netCond.Reason = "NetworkPluginNotReady"
 		netCond.Message = "network plugin is not ready: " + err.Error()
 	}
+	handlers, mountOpts := s.runtimeHandlers(ctx)
 	resp := &runtimeapi.StatusResponse{
 		Status:          &runtimeapi.RuntimeStatus{Conditions: []*runtimeapi.RuntimeCondition{runtimeCond, netCond}},
-		RuntimeHandlers: s.runtimeHandlers(ctx),
-		// kubelet sends Strict only to runtimes that claim it, and reads
-		// ContainerStatus.user back (container_status.go).
-		Features: &runtimeapi.RuntimeFeatures{SupplementalGroupsPolicy: true},
+		RuntimeHandlers: handlers,
+		Features: &runtimeapi.RuntimeFeatures{
+			// kubelet sends Strict only to runtimes that claim it, and
+			// reads ContainerStatus.user back (container_status.go).
+			SupplementalGroupsPolicy: true,
+			// kubelet 1.37 declares VolumeBindMountOptions on the node from
+			// this, and the scheduler then sends pods with bindMountOptions
+			// whatever handler they name.
+			MountOptions: mountOpts,
+		},
 	}
 	if req.Verbose {
 		cidr, _ := s.podCIDR.Load().(string)
@@ -86,8 +93,10 @@ func (s *Server) UpdateRuntimeConfig(ctx context.Context, req *runtimeapi.Update
 // with the features its binary reports; kubelet refuses hostUsers: false
 // pods unless the handler claims user namespaces. A handler whose binary
 // is missing or whose probe failed is left out: advertising it would let
-// kubelet schedule pods that can never start.
-func (s *Server) runtimeHandlers(ctx context.Context) []*runtimeapi.RuntimeHandler {
+// kubelet schedule pods that can never start. mountOpts says whether every
+// handler listed applies a volume's extra mount options, which the CRI
+// asks of the runtime as a whole.
+func (s *Server) runtimeHandlers(ctx context.Context) (handlers []*runtimeapi.RuntimeHandler, mountOpts bool) {
 	probes := s.probeRuntimes(ctx)
 	names := make([]string, 0, len(s.cfg.Runtime.Runtimes))
 	for name := range s.cfg.Runtime.Runtimes {
@@ -96,21 +105,24 @@ func (s *Server) runtimeHandlers(ctx context.Context) []*runtimeapi.RuntimeHandl
 		}
 	}
 	sort.Strings(names)
-	var out []*runtimeapi.RuntimeHandler
+	mountOpts = len(names) > 0
 	for _, name := range names {
 		f := &runtimeapi.RuntimeHandlerFeatures{}
 		if feat, err := s.deps.Runtimes[name].Features(ctx); err == nil && feat != nil {
 			// A userns pod's volumes are idmapped mounts.
 			f.UserNamespaces = feat.IDMapMounts
 			f.RecursiveReadOnlyMounts = feat.RecursiveReadOnly
+			mountOpts = mountOpts && feat.AppliesVolumeMountOptions()
+		} else {
+			mountOpts = false
 		}
-		out = append(out, &runtimeapi.RuntimeHandler{Name: name, Features: f})
+		handlers = append(handlers, &runtimeapi.RuntimeHandler{Name: name, Features: f})
 		// kubelet looks the default handler up by the empty name.
 		if name == s.cfg.Runtime.DefaultRuntime {
-			out = append(out, &runtimeapi.RuntimeHandler{Name: "", Features: f})
+			handlers = append(handlers, &runtimeapi.RuntimeHandler{Name: "", Features: f})
 		}
 	}
-	return out
+	return handlers, mountOpts
 }
 
 // runtimeReady checks that the default runtime and the monitor exist.
