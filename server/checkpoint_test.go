@@ -2,10 +2,17 @@ package server
 
 import (
 	"context"
+	"net"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containerd/errdefs"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -34,6 +41,58 @@ func TestCheckpointUnimplemented(t *testing.T) {
 			err := tc.call()
 			if !errdefs.IsNotImplemented(err) || !strings.Contains(err.Error(), "CRIU") {
 				t.Fatalf("err = %v, want NotImplemented naming CRIU", err)
+			}
+		})
+	}
+}
+
+// TestCheckpointUnimplementedOverGRPC asks over a socket, through the
+// interceptors, as a CRI client does: each RPC must answer exactly
+// Unimplemented, with a message saying what is missing. A pod RPC left to
+// the embedded Unimplemented server would say only "method not
+// implemented". (kubelet 1.37 has the pod RPCs in its CRI client but no
+// caller of them yet.)
+func TestCheckpointUnimplementedOverGRPC(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "s.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer(grpc.ChainUnaryInterceptor(UnaryInterceptor), grpc.ChainStreamInterceptor(StreamInterceptor))
+	newPodFixture(t).srv.Register(g)
+	go func() { _ = g.Serve(l) }()
+	t.Cleanup(g.Stop)
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := runtimeapi.NewRuntimeServiceClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	tests := []struct {
+		name string
+		call func() error
+		want string
+	}{
+		{"CheckpointContainer", func() error {
+			_, err := c.CheckpointContainer(ctx, &runtimeapi.CheckpointContainerRequest{ContainerId: "c1", Location: "/x.tar"})
+			return err
+		}, "checkpointing container c1: pinrt has no CRIU integration"},
+		{"CheckpointPod", func() error {
+			_, err := c.CheckpointPod(ctx, &runtimeapi.CheckpointPodRequest{PodSandboxId: "p1", OutputPath: "/ckpt", ContainerIds: []string{"c1"}})
+			return err
+		}, "checkpointing pod p1: pinrt has no CRIU integration"},
+		{"RestorePod", func() error {
+			_, err := c.RestorePod(ctx, &runtimeapi.RestorePodRequest{CheckpointPath: "/ckpt", Config: &runtimeapi.PodSandboxConfig{}})
+			return err
+		}, `restoring a pod from "/ckpt": pinrt has no CRIU integration`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.call()
+			if status.Code(err) != codes.Unimplemented || !strings.HasPrefix(status.Convert(err).Message(), tc.want) {
+				t.Fatalf("err = %v, want Unimplemented starting %q", err, tc.want)
 			}
 		})
 	}
