@@ -9,6 +9,10 @@
 #                             stand-in images
 #   k8s.sh run DRIVER SHARE   in the guest: run the test with DRIVER
 #
+# It runs under the drivers of PINRT_VM_K8S_DRIVERS only (default systemd;
+# see run.sh): kubelet on cgroupfs is tested on the host (make
+# test-node-e2e).
+#
 # Environment (run.sh passes these through SHARE/env):
 #   PINRT_VM_K8S_TESTS  -test.run pattern (default: all, TestNode)
 #   PINRT_VM_K8S_TIME_SCALE  multiplies the test's waits (default 3 in a
