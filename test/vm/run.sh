@@ -1,14 +1,16 @@
 #!/bin/bash
 # run.sh: boots a Debian VM with systemd as PID 1 on cgroup v2 and runs
 # test suites inside it, once per cgroup driver. `make test-vm` calls it;
-# it exits non-zero when any suite failed under any driver.
+# it exits non-zero when any suite failed, or was not run, under any
+# driver.
 #
 # A suite is a script test/vm/suites/<name>.sh with two verbs:
 # `prepare SHARE` runs on the host and puts what the guest needs under
 # SHARE (binaries, images); `run DRIVER SHARE` runs in the guest, once per
-# cgroup driver, and its exit code is the suite's result. Every PINRT_VM_*
-# and PINRT_CRITEST_* variable reaches the guest's suites. A suite not run
-# for lack of CI time fails the run as a failed one does.
+# cgroup driver (k8s: per driver of PINRT_VM_K8S_DRIVERS), and its exit
+# code is the suite's result. Every PINRT_VM_* and PINRT_CRITEST_*
+# variable reaches the guest's suites. A suite not run for lack of CI
+# time fails the run as a failed one does.
 #
 # The disk image, kernel and initrd are cached in $PINRT_VM_CACHE, keyed by
 # a hash of build-rootfs.sh, so only the first run (or an edit to that
@@ -49,8 +51,8 @@ k8s_drivers=${PINRT_VM_K8S_DRIVERS:-systemd}
 
 now() { date +%s.%N; }
 # plan lists the runs, SUITE:DRIVER, of the drivers in $1: suite by suite,
-# each under every driver before the next suite, so the longest suites,
-# last, are the ones CI's budget gives up; k8s only under its drivers.
+# each under every driver before the next suite, so the last suites are
+# the ones CI's budget gives up; k8s only under its drivers.
 plan() {
 	local s d out=""
 	for s in $suites; do
