@@ -397,6 +397,8 @@ func (n *node) startControlPlane() {
 		"--service-account-signing-key-file="+pki("sa.key"),
 		"--service-cluster-ip-range=10.96.0.0/16",
 		"--authorization-mode=Node,RBAC",
+		// As clusters made by kubeadm: the e2e specs run privileged pods.
+		"--allow-privileged=true",
 		"--enable-admission-plugins=NodeRestriction",
 		// Less work for two emulated CPUs; nothing here is about them.
 		"--enable-priority-and-fairness=false", "--profiling=false",

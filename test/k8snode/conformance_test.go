@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -331,13 +332,14 @@ func (n *node) runConformance(t *testing.T, dir, out string, skips []skipEntry) 
 		"--procs=" + procs, "--no-color", "--timeout=" + timeout,
 		"--label-filter=NodeConformance",
 		"--focus=" + focus, "--skip=" + skipPattern(skips),
-		"--junit-report=" + junit, "--output-dir=" + out,
+		// An absolute path: with --output-dir ginkgo mangles it into a
+		// name made of the binary's path.
+		"--junit-report=" + junit,
 		"--poll-progress-after=5m",
 		filepath.Join(dir, "conformance.test"), "--",
 		"--kubeconfig=" + n.kubeconfig("admin"),
 		"--provider=skeleton", "--node-os-distro=debian",
 		"--container-runtime-endpoint=unix://" + n.pinrtSock,
-		"--report-dir=" + out,
 		"--non-blocking-taints=node-role.kubernetes.io/control-plane",
 	}
 	f, err := os.Create(logPath)
@@ -373,7 +375,21 @@ func (n *node) runConformance(t *testing.T, dir, out string, skips []skipEntry) 
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	res.exit = cmd.Wait()
+	// SIGINT or SIGTERM (a CI timeout, ^C) stops the suite, not the test:
+	// the test then reports and its cleanups remove the node, which a
+	// test binary killed outright would leave running.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sig)
+	waited := make(chan error, 1)
+	go func() { waited <- cmd.Wait() }()
+	select {
+	case res.exit = <-waited:
+	case s := <-sig:
+		t.Errorf("node conformance: %v: stopping the suite", s)
+		_ = cmd.Process.Signal(syscall.SIGINT)
+		res.exit = <-waited
+	}
 	pw.Close()
 	<-copied
 	res.elapsed = time.Since(start)

@@ -4,8 +4,10 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 )
@@ -242,6 +244,18 @@ func (b *Builder) e2eShell(ctx context.Context) (v1.Layer, error) {
 		}
 		t.copyFile("/bin/sh", 0o755, b.debFile("bash-static", "bin/bash-static"))
 		t.file("/etc/nsswitch.conf", 0o644, nsswitchConf)
+		// The official busybox image has every applet in /bin, and specs
+		// name them there (the sysctl specs run /bin/sysctl); Debian's
+		// busybox puts some in /sbin and /usr/bin.
+		out, err := exec.CommandContext(ctx, b.debFile("busybox", "bin/busybox"), "--list-full").Output()
+		if err != nil {
+			return nil, fmt.Errorf("busybox --list-full: %w", err)
+		}
+		for _, a := range strings.Fields(string(out)) {
+			if dir, name := filepath.Split(a); dir != "bin/" && name != "sh" {
+				t.symlink("/bin/"+name, "busybox")
+			}
+		}
 		return t.layer(ctx)
 	})
 }
