@@ -20,6 +20,10 @@ version=$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ {print $2}' "$here/build/g
 hash=$(cd "$here/build" && cat go.mod go.sum main.go tools.go conformance/*.go | sha256sum | cut -c1-12)
 dir=${PINRT_K8S_CACHE:-/var/cache/pinrt-vm}/k8s-$version-$hash
 mkdir -p "$dir"
+# One build at a time per cache entry: make test starts one in the
+# background (hack/prebuild.sh) that a later step waits for here.
+exec 9>"$dir/.lock"
+flock 9
 pkg=k8s.io/component-base/version
 minor=${version#v1.}
 minor=${minor%%.*}

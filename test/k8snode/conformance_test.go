@@ -1,13 +1,11 @@
 package k8snode
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"encoding/xml"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -349,27 +347,12 @@ func (n *node) runConformance(t *testing.T, dir, out string, skips []skipEntry) 
 	defer f.Close()
 	cmd := exec.Command(filepath.Join(dir, "ginkgo"), args...)
 	cmd.Dir = out
-	pr, pw := io.Pipe()
-	cmd.Stdout, cmd.Stderr = pw, pw
+	// The suite's output goes to the log as it comes: its progress marks
+	// (one per spec) are not lines.
+	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	cmd.WaitDelay = 30 * time.Second
 	res := &conformanceResult{log: logPath}
-	// The suite's progress goes to the log file; a line per finished
-	// spec goes to the test's output too, so a long run shows it moves.
-	copied := make(chan struct{})
-	go func() {
-		defer close(copied)
-		sc := bufio.NewScanner(pr)
-		sc.Buffer(make([]byte, 64<<10), 4<<20)
-		for sc.Scan() {
-			line := sc.Text()
-			fmt.Fprintln(f, line)
-			if isSummaryLine(line) {
-				res.summary = append(res.summary, strings.TrimSpace(line))
-			}
-		}
-		_, _ = io.Copy(f, pr)
-	}()
 	start := time.Now()
 	t.Logf("node conformance: ginkgo %s (log %s)", strings.Join(args, " "), logPath)
 	if err := cmd.Start(); err != nil {
@@ -390,9 +373,12 @@ func (n *node) runConformance(t *testing.T, dir, out string, skips []skipEntry) 
 		_ = cmd.Process.Signal(syscall.SIGINT)
 		res.exit = <-waited
 	}
-	pw.Close()
-	<-copied
 	res.elapsed = time.Since(start)
+	for _, line := range strings.Split(readFile(logPath), "\n") {
+		if isSummaryLine(line) {
+			res.summary = append(res.summary, strings.TrimSpace(line))
+		}
+	}
 	res.readJUnit(t, junit, skips, regexp.MustCompile(focus))
 	return res
 }

@@ -20,6 +20,7 @@
 #
 # Environment:
 #   PINRT_VM_SUITES   suites to run, in order (default "e2e")
+#   PINRT_VM_IMAGE_ONLY  1: build (or find) the image, then exit
 #   PINRT_VM_DRIVERS  cgroup drivers to run the suites with (default "cgroupfs systemd")
 #   PINRT_VM_K8S_DRIVERS  the drivers of those the k8s suite runs under
 #                     (default "systemd": kubelet on cgroupfs is covered on
@@ -90,6 +91,9 @@ t0=$(now)
 ) 9>"$cache/.lock"
 t1=$(now)
 echo "vm: image ready after $(secs "$t0" "$t1")s ($img)"
+# hack/prebuild.sh builds the image ahead, in the background, while make
+# test runs the host's suites.
+[ "${PINRT_VM_IMAGE_ONLY:-}" = 1 ] && exit 0
 
 share=$(mktemp -d /var/tmp/pinrt-vm-share.XXXXXX)
 trap 'rm -rf "$share"' EXIT
