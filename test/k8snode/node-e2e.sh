@@ -14,6 +14,8 @@
 #   PINRT_NODE_E2E_FOCUS    ginkgo --focus within [NodeConformance] (default: all)
 #   PINRT_NODE_E2E_SUBSET   "ci": the subset make test runs (the focus below), unless
 #                           PINRT_NODE_E2E_FOCUS is set
+#   PINRT_NODE_E2E_SKIP     a regexp of specs to leave out as well (the subset's default:
+#                           the probe specs that watch for minutes)
 #   PINRT_NODE_E2E_PROCS    ginkgo processes (default 4)
 #   PINRT_NODE_E2E_TIMEOUT  ginkgo --timeout per run (default 60m)
 #   PINRT_NODE_E2E_OUT      where each run's log and JUnit report go
@@ -29,8 +31,11 @@ modes=${PINRT_NODE_E2E_MODES:-host userns}
 # expansion, kubelet, sysctls) and the volumes every pod has (emptyDir,
 # configMap, secret, projected, downward API).
 ci_focus='\[sig-node\] (Pods|PodOSRejection|Container Runtime|Container Lifecycle Hook|Probing container|Security Context|Downward API|Variable Expansion|Kubelet|Sysctls|ConfigMap|Secrets)|\[sig-storage\] (EmptyDir|ConfigMap|Secrets|Projected|Downward API)'
+# Less the probe specs that watch a container for minutes to see it is
+# not restarted: the full run has them.
+ci_skip='should \*not\* be restarted'
 if [ "${PINRT_NODE_E2E_SUBSET:-}" = ci ] && [ -z "${PINRT_NODE_E2E_FOCUS:-}" ]; then
-	export PINRT_NODE_E2E_FOCUS=$ci_focus
+	export PINRT_NODE_E2E_FOCUS=$ci_focus PINRT_NODE_E2E_SKIP=${PINRT_NODE_E2E_SKIP:-$ci_skip}
 fi
 [ "$(id -u)" = 0 ] || { echo "node-e2e: needs root (kubelet, pinrt, namespaces, mounts)" >&2; exit 1; }
 
