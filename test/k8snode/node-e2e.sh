@@ -53,7 +53,8 @@ out=${PINRT_NODE_E2E_OUT:-$work/out}
 (cd "$repo" && CGO_ENABLED=0 go build -o "$work/pinrt" ./cmd/pinrt)
 # As the VM suites build it, so every suite shares the images' cache.
 (cd "$repo" && CGO_ENABLED=0 go build -trimpath -buildvcs=false -o "$work/pinrt-standin" ./test/standin/cmd/pinrt-standin)
-images=$("$work/pinrt-standin" build -cache "$cache/standin" -set node-e2e -agnhost "$dir/agnhost")
+busybox=$(bash "$repo/test/standin/busybox.sh" "$cache")
+images=$("$work/pinrt-standin" build -cache "$cache/standin" -set node-e2e -agnhost "$dir/agnhost" -busybox "$busybox")
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 "$work/pinrt-standin" serve -addr "127.0.0.1:$port" -ready "$work/registry.ready" "$images" >"$work/registry.log" 2>&1 &
 regpid=$!

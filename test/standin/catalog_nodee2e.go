@@ -108,7 +108,7 @@ func NodeE2ECatalog() []Entry {
 		return Entry{
 			Names: []string{e2e + "agnhost:" + version},
 			About: "Kubernetes test/images/agnhost " + version + ": the real agnhost binary (-agnhost, built from the Kubernetes module; the same binary under every agnhost name) as /agnhost with /agnhost-2 linking to it, /localhost.crt and /localhost.key from its porter/, an empty /uploads, user-defined-in-image (1000) in group-defined-in-image (50000), ENTRYPOINT /agnhost, CMD pause, EXPOSE 80 8080 8081 9376 5000. " +
-				"Alpine's musl and busybox 1.37 are glibc and Debian's busybox 1.35 (as the busybox stand-in), /bin/sh and /bin/bash are bash (Debian's bash-static); curl, nc (netcat-openbsd), ip and ss (iproute2), socat and ipcs are Debian's; iperf, dig and the coredns binary are left out (no spec of the set runs them), and so is /var/registry (fakeregistryserver's images, for [Serial] specs); /home/user-defined-in-image is owned by root",
+				"Alpine's musl and busybox 1.37 are glibc and Debian's busybox 1.35 (as the busybox stand-in), /bin/sh is BusyBox 1.37's ash (test/standin/busybox.sh) and /bin/bash is Debian's bash-static; curl, nc (netcat-openbsd), ip and ss (iproute2), socat and ipcs are Debian's; iperf, dig and the coredns binary are left out (no spec of the set runs them), and so is /var/registry (fakeregistryserver's images, for [Serial] specs); /home/user-defined-in-image is owned by root",
 			Build: func(ctx context.Context, b *Builder) (v1.Image, error) {
 				layers, err := b.layersOf(ctx, b.base, b.e2eShell, b.agnhostTools, b.agnhost)
 				if err != nil {
@@ -149,7 +149,7 @@ func NodeE2ECatalog() []Entry {
 		agnhost("2.55"),
 		{
 			Names: []string{e2e + "busybox:1.37.0-2"},
-			About: "Kubernetes test/images/busybox (the official glibc busybox:1.37.0 unchanged): the critest busybox stand-in (Debian's busybox 1.35 applets, hard links, with ipcs and pgrep) plus Debian's /etc/nsswitch.conf as the official image has, and bash (Debian's bash-static) as /bin/sh: Debian's ash drops variables whose names are not shell identifiers (data-1) from the environment it passes on, and the ConfigMap and Secret environment specs expect `sh -c env` to print them; CMD sh",
+			About: "Kubernetes test/images/busybox (the official glibc busybox:1.37.0 unchanged): the critest busybox stand-in (Debian's busybox 1.35 applets, hard links, with ipcs and pgrep) plus Debian's /etc/nsswitch.conf as the official image has, and BusyBox 1.37.0 built with upstream's defconfig (test/standin/busybox.sh) over it with every applet in /bin: Debian's ash drops variables whose names are not shell identifiers (data-1) from the environment it passes on, which the ConfigMap and Secret environment specs read with `sh -c env`, and bash, which keeps them, words its errors otherwise than ash (the read-only root spec expects ash's wording, can't create); CMD sh",
 			Build: func(ctx context.Context, b *Builder) (v1.Image, error) {
 				layers, err := b.layersOf(ctx, b.base, b.e2eShell)
 				if err != nil {
@@ -233,26 +233,28 @@ func (b *Builder) debFile(pkg, p string) string {
 }
 
 // e2eShell is the layer over the busybox layer that the e2e images other
-// than nginx and glibc-dns-testing share: bash as /bin/sh, in place of
-// Debian ash, which drops from the environment it passes on every
-// variable whose name is not a shell identifier; and nsswitch.conf.
+// than nginx and glibc-dns-testing share: BusyBox 1.37.0 as the official
+// image has it (Builder.Busybox, test/standin/busybox.sh) with every
+// applet in /bin, where the official image has them and specs name them
+// (/bin/sysctl); and nsswitch.conf. Debian's busybox stays below it for
+// the applets upstream's defconfig lacks.
 func (b *Builder) e2eShell(ctx context.Context) (v1.Layer, error) {
 	return b.shared("e2e-sh", func() (v1.Layer, error) {
+		if err := checkStatic("busybox", b.Busybox); err != nil {
+			return nil, err
+		}
 		t, err := b.newTree("e2e-sh")
 		if err != nil {
 			return nil, err
 		}
-		t.copyFile("/bin/sh", 0o755, b.debFile("bash-static", "bin/bash-static"))
+		t.copyFile("/bin/busybox", 0o755, b.Busybox)
 		t.file("/etc/nsswitch.conf", 0o644, nsswitchConf)
-		// The official busybox image has every applet in /bin, and specs
-		// name them there (the sysctl specs run /bin/sysctl); Debian's
-		// busybox puts some in /sbin and /usr/bin.
-		out, err := exec.CommandContext(ctx, b.debFile("busybox", "bin/busybox"), "--list-full").Output()
+		out, err := exec.CommandContext(ctx, b.Busybox, "--list").Output()
 		if err != nil {
-			return nil, fmt.Errorf("busybox --list-full: %w", err)
+			return nil, fmt.Errorf("busybox --list: %w", err)
 		}
-		for _, a := range strings.Fields(string(out)) {
-			if dir, name := filepath.Split(a); dir != "bin/" && name != "sh" {
+		for _, name := range strings.Fields(string(out)) {
+			if name != "busybox" {
 				t.symlink("/bin/"+name, "busybox")
 			}
 		}
@@ -279,7 +281,7 @@ func (b *Builder) agnhostTools(ctx context.Context) (v1.Layer, error) {
 		b.unpack(t, "iproute2", "bin/ip", "bin/ss", "sbin/ip", "etc/iproute2")
 		b.unpack(t, "socat", "usr/bin/socat")
 		b.unpack(t, "util-linux", "usr/bin/ipcmk", "usr/bin/ipcrm")
-		t.symlink("/bin/bash", "sh")
+		t.copyFile("/bin/bash", 0o755, b.debFile("bash-static", "bin/bash-static"))
 		return t.layer(ctx)
 	})
 }
@@ -316,12 +318,23 @@ func (b *Builder) checkAgnhost() error {
 	if b.Agnhost == "" {
 		return fmt.Errorf("set %s needs the agnhost binary (-agnhost)", b.set().Name)
 	}
-	n, ok, err := readELF(b.Agnhost)
+	if b.Busybox == "" {
+		return fmt.Errorf("set %s needs BusyBox 1.37 (-busybox; test/standin/busybox.sh builds it)", b.set().Name)
+	}
+	if err := checkStatic("busybox", b.Busybox); err != nil {
+		return err
+	}
+	return checkStatic("agnhost (build it with CGO_ENABLED=0)", b.Agnhost)
+}
+
+// checkStatic fails unless path is a static ELF executable.
+func checkStatic(what, path string) error {
+	n, ok, err := readELF(path)
 	if err != nil {
-		return fmt.Errorf("agnhost %s: %w", b.Agnhost, err)
+		return fmt.Errorf("%s %s: %w", what, path, err)
 	}
 	if !ok || n.interp != "" {
-		return fmt.Errorf("agnhost %s is not a static ELF executable (build it with CGO_ENABLED=0)", b.Agnhost)
+		return fmt.Errorf("%s: %s is not a static ELF executable", what, path)
 	}
 	return nil
 }

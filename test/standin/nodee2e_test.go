@@ -129,8 +129,11 @@ func TestKey(t *testing.T) {
 	if got := key(&Builder{Set: Critest, Self: self}); got != before {
 		t.Errorf("critest key (named) %s, want %s", got, before)
 	}
-	e1 := key(&Builder{Set: NodeE2E, Self: self, Agnhost: agn1})
-	e2 := key(&Builder{Set: NodeE2E, Self: self, Agnhost: agn2})
+	e1 := key(&Builder{Set: NodeE2E, Self: self, Agnhost: agn1, Busybox: agn1})
+	e2 := key(&Builder{Set: NodeE2E, Self: self, Agnhost: agn2, Busybox: agn1})
+	if e3 := key(&Builder{Set: NodeE2E, Self: self, Agnhost: agn1, Busybox: agn2}); e3 == e1 {
+		t.Errorf("node-e2e key %s does not change with the busybox binary", e3)
+	}
 	if e1 == before || e1 == e2 {
 		t.Errorf("node-e2e keys %s (agnhost 1) and %s (agnhost 2), critest %s: want three different keys", e1, e2, before)
 	}
@@ -157,10 +160,15 @@ func TestCachedChecksAgnhost(t *testing.T) {
 			cases = append(cases, struct{ name, agnhost, want string }{"linked dynamically", dyn, "not a static ELF executable"})
 		}
 	}
+	static := staticBinary(t) // stands in for busybox: the check is agnhost's
+	cases = append(cases, struct{ name, agnhost, want string }{"no busybox", static, "needs BusyBox 1.37"})
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			debs := filepath.Join(t.TempDir(), "debs")
-			b := &Builder{Set: NodeE2E, Debs: debs, Self: script, Agnhost: tc.agnhost, Log: io.Discard}
+			b := &Builder{Set: NodeE2E, Debs: debs, Self: script, Agnhost: tc.agnhost, Busybox: static, Log: io.Discard}
+			if tc.name == "no busybox" {
+				b.Busybox = ""
+			}
 			_, err := b.Cached(context.Background(), t.TempDir())
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("Cached: %v, want an error with %q", err, tc.want)
@@ -231,9 +239,18 @@ func nodeE2ELayout(t *testing.T) (layout.Path, bool) {
 		agnhost, real = self, false
 		t.Log("PINRT_STANDIN_AGNHOST unset: pinrt-standin stands in for the agnhost binary")
 	}
+	busybox := os.Getenv("PINRT_STANDIN_BUSYBOX")
+	if busybox == "" {
+		// busybox.sh builds it once into the suites' cache.
+		out, err := exec.Command("bash", "busybox.sh").Output()
+		if err != nil {
+			t.Skipf("no BusyBox 1.37 (PINRT_STANDIN_BUSYBOX unset, busybox.sh: %v)", err)
+		}
+		busybox = strings.TrimSpace(string(out))
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	b := &Builder{Set: NodeE2E, Debs: debs, Self: self, Agnhost: agnhost, Log: io.Discard}
+	b := &Builder{Set: NodeE2E, Debs: debs, Self: self, Agnhost: agnhost, Busybox: busybox, Log: io.Discard}
 	files, err := b.Fetch(ctx)
 	if err != nil {
 		t.Fatalf("fetching the .debs into %s (set PINRT_STANDIN_DEBS to a directory holding them to run offline): %v", debs, err)
@@ -442,8 +459,8 @@ func TestNodeE2EImages(t *testing.T) {
 				{path: "/etc/passwd", typ: tar.TypeReg, content: "\nuser-defined-in-image:x:1000:1000:"},
 				{path: "/etc/group", typ: tar.TypeReg, content: "\ngroup-defined-in-image:x:50000:user-defined-in-image\n"},
 				{path: "/etc/nsswitch.conf", typ: tar.TypeReg, content: "\nhosts:          files dns\n"},
-				{path: "/bin/sh", typ: tar.TypeReg, mode: 0o755},
-				{path: "/bin/bash", typ: tar.TypeSymlink, link: "sh"},
+				{path: "/bin/sh", typ: tar.TypeSymlink, link: "busybox"},
+				{path: "/bin/bash", typ: tar.TypeReg, mode: 0o755},
 				{path: "/usr/bin/curl", typ: tar.TypeReg},
 				{path: "/usr/bin/nc", typ: tar.TypeSymlink, link: "../../bin/nc.openbsd"},
 				{path: "/bin/ss", typ: tar.TypeReg},
@@ -451,8 +468,11 @@ func TestNodeE2EImages(t *testing.T) {
 				{path: "/usr/bin/ipcs", typ: tar.TypeReg},
 			}},
 			{"registry.k8s.io/e2e-test-images/busybox:1.37.0-2", []want{
-				// bash, not a link to Debian's busybox (whose ash drops data-1).
-				{path: "/bin/sh", typ: tar.TypeReg, mode: 0o755},
+				// BusyBox 1.37's ash, not Debian's (which drops data-1),
+				// and every applet in /bin.
+				{path: "/bin/busybox", typ: tar.TypeReg, mode: 0o755},
+				{path: "/bin/sh", typ: tar.TypeSymlink, link: "busybox"},
+				{path: "/bin/sysctl", typ: tar.TypeSymlink, link: "busybox"},
 				{path: "/etc/nsswitch.conf", typ: tar.TypeReg, content: "\nhosts:          files dns\n"},
 			}},
 			{"registry.k8s.io/e2e-test-images/nonewprivs:1.4", []want{
@@ -503,6 +523,11 @@ func TestNodeE2EImages(t *testing.T) {
 					t.Errorf("%s: sh -c env printed %q, want %s in it", filepath.Base(root), out, v)
 				}
 			}
+		}
+		// The read-only root spec expects ash's wording of a failed
+		// redirection, not bash's.
+		if out := runIn(t, bb, env, "/bin/sh", "-c", "echo x >/nonexistent/file 2>&1; true"); !strings.Contains(out, "can't create /nonexistent/file") {
+			t.Errorf("busybox: a failed redirection printed %q, want ash's \"can't create /nonexistent/file\"", out)
 		}
 		// The busybox applets still run, by name, through sh's PATH.
 		if out := runIn(t, bb, env, "/bin/sh", "-c", "echo a-b | cut -d- -f2; id -u"); out != "b\n0\n" {

@@ -181,6 +181,10 @@ type Builder struct {
 	// release under test, built with CGO_ENABLED=0 as its image does),
 	// which a set with Agnhost copies into its images as /agnhost.
 	Agnhost string
+	// Busybox is BusyBox 1.37.0 as the official image has it, static
+	// (test/standin/busybox.sh builds it), which the node-e2e set puts
+	// over Debian's busybox as its shell and applets.
+	Busybox string
 	// Log receives progress lines.
 	Log io.Writer
 
@@ -289,6 +293,10 @@ func (b *Builder) Key(debs map[string]string) (string, error) {
 		}
 		fmt.Fprintf(h, "agnhost\n")
 		if err := hashFile(h, b.Agnhost); err != nil {
+			return "", err
+		}
+		fmt.Fprintf(h, "busybox\n")
+		if err := hashFile(h, b.Busybox); err != nil {
 			return "", err
 		}
 	}

@@ -1,7 +1,7 @@
 // Command pinrt-standin builds the stand-in images of package standin
 // and serves them; see that package for how the suites use it.
 //
-//	pinrt-standin build -cache DIR [-set S] [-agnhost BIN]   build (or reuse) a set's images; prints their layout directory
+//	pinrt-standin build -cache DIR [-set S] [-agnhost BIN -busybox BIN]   build (or reuse) a set's images; prints their layout directory
 //	pinrt-standin serve -addr A [-ready F] LAYOUT...         serve them on A until killed
 //	pinrt-standin mirrors -addr A [-set S,...]               print pinrt's [image.registries] settings for A
 //	pinrt-standin names [-set S]                             list the image names
@@ -33,7 +33,7 @@ func main() {
 	}
 }
 
-const usage = "usage: pinrt-standin build -cache DIR [-set critest|node-e2e] [-agnhost BIN] | serve -addr HOST:PORT [-ready FILE] LAYOUT... | mirrors -addr HOST:PORT [-set SET,...] | names [-set SET]"
+const usage = "usage: pinrt-standin build -cache DIR [-set critest|node-e2e] [-agnhost BIN -busybox BIN] | serve -addr HOST:PORT [-ready FILE] LAYOUT... | mirrors -addr HOST:PORT [-set SET,...] | names [-set SET]"
 
 func run(args []string) error {
 	if len(args) == 0 {
@@ -47,6 +47,7 @@ func run(args []string) error {
 		cache := fs.String("cache", "/var/cache/pinrt-vm/standin", "cache directory: .debs in DIR/debs, images in DIR/images-<key> (critest) or DIR/images-<set>-<key>")
 		setName := fs.String("set", standin.Critest.Name, "the image set: critest or node-e2e")
 		agnhost := fs.String("agnhost", "", "Kubernetes' agnhost binary, built with CGO_ENABLED=0 (node-e2e)")
+		busybox := fs.String("busybox", "", "BusyBox 1.37.0, static, from test/standin/busybox.sh (node-e2e)")
 		if err := fs.Parse(args[1:]); err != nil {
 			return err
 		}
@@ -67,7 +68,7 @@ func run(args []string) error {
 		if err := os.MkdirAll(*cache, 0o755); err != nil {
 			return err
 		}
-		b := &standin.Builder{Set: set, Self: self, Agnhost: *agnhost, Log: os.Stderr}
+		b := &standin.Builder{Set: set, Self: self, Agnhost: *agnhost, Busybox: *busybox, Log: os.Stderr}
 		dir, err := b.Cached(ctx, *cache)
 		if err != nil {
 			return err
