@@ -101,8 +101,8 @@ exec "$@"
 // nginx:1.27.0-2 and ipc-utils:1.4 are pre-pull images; nginx:1.28.0-2
 // (NginxNew) is nginx's next version, built beside it.
 //
-// Kept whole for the reason Catalog is: one entry per image, read in one
-// place.
+// Kept whole: it is a table, one entry per image, read best in one place
+// (as Catalog).
 func NodeE2ECatalog() []Entry {
 	agnhost := func(version string) Entry {
 		return Entry{

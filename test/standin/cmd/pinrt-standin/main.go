@@ -44,37 +44,7 @@ func run(args []string) error {
 	fs := flag.NewFlagSet("pinrt-standin "+args[0], flag.ContinueOnError)
 	switch args[0] {
 	case "build":
-		cache := fs.String("cache", "/var/cache/pinrt-vm/standin", "cache directory: .debs in DIR/debs, images in DIR/images-<key> (critest) or DIR/images-<set>-<key>")
-		setName := fs.String("set", standin.Critest.Name, "the image set: critest or node-e2e")
-		agnhost := fs.String("agnhost", "", "Kubernetes' agnhost binary, built with CGO_ENABLED=0 (node-e2e)")
-		busybox := fs.String("busybox", "", "BusyBox 1.37.0, static, from test/standin/busybox.sh (node-e2e)")
-		if err := fs.Parse(args[1:]); err != nil {
-			return err
-		}
-		if fs.NArg() != 0 {
-			return fmt.Errorf("%s", usage)
-		}
-		set, err := standin.LookupSet(*setName)
-		if err != nil {
-			return err
-		}
-		if *agnhost != "" && !set.Agnhost {
-			return fmt.Errorf("set %s holds no agnhost; -agnhost is for node-e2e", set.Name)
-		}
-		self, err := os.Executable()
-		if err != nil {
-			return err
-		}
-		if err := os.MkdirAll(*cache, 0o755); err != nil {
-			return err
-		}
-		b := &standin.Builder{Set: set, Self: self, Agnhost: *agnhost, Busybox: *busybox, Log: os.Stderr}
-		dir, err := b.Cached(ctx, *cache)
-		if err != nil {
-			return err
-		}
-		fmt.Println(dir)
-		return nil
+		return build(ctx, fs, args[1:])
 	case "serve":
 		addr := fs.String("addr", "127.0.0.1:5000", "listen address")
 		ready := fs.String("ready", "", "file written once every image is served")
@@ -116,4 +86,40 @@ func run(args []string) error {
 		return nil
 	}
 	return fmt.Errorf("%s", usage)
+}
+
+// build is the build command: build (or reuse) a set's images and print
+// their layout directory.
+func build(ctx context.Context, fs *flag.FlagSet, args []string) error {
+	cache := fs.String("cache", "/var/cache/pinrt-vm/standin", "cache directory: .debs in DIR/debs, images in DIR/images-<key> (critest) or DIR/images-<set>-<key>")
+	setName := fs.String("set", standin.Critest.Name, "the image set: critest or node-e2e")
+	agnhost := fs.String("agnhost", "", "Kubernetes' agnhost binary, built with CGO_ENABLED=0 (node-e2e)")
+	busybox := fs.String("busybox", "", "BusyBox 1.37.0, static, from test/standin/busybox.sh (node-e2e)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 0 {
+		return fmt.Errorf("%s", usage)
+	}
+	set, err := standin.LookupSet(*setName)
+	if err != nil {
+		return err
+	}
+	if *agnhost != "" && !set.Agnhost {
+		return fmt.Errorf("set %s holds no agnhost; -agnhost is for node-e2e", set.Name)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(*cache, 0o755); err != nil {
+		return err
+	}
+	b := &standin.Builder{Set: set, Self: self, Agnhost: *agnhost, Busybox: *busybox, Log: os.Stderr}
+	dir, err := b.Cached(ctx, *cache)
+	if err != nil {
+		return err
+	}
+	fmt.Println(dir)
+	return nil
 }
