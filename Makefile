@@ -132,8 +132,10 @@ deps: deps-apt deps-vm deps-runc deps-cni deps-lint
 # crun: Debian's 1.8.1 lacks idmapped mounts; the tests check the refusal.
 # tar, gzip, zstd: tests build image layers with the tools the outside world uses
 # (test/standin also fetches .debs with apt-get download and unpacks them with dpkg-deb).
+# curl, bzip2, make, gcc: test/standin/busybox.sh builds the node-e2e
+# busybox from its source tarball.
 deps-apt:
-	@need=""; for p in conmon libseccomp-dev busybox-static iproute2 iptables crun tar gzip zstd; do \
+	@need=""; for p in conmon libseccomp-dev busybox-static iproute2 iptables crun tar gzip zstd curl bzip2 make gcc; do \
 		dpkg -s $$p >/dev/null 2>&1 || need="$$need $$p"; done; \
 	if [ -n "$$need" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$need; fi
 

@@ -325,7 +325,7 @@ func (n *node) runConformance(t *testing.T, dir, out string, skips []skipEntry) 
 	}
 	procs := os.Getenv("PINRT_NODE_E2E_PROCS")
 	if procs == "" {
-		procs = "4"
+		procs = "8"
 	}
 	timeout := os.Getenv("PINRT_NODE_E2E_TIMEOUT")
 	if timeout == "" {
