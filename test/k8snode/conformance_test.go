@@ -130,10 +130,11 @@ func skipPattern(skips []skipEntry) string {
 }
 
 // usernsPolicy sets hostUsers: false on every pod created without a
-// hostUsers of its own that may have it: no host namespace (the API
-// server refuses those with a user namespace), no privileged container,
-// no raw block device.
+// hostUsers of its own that may have it: a Linux pod (the API server
+// refuses hostUsers on a Windows pod) with no host namespace (nor with a
+// user namespace), no privileged container, no raw block device.
 const usernsPolicy = `!(has(object.spec.hostUsers)) &&
+  !(has(object.spec.os) && object.spec.os.name == 'windows') &&
   !(has(object.spec.hostNetwork) && object.spec.hostNetwork) &&
   !(has(object.spec.hostPID) && object.spec.hostPID) &&
   !(has(object.spec.hostIPC) && object.spec.hostIPC) &&
