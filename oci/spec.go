@@ -252,6 +252,9 @@ func BuildContainerSpec(ctx context.Context, c *ContainerSpec) (*specs.Spec, err
 		WithAppArmor(c.AppArmor, host.AppArmor),
 		WithSELinux(c.SELinuxLabel, host.SELinux),
 		WithSysfs(hasUserNS, c.Namespaces.Net != "", c.Privileged),
+		// The pod's files before the volumes: kubelet mounts its own
+		// /etc/hosts (hostAliases), which must replace pinrt's. Only
+		// Kubernetes' node conformance specs check it (make node-e2e).
 		WithPodFiles(c.HostsPath, c.ResolvPath, c.HostnamePath, c.ShmPath, c.ReadonlyRootfs),
 		WithMounts(c.Mounts, hasUserNS, c.PodUIDMappings, c.PodGIDMappings, c.RuntimeFeatures),
 		WithImageVolumes(c.ImageVolumes, c.RuntimeFeatures),
