@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 )
@@ -35,28 +34,7 @@ var nodeE2EImages = []string{
 }
 
 func TestNodeE2ECatalog(t *testing.T) {
-	have := map[string]int{}
-	for _, n := range NodeE2E.Names() {
-		have[n]++
-		if _, err := name.ParseReference(n, name.StrictValidation); err != nil {
-			t.Errorf("%s: %v", n, err)
-		}
-	}
-	for n, c := range have {
-		if c > 1 {
-			t.Errorf("%s is in the node-e2e set %d times", n, c)
-		}
-	}
-	for _, n := range nodeE2EImages {
-		if have[n] == 0 {
-			t.Errorf("the node-e2e set lacks %s", n)
-		}
-	}
-	for _, e := range NodeE2E.Catalog() {
-		if e.About == "" || e.Build == nil {
-			t.Errorf("%v: entry without About or Build", e.Names)
-		}
-	}
+	checkSet(t, NodeE2E, nodeE2EImages)
 	seen := map[string]bool{}
 	for _, p := range NodeE2EPackages {
 		if seen[p] {

@@ -51,8 +51,15 @@ var critestImages = []string{
 }
 
 func TestCatalogHasEveryCritestImage(t *testing.T) {
+	checkSet(t, Critest, critestImages)
+}
+
+// checkSet checks a set's catalog: every name valid and listed once,
+// every image of want present, every entry with its About and Build.
+func checkSet(t *testing.T, set Set, want []string) {
+	t.Helper()
 	have := map[string]int{}
-	for _, n := range Critest.Names() {
+	for _, n := range set.Names() {
 		have[n]++
 		if _, err := name.ParseReference(n, name.StrictValidation); err != nil {
 			t.Errorf("%s: %v", n, err)
@@ -60,15 +67,15 @@ func TestCatalogHasEveryCritestImage(t *testing.T) {
 	}
 	for n, c := range have {
 		if c > 1 {
-			t.Errorf("%s is in the catalog %d times", n, c)
+			t.Errorf("%s is in the %s set %d times", n, set.Name, c)
 		}
 	}
-	for _, n := range critestImages {
+	for _, n := range want {
 		if have[n] == 0 {
-			t.Errorf("the catalog lacks %s", n)
+			t.Errorf("the %s set lacks %s", set.Name, n)
 		}
 	}
-	for _, e := range Critest.Catalog() {
+	for _, e := range set.Catalog() {
 		if e.About == "" || e.Build == nil {
 			t.Errorf("%v: entry without About or Build", e.Names)
 		}
