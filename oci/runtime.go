@@ -446,9 +446,23 @@ func waitExitFile(ctx context.Context, p string, d time.Duration) bool {
 
 // Delete removes the container from the runtime and forgets it. Deleting
 // an unknown container is not an error.
+//
+// runc's `delete --force` signals the container and sleeps 100 ms before
+// it looks again, even when the container exited long ago: that sleep
+// was most of a RemoveContainer. Once conmon wrote the exit file, init is
+// dead and reaped, so a plain delete does the same at once (runc still
+// kills what is left in the cgroup of a container sharing a PID
+// namespace). Should it refuse, the forced one follows.
 func (r *Runtime) Delete(ctx context.Context, id string, force bool) error {
 	if err := validateID(id); err != nil {
 		return err
+	}
+	if force {
+		if _, exited := r.ExitState(id); exited {
+			if _, err := r.run(ctx, nil, "delete", id); err == nil {
+				return r.forget(id)
+			}
+		}
 	}
 	args := []string{"delete"}
 	if force {
@@ -459,6 +473,11 @@ func (r *Runtime) Delete(ctx context.Context, id string, force bool) error {
 			return err
 		}
 	}
+	return r.forget(id)
+}
+
+// forget drops what pinrt kept of a deleted container.
+func (r *Runtime) forget(id string) error {
 	if err := r.removeLegacyAttachLinks(id); err != nil {
 		return err
 	}

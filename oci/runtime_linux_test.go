@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -556,6 +557,68 @@ func TestKillInit(t *testing.T) {
 		procs, err := os.ReadFile(filepath.Join(root, spec.Linux.CgroupsPath, "cgroup.procs"))
 		if err == nil && len(strings.TrimSpace(string(procs))) > 0 {
 			t.Errorf("processes left in the container's cgroup %s: %s", spec.Linux.CgroupsPath, procs)
+		}
+	}
+}
+
+// TestDeleteForceOfExitedContainer: a forced delete of a container conmon
+// saw exit is runc's plain delete, which destroys it at once (the forced
+// one sleeps 100 ms first); a live container still gets --force and is
+// killed. Both are gone from runc and from pinrt's records afterwards.
+func TestDeleteForceOfExitedContainer(t *testing.T) {
+	e := newTestEnv(t)
+	// runc behind a wrapper that records every command line.
+	calls := filepath.Join(e.dir, "calls")
+	wrapper := filepath.Join(e.dir, "runc-wrapper")
+	script := fmt.Sprintf("#!/bin/sh\necho \"$*\" >>%s\nexec %s \"$@\"\n", calls, testRunc)
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	e.h.Binary = wrapper
+	rt, err := NewRuntime(e.h, filepath.Join(e.dir, "state"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.rt = rt
+	ctx := context.Background()
+	deletes := func() []string {
+		b, _ := os.ReadFile(calls)
+		var out []string
+		for _, l := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(l); len(f) > 0 && slices.Contains(f, "delete") {
+				out = append(out, strings.Join(f[slices.Index(f, "delete"):], " "))
+			}
+		}
+		_ = os.Remove(calls)
+		return out
+	}
+
+	exited := "exited-" + randID(t)
+	e.create(exited, true, "sh", "-c", "exit 0")
+	e.waitStopped(exited)
+	_ = deletes()
+	if err := e.rt.Delete(ctx, exited, true); err != nil {
+		t.Fatal(err)
+	}
+	if got := deletes(); len(got) != 1 || got[0] != "delete "+exited {
+		t.Errorf("runc calls for an exited container = %q, want one plain delete", got)
+	}
+
+	live := "live-" + randID(t)
+	e.create(live, true, "sleep", "1000")
+	_ = deletes()
+	if err := e.rt.Delete(ctx, live, true); err != nil {
+		t.Fatal(err)
+	}
+	if got := deletes(); len(got) != 1 || got[0] != "delete --force "+live {
+		t.Errorf("runc calls for a live container = %q, want one forced delete", got)
+	}
+	for _, id := range []string{exited, live} {
+		if known, err := e.rt.known(ctx, id); err != nil || known {
+			t.Errorf("runc still knows %s after Delete (%v)", id, err)
+		}
+		if _, err := os.Stat(e.rt.recordPath(id)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("record of %s after Delete: %v", id, err)
 		}
 	}
 }
