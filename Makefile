@@ -18,7 +18,7 @@ GOBIN_DIR := $(shell $(GO) env GOPATH)/bin
 VERSION  ?= $(shell git describe --tags --match 'v[0-9]*' --always --dirty 2>/dev/null)
 LDFLAGS  := -X github.com/pinrt/pinrt/version.describe=$(VERSION)
 
-.PHONY: all build test test-unit test-e2e test-node-e2e node-e2e test-vm critest k8snode chaos bench lint docs deps deps-apt deps-runc deps-cni deps-lint deps-vm run install clean
+.PHONY: all build test test-unit test-e2e test-node-e2e node-e2e test-vm critest k8snode chaos bench lint docs deps deps-apt deps-bench deps-runc deps-cni deps-lint deps-vm run install clean
 
 all: build
 
@@ -109,7 +109,7 @@ node-e2e: build deps-runc deps-cni
 test-node-e2e: build deps-runc deps-cni
 	PINRT_NODE_E2E_SUBSET=ci bash test/k8snode/node-e2e.sh
 
-bench: build
+bench: build deps-bench
 	bash test/bench/run.sh
 
 # docs regenerates the configuration reference from the conf package
@@ -138,6 +138,13 @@ deps-apt:
 	@need=""; for p in conmon libseccomp-dev busybox-static iproute2 iptables crun tar gzip zstd curl bzip2 make gcc; do \
 		dpkg -s $$p >/dev/null 2>&1 || need="$$need $$p"; done; \
 	if [ -n "$$need" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$need; fi
+
+# deps-bench: Debian's containerd, the anchor make bench compares pinrt
+# with (test/bench/run.sh starts its own, on its own socket and state
+# directories). Only make bench needs it.
+deps-bench: deps-apt
+	@dpkg -s containerd >/dev/null 2>&1 || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends containerd; }
 
 deps-vm:
 	@need=""; for p in qemu-system-x86 debootstrap e2fsprogs; do \

@@ -46,6 +46,10 @@ type Runtime struct {
 	binary   string
 	monitor  string
 	stateDir string
+	// reaped holds the containers Reap deleted from the OCI runtime in
+	// this process: their Delete is pinrt's records alone. After a
+	// restart it is empty, and Delete asks the runtime again.
+	reaped sync.Map
 }
 
 // Status is a container's runtime status.
@@ -457,6 +461,9 @@ func (r *Runtime) Delete(ctx context.Context, id string, force bool) error {
 	if err := validateID(id); err != nil {
 		return err
 	}
+	if _, ok := r.reaped.LoadAndDelete(id); ok {
+		return r.forget(id)
+	}
 	if force {
 		if _, exited := r.ExitState(id); exited {
 			if _, err := r.run(ctx, nil, "delete", id); err == nil {
@@ -474,6 +481,30 @@ func (r *Runtime) Delete(ctx context.Context, id string, force bool) error {
 		}
 	}
 	return r.forget(id)
+}
+
+// Reap deletes a container that has exited from the OCI runtime (its
+// cgroup and the runtime's state go) and keeps pinrt's record and
+// conmon's exit file, so State and ExitState still answer from them and
+// a later Delete needs no runtime call. containerd deletes a task when it
+// exits the same way. A container that has not exited is refused.
+func (r *Runtime) Reap(ctx context.Context, id string) error {
+	if err := validateID(id); err != nil {
+		return err
+	}
+	if _, ok := r.reaped.Load(id); ok {
+		return nil
+	}
+	if _, exited := r.ExitState(id); !exited {
+		return fmt.Errorf("container %s has not exited: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	if _, err := r.run(ctx, nil, "delete", id); err != nil {
+		if err := r.failure(ctx, id, err, nil, nil); !errdefs.IsNotFound(err) {
+			return err
+		}
+	}
+	r.reaped.Store(id, struct{}{})
+	return nil
 }
 
 // forget drops what pinrt kept of a deleted container.
@@ -504,7 +535,12 @@ func (r *Runtime) State(ctx context.Context, id string) (*State, error) {
 	}
 	rec, recErr := r.loadRecord(id)
 	st := &State{ID: id, ExitCode: -1}
-	rs, known, err := r.runtimeState(ctx, id)
+	var rs *runcState
+	var known bool
+	var err error
+	if _, reaped := r.reaped.Load(id); !reaped {
+		rs, known, err = r.runtimeState(ctx, id)
+	}
 	switch {
 	case err != nil:
 		return nil, err

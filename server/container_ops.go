@@ -101,6 +101,7 @@ func (s *Server) stopLocked(ctx context.Context, c *sandbox.Container, timeout t
 	// that died unnoticed makes the kill moot, which the runtime tells.
 	s.observeContainer(ctx, c, true)
 	if c.Status().State == sandbox.ContainerExited {
+		s.reapLocked(ctx, c)
 		return nil
 	}
 	rt, err := s.runtimeFor(c.Handler)
@@ -120,7 +121,42 @@ func (s *Server) stopLocked(ctx context.Context, c *sandbox.Container, timeout t
 		return fmt.Errorf("stopping container %s: %w", c.ID, err)
 	}
 	s.refreshContainer(ctx, c, false)
+	s.reapLocked(ctx, c)
 	return nil
+}
+
+// reapLocked deletes an exited container from the OCI runtime at once,
+// as containerd deletes a task when it exits: its cgroup and the
+// runtime's state go then, and RemoveContainer (which kubelet makes
+// right after StopContainer, or at garbage collection) is left with
+// pinrt's own records. Nothing depends on it: a daemon killed before it
+// leaves the runtime's container to RemoveContainer, as before. c is
+// locked by the caller and still in the store.
+func (s *Server) reapLocked(ctx context.Context, c *sandbox.Container) {
+	if c.Status().State != sandbox.ContainerExited {
+		return
+	}
+	if cur, err := s.containers.Get(c.ID); err != nil || cur != c {
+		return // removed meanwhile
+	}
+	rt, err := s.runtimeFor(c.Handler)
+	if err != nil {
+		return
+	}
+	if err := rt.Reap(ctx, c.ID); err != nil {
+		log.G(ctx).WithError(err).WithField("container", c.ID).Warn("deleting the exited container from the runtime")
+	}
+}
+
+// reapLater reaps an exit noticed outside a stop, once c's lock is free.
+func (s *Server) reapLater(ctx context.Context, c *sandbox.Container) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refreshTimeout)
+	go func() {
+		defer cancel()
+		unlock := c.Lock()
+		defer unlock()
+		s.reapLocked(ctx, c)
+	}()
 }
 
 // nriStopped tells plugins a container exited and applies the updates
@@ -164,6 +200,7 @@ func (s *Server) removeContainer(ctx context.Context, c *sandbox.Container) erro
 		return fmt.Errorf("removing container %s: %w", c.ID, err)
 	}
 	s.containers.Delete(c.ID)
+	s.resources.forget(c.Dir)
 	s.forgetOOM("", c.ID)
 	s.ctrNames.Release(sandbox.ContainerNameKey(c.SandboxID, c.Name, c.Attempt), c.ID)
 	s.containerEvent(ctx, c, runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT)

@@ -4,8 +4,12 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pinrt/pinrt/oci"
@@ -29,6 +33,51 @@ func validResources(r *runtimeapi.LinuxContainerResources) error {
 	}
 	return nil
 }
+
+// resourcesCache keeps what containerResources read from each bundle's
+// config.json, with the file's identity: kubelet asks every container's
+// status every second, and decoding a full OCI spec each time was half
+// of a ContainerStatus. A rewritten file (UpdateContainerResources, an
+// NRI update, anyone) has a new mtime or size or inode and is read again.
+type resourcesCache struct {
+	m sync.Map // bundle directory → *cachedResources
+}
+
+type cachedResources struct {
+	mtime time.Time
+	size  int64
+	ino   uint64
+	res   *runtimeapi.ContainerResources
+}
+
+// get is the container's resources in force, a copy the caller may keep.
+func (rc *resourcesCache) get(dir string) *runtimeapi.ContainerResources {
+	p := filepath.Join(dir, "config.json")
+	fi, err := os.Stat(p)
+	if err != nil {
+		rc.m.Delete(dir)
+		return nil
+	}
+	var ino uint64
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		ino = st.Ino
+	}
+	if v, ok := rc.m.Load(dir); ok {
+		c := v.(*cachedResources)
+		if c.mtime.Equal(fi.ModTime()) && c.size == fi.Size() && c.ino == ino {
+			return proto.CloneOf(c.res)
+		}
+	}
+	res := containerResources(dir)
+	if res == nil {
+		return nil
+	}
+	rc.m.Store(dir, &cachedResources{mtime: fi.ModTime(), size: fi.Size(), ino: ino, res: res})
+	return proto.CloneOf(res)
+}
+
+// forget drops a removed container's entry.
+func (rc *resourcesCache) forget(dir string) { rc.m.Delete(dir) }
 
 // containerResources reports the limits in force, from the bundle's
 // config.json: create writes it and every UpdateContainerResources

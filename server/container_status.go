@@ -25,7 +25,7 @@ func (s *Server) ContainerStatus(ctx context.Context, req *runtimeapi.ContainerS
 	}
 	s.observeContainer(ctx, c, true)
 	resp := &runtimeapi.ContainerStatusResponse{Status: containerStatus(c)}
-	resp.Status.Resources = containerResources(c.Dir)
+	resp.Status.Resources = s.resources.get(c.Dir)
 	if req.Verbose {
 		if resp.Info, err = containerInfo(c); err != nil {
 			return nil, err

@@ -146,6 +146,7 @@ func (s *Server) containerEvent(ctx context.Context, c *sandbox.Container, typ r
 		entry.WithFields(log.Fields{"exitCode": st.ExitCode, "reason": st.Reason}).Info("container exited")
 		// Plugins hear of every exit, stopped or not, as in containerd.
 		s.nriStopped(ctx, c)
+		s.reapLater(ctx, c)
 	case runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT:
 		entry.Info("container removed")
 		s.unwatchExit(c)

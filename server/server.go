@@ -80,6 +80,9 @@ type ContainerRuntime interface {
 	Kill(ctx context.Context, id string, sig syscall.Signal, all bool) error
 	Stop(ctx context.Context, id string, sig syscall.Signal, timeout time.Duration) error
 	Delete(ctx context.Context, id string, force bool) error
+	// Reap deletes an exited container from the OCI runtime and keeps
+	// its state for State, ExitState and a later Delete.
+	Reap(ctx context.Context, id string) error
 	State(ctx context.Context, id string) (*oci.State, error)
 	// ExitState is the state of a container whose exit conmon recorded,
 	// without a runtime call; ok is false while it has not exited.
@@ -153,7 +156,9 @@ type Server struct {
 	stats  *statsState
 	events *eventBus
 	exits  exitWatcher
-	oom    *podOOM
+	// resources caches the limits ContainerStatus reports.
+	resources resourcesCache
+	oom       *podOOM
 	// podResources are the last UpdatePodSandboxResources of each pod
 	// (*runtimeapi.UpdatePodSandboxResourcesRequest), and podCIDR the
 	// last UpdateRuntimeConfig's (string); both only in memory: kubelet

@@ -221,6 +221,20 @@ func (r *Runtime) Delete(_ context.Context, id string, force bool) error {
 	return nil
 }
 
+// Reap drops a stopped container from the runtime's list of live ones
+// and keeps its state, as the real runtime keeps its record and exit
+// file; a running container is refused.
+func (r *Runtime) Reap(_ context.Context, id string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.record("reap", id)
+	st, ok := r.Containers[id]
+	if !ok || st.Status != oci.StatusStopped {
+		return fmt.Errorf("container %s has not exited: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	return nil
+}
+
 // ExitState reports a stopped container whose exit file was written,
 // as the real runtime does from conmon's files.
 func (r *Runtime) ExitState(id string) (*oci.State, bool) {

@@ -27,6 +27,11 @@ import (
 // ImageRepo is where the test registry serves its image.
 const ImageRepo = "bench/busybox:latest"
 
+// PauseRepo is the same image whose command sleeps for ever: the sandbox
+// image of a runtime that runs a pause container (containerd's
+// sandbox_image), which pinrt does not need.
+const PauseRepo = "bench/pause:latest"
+
 // busyboxApplets are the commands the scenarios and a shell need; each
 // becomes a symlink to busybox, which dispatches on argv[0].
 var busyboxApplets = []string{"sh", "sleep", "true", "ls", "cat", "echo"}
@@ -133,7 +138,31 @@ func StartRegistry(ctx context.Context, listen, busyboxPath string) (*Registry, 
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", listen, err)
 	}
-	return serveImage(ctx, ln, registry.New(registry.Logger(discardLogger())), img, ImageRepo)
+	r, err := serveImage(ctx, ln, registry.New(registry.Logger(discardLogger())), img, ImageRepo)
+	if err != nil {
+		return nil, err
+	}
+	pause, err := pauseImage(img)
+	if err == nil {
+		err = r.push(ctx, PauseRepo, pause)
+	}
+	if err != nil {
+		_ = r.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
+// pauseImage is img with a command that sleeps until it is killed, as a
+// sandbox's pause process does (StopPodSandbox kills it).
+func pauseImage(img v1.Image) (v1.Image, error) {
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return nil, err
+	}
+	c := cf.Config
+	c.Cmd = []string{"sleep", "2147483647"}
+	return mutate.Config(img, c)
 }
 
 // serveImage serves h on ln and pushes img to it as repo.
@@ -145,16 +174,23 @@ func serveImage(ctx context.Context, ln net.Listener, h http.Handler, img v1.Ima
 	}
 	go func() { r.done <- r.srv.Serve(ln) }()
 	r.Image = r.Addr + "/" + repo
-	ref, err := name.ParseReference(r.Image, name.Insecure)
-	if err != nil {
+	if err := r.push(ctx, repo, img); err != nil {
 		_ = r.Close()
 		return nil, err
 	}
-	if err := remote.Write(ref, img, remote.WithContext(ctx)); err != nil {
-		_ = r.Close()
-		return nil, fmt.Errorf("push %s: %w", r.Image, err)
-	}
 	return r, nil
+}
+
+// push pushes img to the registry as repo.
+func (r *Registry) push(ctx context.Context, repo string, img v1.Image) error {
+	ref, err := name.ParseReference(r.Addr+"/"+repo, name.Insecure)
+	if err != nil {
+		return err
+	}
+	if err := remote.Write(ref, img, remote.WithContext(ctx)); err != nil {
+		return fmt.Errorf("push %s: %w", ref, err)
+	}
+	return nil
 }
 
 // Wait blocks until the server stops.

@@ -76,3 +76,36 @@ func TestRegistryServesImage(t *testing.T) {
 		t.Fatalf("config %+v with %d layers", cf, len(layers))
 	}
 }
+
+// TestRegistryServesPause: the pause image is the busybox image with a
+// command that sleeps, for runtimes that run a pause container.
+func TestRegistryServesPause(t *testing.T) {
+	bb := filepath.Join(t.TempDir(), "busybox")
+	if err := os.WriteFile(bb, []byte("not really busybox"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	reg, err := StartRegistry(context.Background(), "127.0.0.1:0", bb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { reg.Close() })
+	ref, err := name.ParseReference(reg.Addr + "/" + PauseRepo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := remote.Image(ref)
+	if err != nil {
+		t.Fatalf("pull %s: %v", ref, err)
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	layers, err := img.Layers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(layers) != 1 || len(cf.Config.Cmd) != 2 || cf.Config.Cmd[0] != "sleep" || len(cf.Config.Env) == 0 {
+		t.Errorf("pause image: cmd %q, env %q, %d layers; want sleep, busybox's env and layer", cf.Config.Cmd, cf.Config.Env, len(layers))
+	}
+}

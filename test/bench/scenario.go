@@ -63,6 +63,7 @@ const (
 	OpContainerStatus  = "ContainerStatus"
 	OpContainerStatusV = "ContainerStatus(verbose)"
 	OpListContainers   = "ListContainers"
+	OpListPodSandbox   = "ListPodSandbox"
 )
 
 // Label keys put on every pod and container so that a run's objects can be
@@ -87,6 +88,10 @@ type Config struct {
 
 	Image   string   // container image (pod, density, restore with containers)
 	Command []string // container command
+	// Containers is the number of containers in each pod of the density
+	// and status scenarios (default 1); kubelet's default node of 110
+	// pods with two containers each is status with -n 110 and 2.
+	Containers int
 
 	// LogDir, when set, is the parent of every pod's LogDirectory.
 	LogDir string
@@ -102,6 +107,9 @@ type Config struct {
 
 	// PID returns the runtime daemon's PID (density RSS). Optional.
 	PID func() (int, error)
+	// Memory returns the memory of the runtime's processes, the daemon
+	// and its monitors (status). Optional.
+	Memory func() (RuntimeMemory, error)
 	// Settle is waited before the density "after" RSS is read.
 	Settle time.Duration
 
@@ -162,6 +170,9 @@ func (c *Config) defaults() {
 	}
 	if c.WaitTimeout <= 0 {
 		c.WaitTimeout = time.Minute
+	}
+	if c.Containers <= 0 {
+		c.Containers = 1
 	}
 	if len(c.Command) == 0 {
 		c.Command = []string{"sleep", "3600"}
@@ -495,12 +506,13 @@ func (r *runner) removeSandbox(ctx context.Context, p *benchPod) error {
 	return errors.Join(errStop, errRm)
 }
 
-// startContainer creates and starts one container in p and waits until the
-// runtime reports it RUNNING.
-func (r *runner) startContainer(ctx context.Context, p *benchPod) error {
+// startContainer creates and starts container number k of p and waits
+// until the runtime reports it RUNNING.
+func (r *runner) startContainer(ctx context.Context, p *benchPod, k int) error {
 	ns := p.config.GetLinux().GetSecurityContext().GetNamespaceOptions()
+	name := fmt.Sprintf("c%d", k)
 	cc := &runtimeapi.ContainerConfig{
-		Metadata: &runtimeapi.ContainerMetadata{Name: "c0"},
+		Metadata: &runtimeapi.ContainerMetadata{Name: name},
 		Image:    &runtimeapi.ImageSpec{Image: r.cfg.Image, UserSpecifiedImage: r.cfg.Image},
 		Command:  r.cfg.Command,
 		Labels:   p.config.Labels,
@@ -512,8 +524,8 @@ func (r *runner) startContainer(ctx context.Context, p *benchPod) error {
 		// kubelet's layout, <pod log dir>/<container name>/<restart>.log;
 		// kubelet creates the container's directory, the runtime only the
 		// file (CRI-O's CreateContainer fails without the directory).
-		cc.LogPath = "c0/0.log"
-		if err := os.MkdirAll(filepath.Join(p.config.LogDirectory, "c0"), 0o755); err != nil {
+		cc.LogPath = name + "/0.log"
+		if err := os.MkdirAll(filepath.Join(p.config.LogDirectory, name), 0o755); err != nil {
 			r.rec.Fail(OpCreateContainer, err)
 			return err
 		}
@@ -660,17 +672,19 @@ func (r *runner) declarePodOps() {
 	r.rec.DeclareAggregate(OpPodRunning, OpPodE2E)
 }
 
-// startPod runs a sandbox with one running container and records "pod to
-// Running". On failure, whatever was created is torn down.
+// startPod runs a sandbox with cfg.Containers running containers and
+// records "pod to Running". On failure, whatever was created is torn down.
 func (r *runner) startPod(ctx context.Context, scenario string, i int, start time.Time) (*benchPod, error) {
 	p, err := r.runSandbox(ctx, scenario, i)
 	if err != nil {
 		r.rec.Fail(OpPodRunning, err)
 		return nil, err
 	}
-	if err := r.startContainer(ctx, p); err != nil {
-		r.rec.Fail(OpPodRunning, err)
-		return nil, errors.Join(err, r.teardown(ctx, p))
+	for k := range r.cfg.Containers {
+		if err := r.startContainer(ctx, p, k); err != nil {
+			r.rec.Fail(OpPodRunning, err)
+			return nil, errors.Join(err, r.teardown(ctx, p))
+		}
 	}
 	r.rec.Observe(OpPodRunning, time.Since(start))
 	return p, nil
@@ -925,7 +939,8 @@ func (r *runner) procMetrics(d ProcCounts) {
 // started during the reads: a status read should start none.
 func (r *runner) status(ctx context.Context) time.Duration {
 	r.rec.Declare(OpPullImage, OpRunPodSandbox, OpCreateContainer, OpStartContainer, OpWaitRunning,
-		OpContainerStatus, OpContainerStatusV, OpListContainers)
+		OpContainerStatus, OpContainerStatusV, OpListContainers, OpListPodSandbox, OpListCtrStats,
+		OpStopContainer, OpRemoveContainer, OpStopPodSandbox, OpRemovePodSandbox)
 	r.rec.DeclareAggregate(OpPodRunning)
 	r.ensureImage(ctx)
 	pods, _ := r.startPods(ctx, ScenarioStatus, true)
@@ -961,20 +976,64 @@ func (r *runner) status(ctx context.Context) time.Duration {
 			rctx, cancel := r.c.rpc(ctx)
 			defer cancel()
 			resp, err := r.c.Runtime.ListContainers(rctx, &runtimeapi.ListContainersRequest{})
-			if err == nil && len(resp.GetContainers()) < len(pods) {
-				err = fmt.Errorf("ListContainers listed %d containers, want at least %d", len(resp.GetContainers()), len(pods))
+			if want := len(pods) * r.cfg.Containers; err == nil && len(resp.GetContainers()) < want {
+				err = fmt.Errorf("ListContainers listed %d containers, want at least %d", len(resp.GetContainers()), want)
 			}
+			return err
+		})
+		// kubelet's PLEG relists the pods every second, and its stats
+		// loop lists every container's stats.
+		_ = r.rec.timed(OpListPodSandbox, func() error {
+			rctx, cancel := r.c.rpc(ctx)
+			defer cancel()
+			resp, err := r.c.Runtime.ListPodSandbox(rctx, &runtimeapi.ListPodSandboxRequest{})
+			if err == nil && len(resp.GetItems()) < len(pods) {
+				err = fmt.Errorf("ListPodSandbox listed %d pods, want at least %d", len(resp.GetItems()), len(pods))
+			}
+			return err
+		})
+		_ = r.rec.timed(OpListCtrStats, func() error {
+			rctx, cancel := r.c.rpc(ctx)
+			defer cancel()
+			_, err := r.c.Runtime.ListContainerStats(rctx, &runtimeapi.ListContainerStatsRequest{})
 			return err
 		})
 	}
 	wall := time.Since(start)
+	r.memoryMetrics(len(pods) * r.cfg.Containers)
 	if r.procs != nil {
 		d := r.procs.Counts().Sub(before)
 		r.setMetric("status_procs_started", float64(d.Forks))
 	}
 	r.mu.Lock()
-	r.walls[OpContainerStatus], r.walls[OpContainerStatusV], r.walls[OpListContainers] = wall, wall, wall
+	for _, op := range []string{OpContainerStatus, OpContainerStatusV, OpListContainers, OpListPodSandbox, OpListCtrStats} {
+		r.walls[op] = wall
+	}
 	r.mu.Unlock()
 	r.teardownAll(ctx, pods)
 	return wall
+}
+
+// memoryMetrics reports the daemon's RSS and the PSS of the runtime's
+// processes (the daemon and its monitors) while the pods run.
+func (r *runner) memoryMetrics(containers int) {
+	if rss, err := r.rss(); err != nil {
+		r.rec.Fail("runtime RSS", err)
+	} else if rss > 0 {
+		r.setMetric("daemon_rss_kib", float64(rss))
+	}
+	if r.cfg.Memory == nil {
+		return
+	}
+	m, err := r.cfg.Memory()
+	if err != nil {
+		r.rec.Fail("runtime memory", err)
+		return
+	}
+	r.setMetric("runtime_procs", float64(m.Procs))
+	r.setMetric("runtime_pss_kib", float64(m.PSSKiB))
+	r.setMetric("runtime_rss_kib", float64(m.RSSKiB))
+	if containers > 0 {
+		r.setMetric("runtime_pss_per_container_kib", float64(m.PSSKiB)/float64(containers))
+	}
 }

@@ -91,14 +91,17 @@ func runScenario(ctx context.Context, scenario string, args []string, stdout, st
 	}
 	if *f.compare != "" {
 		cfgB := cfg
-		cfgB.CPU, cfgB.DaemonLog = nil, ""
+		cfgB.CPU, cfgB.Memory, cfgB.PID, cfgB.DaemonLog = nil, nil, nil, ""
 		if *f.cgroupB != "" {
 			cpu, err := bench.NewCgroupCPU(*f.cgroupB)
 			if err != nil {
 				_, _ = fmt.Fprintln(stderr, err)
 				return 2
 			}
-			cfgB.CPU = cpu.Usage
+			cfgB.CPU, cfgB.Memory = cpu.Usage, cgroupMemory(*f.cgroupB)
+		}
+		if *f.pidFileB != "" {
+			cfgB.PID = bench.PIDFromFile(*f.pidFileB)
 		}
 		return runCompare(ctx, scenario, []string{*f.endpoint, *f.compare}, []bench.Config{cfg, cfgB}, *f.rounds, stdout, stderr)
 	}
@@ -119,11 +122,11 @@ func runScenario(ctx context.Context, scenario string, args []string, stdout, st
 // scenarioFlags are runScenario's flags that are not fields of
 // bench.Config as they are.
 type scenarioFlags struct {
-	endpoint, command, pidFile, restartCmd, cgroup, compare, cgroupB, genDir, out *string
-	usernsBase                                                                    *uint
-	pid, rounds                                                                   *int
-	asJSON                                                                        *bool
-	scale, limitMBps                                                              *float64
+	endpoint, command, pidFile, restartCmd, cgroup, compare, cgroupB, pidFileB, genDir, out *string
+	usernsBase                                                                              *uint
+	pid, rounds                                                                             *int
+	asJSON                                                                                  *bool
+	scale, limitMBps                                                                        *float64
 }
 
 // parseScenarioFlags parses args into cfg and the returned flags; false
@@ -158,7 +161,9 @@ func parseScenarioFlags(scenario string, args []string, cfg *bench.Config, stder
 	fs.StringVar(&cfg.DaemonLog, "daemon-log", "", "runtime log file with debug phase timings (phase=, duration_ms=)")
 	f.compare = fs.String("compare", "", "second CRI endpoint B: run the scenario against --endpoint (A) and B alternately and print B/A ratios")
 	f.rounds = fs.Int("rounds", 2, "compare: rounds of A then B")
-	f.cgroupB = fs.String("cgroup-b", "", "compare: cgroup directory holding runtime B, for its CPU per pod")
+	f.cgroupB = fs.String("cgroup-b", "", "compare: cgroup directory holding runtime B, for its CPU per pod and its memory")
+	f.pidFileB = fs.String("pid-file-b", "", "compare: file holding runtime B's daemon PID")
+	fs.IntVar(&cfg.Containers, "containers", 1, "density, status: containers per pod")
 	f.asJSON = fs.Bool("json", false, "print JSON instead of the table")
 	f.genDir = fs.String("gen-dir", "/var/tmp/pinrt-bench-pull", "pull: where the generated layers are kept between runs")
 	f.scale = fs.Float64("scale", 1, "pull: size of the generated image relative to issue 22's 345 MB")
@@ -195,12 +200,17 @@ func (f *scenarioFlags) apply(cfg *bench.Config) error {
 		if err != nil {
 			return err
 		}
-		cfg.CPU = cpu.Usage
+		cfg.CPU, cfg.Memory = cpu.Usage, cgroupMemory(*f.cgroup)
 	}
 	if *f.restartCmd != "" {
 		cfg.Restart = restartFunc(*f.restartCmd)
 	}
 	return nil
+}
+
+// cgroupMemory reads the memory of the processes in cgroup dir.
+func cgroupMemory(dir string) func() (bench.RuntimeMemory, error) {
+	return func() (bench.RuntimeMemory, error) { return bench.CgroupMemory(dir) }
 }
 
 // restartFunc runs the shell command rc to restart the runtime.
