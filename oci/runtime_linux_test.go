@@ -567,31 +567,8 @@ func TestKillInit(t *testing.T) {
 // killed. Both are gone from runc and from pinrt's records afterwards.
 func TestDeleteForceOfExitedContainer(t *testing.T) {
 	e := newTestEnv(t)
-	// runc behind a wrapper that records every command line.
-	calls := filepath.Join(e.dir, "calls")
-	wrapper := filepath.Join(e.dir, "runc-wrapper")
-	script := fmt.Sprintf("#!/bin/sh\necho \"$*\" >>%s\nexec %s \"$@\"\n", calls, testRunc)
-	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	e.h.Binary = wrapper
-	rt, err := NewRuntime(e.h, filepath.Join(e.dir, "state"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.rt = rt
+	deletes := e.recordRuntimeCalls("delete")
 	ctx := context.Background()
-	deletes := func() []string {
-		b, _ := os.ReadFile(calls)
-		var out []string
-		for _, l := range strings.Split(string(b), "\n") {
-			if f := strings.Fields(l); len(f) > 0 && slices.Contains(f, "delete") {
-				out = append(out, strings.Join(f[slices.Index(f, "delete"):], " "))
-			}
-		}
-		_ = os.Remove(calls)
-		return out
-	}
 
 	exited := "exited-" + randID(t)
 	e.create(exited, true, "sh", "-c", "exit 0")
@@ -620,5 +597,84 @@ func TestDeleteForceOfExitedContainer(t *testing.T) {
 		if _, err := os.Stat(e.rt.recordPath(id)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("record of %s after Delete: %v", id, err)
 		}
+	}
+}
+
+// recordRuntimeCalls puts the runtime behind a wrapper that records its
+// command lines; the returned func gives (and clears) those running
+// subcommand sub, from sub on.
+func (e *testEnv) recordRuntimeCalls(sub string) func() []string {
+	t := e.t
+	calls := filepath.Join(e.dir, "calls")
+	wrapper := filepath.Join(e.dir, "runc-wrapper")
+	script := fmt.Sprintf("#!/bin/sh\necho \"$*\" >>%s\nexec %s \"$@\"\n", calls, testRunc)
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	e.h.Binary = wrapper
+	rt, err := NewRuntime(e.h, filepath.Join(e.dir, "state"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.rt = rt
+	return func() []string {
+		b, _ := os.ReadFile(calls)
+		var out []string
+		for _, l := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(l); slices.Contains(f, sub) {
+				out = append(out, strings.Join(f[slices.Index(f, sub):], " "))
+			}
+		}
+		_ = os.Remove(calls)
+		return out
+	}
+}
+
+// TestReapKeepsState: Reap deletes an exited container from runc at once
+// and keeps what State and ExitState say; Delete then needs no runtime
+// call. A live container is refused.
+func TestReapKeepsState(t *testing.T) {
+	e := newTestEnv(t)
+	deletes := e.recordRuntimeCalls("delete")
+	ctx := context.Background()
+	live := "live-" + randID(t)
+	e.create(live, true, "sleep", "1000")
+	if err := e.rt.Reap(ctx, live); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("Reap of a running container: %v, want FailedPrecondition", err)
+	}
+	id := "reap-" + randID(t)
+	e.create(id, true, "sh", "-c", "exit 5")
+	e.waitStopped(id)
+	_ = deletes()
+	if err := e.rt.Reap(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.rt.Reap(ctx, id); err != nil {
+		t.Errorf("second Reap: %v", err)
+	}
+	if got := deletes(); len(got) != 1 || got[0] != "delete "+id {
+		t.Errorf("runc calls of two Reaps = %q, want one plain delete", got)
+	}
+	if known, err := e.rt.known(ctx, id); err != nil || known {
+		t.Errorf("runc still knows %s after Reap (%v)", id, err)
+	}
+	st, err := e.rt.State(ctx, id)
+	if err != nil || st.Status != StatusStopped || st.ExitCode != 5 {
+		t.Errorf("State after Reap = %+v, %v; want stopped, exit 5", st, err)
+	}
+	if xs, ok := e.rt.ExitState(id); !ok || xs.ExitCode != 5 {
+		t.Errorf("ExitState after Reap = %+v, %v; want exit 5", xs, ok)
+	}
+	if err := e.rt.Delete(ctx, id, true); err != nil {
+		t.Fatal(err)
+	}
+	if got := deletes(); len(got) != 0 {
+		t.Errorf("runc calls of Delete after Reap = %q, want none", got)
+	}
+	if _, err := e.rt.State(ctx, id); !errdefs.IsNotFound(err) {
+		t.Errorf("State after Delete: %v, want NotFound", err)
+	}
+	if err := e.rt.Stop(ctx, live, syscall.SIGKILL, 0); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -3,6 +3,7 @@ package test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -281,6 +282,16 @@ func (e *ctrEnv) testExitCodesAndLogs(t *testing.T) {
 	st = e.waitExit(t, bad, 30*time.Second)
 	if st.ExitCode != 3 || st.Reason != "Error" {
 		t.Errorf("bad: exit %d reason %q, want 3 Error", st.ExitCode, st.Reason)
+	}
+	// An exit leaves runc at once, as a task leaves containerd, with no
+	// StopContainer (RemoveContainer then has no runtime call to make);
+	// the status stays what it was.
+	waitFor(t, 10*time.Second, "runc to forget the exited container", func() bool {
+		_, err := os.Stat(filepath.Join(e.d.RunRoot, "runtime", "runc", bad))
+		return errors.Is(err, os.ErrNotExist)
+	})
+	if st := e.status(t, bad); st.ExitCode != 3 || st.State != runtimeapi.ContainerState_CONTAINER_EXITED {
+		t.Errorf("bad after runc forgot it: %s exit %d, want EXITED 3", st.State, st.ExitCode)
 	}
 
 	st = e.waitExit(t, long, 30*time.Second)
