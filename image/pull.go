@@ -152,6 +152,12 @@ func (s *Store) endpoint(ctx context.Context, ref name.Reference, cfg RegistryCo
 	}}, nil
 }
 
+// diskFull says whether err is the store's filesystem (or quota) out of
+// room.
+func diskFull(err error) bool {
+	return errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT)
+}
+
 // classify maps registry and network failures to errdefs classes.
 func classify(err error) error {
 	// Before the network checks: net/http wraps what the transport
@@ -317,6 +323,10 @@ func (s *Store) pullShared(ctx context.Context, r name.Reference, auth *Auth, pr
 	epName := ep.ref.Context().RegistryStr()
 	f, err := s.fetch(ctx, desc, blobs, added, pins, normalize(r), epName)
 	if err != nil {
+		if diskFull(err) {
+			// The registry is fine: this node is full.
+			return nil, nil, "", withClass(fmt.Errorf("pull %s: no room for the image in %s: %w", normalize(r), s.root, err), errdefs.ErrResourceExhausted)
+		}
 		return nil, nil, "", fmt.Errorf("pull %s from %s: %w", normalize(r), epName, classify(err))
 	}
 	rec := f.rec

@@ -200,6 +200,19 @@ type exitWatcher struct {
 	// active is set once the watcher runs: the read path may then trust
 	// the recorded states (see observeContainer).
 	active atomic.Bool
+	// unwatched holds the IDs of containers whose directory could not be
+	// watched: their exits are looked for on every read.
+	unwatched sync.Map
+}
+
+// watched says whether c's exits reach the watcher, so that a list may
+// take its recorded state as it is.
+func (s *Server) watched(c *sandbox.Container) bool {
+	if !s.exits.active.Load() {
+		return false
+	}
+	_, un := s.exits.unwatched.Load(c.ID)
+	return !un
 }
 
 func (s *Server) exitWatch(ctx context.Context) *fsnotify.Watcher {
@@ -229,6 +242,7 @@ func (s *Server) watchExit(ctx context.Context, c *sandbox.Container) {
 	}
 	if err := w.Add(c.Dir); err != nil {
 		log.G(ctx).WithError(err).WithField("container", c.ID).Warn("watching for the container's exit")
+		s.exits.unwatched.Store(c.ID, struct{}{})
 		return
 	}
 	if _, err := os.Stat(filepath.Join(c.Dir, c.ID)); err == nil {
@@ -237,6 +251,7 @@ func (s *Server) watchExit(ctx context.Context, c *sandbox.Container) {
 }
 
 func (s *Server) unwatchExit(c *sandbox.Container) {
+	s.exits.unwatched.Delete(c.ID)
 	if s.exits.w != nil {
 		_ = s.exits.w.Remove(c.Dir) // gone with the directory already
 	}

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"runtime/debug"
+	"syscall"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -183,6 +184,15 @@ var classCodes = map[error]codes.Code{
 // errCode is the code of err's errdefs class (errdefs.Resolve returns
 // the class sentinel itself), else of a foreign error inside it.
 func errCode(err error) codes.Code {
+	// A full disk (or quota) is the node's, whatever class the step that
+	// met it gave: kubelet and an operator need to see it as such.
+	// errors.Is walks foreign errors, whose Unwrap may panic (a typed nil
+	// *net.DNSError): such an error is simply not a full disk.
+	if full, _ := protect(func() (bool, bool) {
+		return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT), true
+	}); full {
+		return codes.ResourceExhausted
+	}
 	if c, ok := classCodes[errdefs.Resolve(err)]; ok {
 		return c
 	}

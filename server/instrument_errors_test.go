@@ -89,6 +89,9 @@ func TestMapErrorForeignShapes(t *testing.T) {
 		{"panicking message with a class", fmt.Errorf("%w: %w", errdefs.ErrNotFound, panicMessage{}), codes.NotFound},
 		{"deadline inside url error", &url.Error{Op: "Get", URL: "u", Err: context.DeadlineExceeded}, codes.DeadlineExceeded},
 		{"status kept", fmt.Errorf("nested: %w", status.Error(codes.Aborted, "x")), codes.Aborted},
+		{"disk full", fmt.Errorf("writing the layer: %w", &os.PathError{Op: "write", Path: "/var/lib/pinrt/x", Err: syscall.ENOSPC}), codes.ResourceExhausted},
+		{"disk full in a classed error", fmt.Errorf("%w: %w", errdefs.ErrUnknown, os.NewSyscallError("fallocate", syscall.ENOSPC)), codes.ResourceExhausted},
+		{"quota", &withClassShape{errdefs.ErrFailedPrecondition, &os.PathError{Op: "mkdir", Path: "/x", Err: syscall.EDQUOT}}, codes.ResourceExhausted},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -278,6 +279,46 @@ func (s *Server) settleIfCreating(ctx context.Context, c *sandbox.Container) {
 }
 
 // teardownPods tears down the pods restore set aside.
+// finishStops finishes the stops a crash interrupted. StopPodSandbox
+// records NotReady before its first step and the stop's time after its
+// last, so a pod NotReady without a stop time still has (some of) its
+// containers, network, pins and shm: it is stopped now, before the
+// socket opens, so kubelet never sees a NotReady pod that still holds
+// its IP. The stops run a few at a time; one that fails leaves its pod
+// NotReady for kubelet's next StopPodSandbox, as any failed stop does.
+func (s *Server) finishStops(ctx context.Context) {
+	var pending []*sandbox.Sandbox
+	for _, sb := range s.sandboxes.List() {
+		if st := sb.Status(); st.State == sandbox.StateNotReady && st.StoppedAt.IsZero() {
+			pending = append(pending, sb)
+		}
+	}
+	if len(pending) == 0 {
+		return
+	}
+	start := time.Now()
+	sem := make(chan struct{}, restoreStopParallel)
+	var wg sync.WaitGroup
+	for _, sb := range pending {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			sctx, cancel := context.WithTimeout(ctx, restoreTimeout)
+			defer cancel()
+			sctx = log.WithLogger(sctx, log.G(sctx).WithField("sandbox", sb.ID))
+			if err := s.stopPod(sctx, sb); err != nil {
+				log.G(sctx).WithError(err).Warn("restore: finishing an interrupted stop failed; the pod stays NotReady")
+			}
+		}()
+	}
+	wg.Wait()
+	log.G(ctx).Infof("restore: finished %d interrupted pod stops in %s", len(pending), time.Since(start).Round(time.Millisecond))
+}
+
+// restoreStopParallel bounds the interrupted stops finished at once.
+const restoreStopParallel = 8
+
 func (s *Server) teardownPods(ctx context.Context, pods []*sandbox.Metadata) {
 	for _, md := range pods {
 		if err := s.teardownPod(ctx, md); err != nil {

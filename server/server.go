@@ -219,6 +219,7 @@ func (s *Server) Restore(ctx context.Context) {
 	doomed := s.restorePods(ctx)
 	s.restoreContainers(ctx, doomed)
 	s.teardownPods(ctx, doomed)
+	s.finishStops(ctx)
 }
 
 // Register adds both CRI services to g.

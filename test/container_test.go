@@ -609,6 +609,45 @@ func (e *ctrEnv) testExecSync(t *testing.T) {
 	if out := e.mustExec(t, id, "ps"); strings.Contains(out, "sleep 60") {
 		t.Errorf("the timed-out exec is still running:\n%s", out)
 	}
+	// A process tree left by an exec ends with it (issue 31): its
+	// background children, after a timeout and after a normal exit alike,
+	// and after a client that gave up (a cancelled call).
+	for _, tc := range []struct {
+		name, cmd string
+		timeout   int64
+		code      codes.Code
+	}{
+		{"timeout", "sleep 101 & sleep 102 & echo hi; sleep 60", 1, codes.DeadlineExceeded},
+		{"exit with children", "sleep 103 & echo hi", 1, codes.OK},
+	} {
+		_, err := e.d.Runtime.ExecSync(Ctx(t), &runtimeapi.ExecSyncRequest{ContainerId: id, Cmd: []string{"sh", "-c", tc.cmd}, Timeout: tc.timeout})
+		if status.Code(err) != tc.code {
+			t.Errorf("%s: ExecSync = %v, want %s", tc.name, err, tc.code)
+		}
+	}
+	cctx, cancel := context.WithTimeout(Ctx(t), time.Second)
+	_, err = e.d.Runtime.ExecSync(cctx, &runtimeapi.ExecSyncRequest{ContainerId: id, Cmd: []string{"sh", "-c", "sleep 104 & sleep 60"}})
+	cancel()
+	wantCode(t, err, codes.DeadlineExceeded, "")
+	// Killed children become zombies of the container's init (sleep
+	// does not reap, as a pod's pause would): only live ones count.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var live []string
+		for _, l := range strings.Split(e.mustExec(t, id, "sh", "-c", "cat /proc/[0-9]*/stat"), "\n") {
+			f := strings.Fields(l)
+			if len(f) > 2 && f[0] != "1" && f[1] == "(sleep)" && f[2] != "Z" {
+				live = append(live, l)
+			}
+		}
+		if len(live) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("processes of finished execs still run after 10s:\n%s", strings.Join(live, "\n"))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 func (e *ctrEnv) testSecurity(t *testing.T) {

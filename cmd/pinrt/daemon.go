@@ -41,32 +41,6 @@ func setupLogging(cfg *conf.Config) error {
 	return log.SetLevel(cfg.LogLevel)
 }
 
-// lockDir takes an exclusive flock on <dir>/pinrt.lock so a second daemon
-// on the same directory fails fast. Both directories need one: a second
-// daemon on the same run dir would steal the socket and the pins, and one
-// on the same root (with another run dir) would find none of the first
-// one's pins and rewrite every pod on disk as NotReady and every container
-// as gone. what names the directory in the message ("run dir", "root").
-// The lock lives as long as the process.
-func lockDir(dir, what string) (*os.File, error) {
-	path := filepath.Join(dir, "pinrt.lock")
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			pid, _ := os.ReadFile(path)
-			return nil, fmt.Errorf("another pinrt (pid %s) is already running on %s %s (lock %s is held)", string(pid), what, dir, path)
-		}
-		return nil, fmt.Errorf("locking %s: %w", path, err)
-	}
-	_ = f.Truncate(0)
-	_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())), 0)
-	return f, nil
-}
-
 // listen creates the CRI socket with mode 0660. The caller holds the run
 // dir lock, so any socket file already there is stale and is replaced.
 func listen(cfg *conf.Config) (net.Listener, error) {

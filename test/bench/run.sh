@@ -133,6 +133,9 @@ CTD_CGROUP=${CGROUP%-$$}-containerd-$$
 # containerd puts pods without a cgroup parent under k8s.io; cleanup
 # removes the k8s.io directories it made, never one that was there.
 CTD_K8SIO_BEFORE=$(ls -d /sys/fs/cgroup/*/k8s.io /sys/fs/cgroup/k8s.io 2>/dev/null)
+# containerd 1.6's shims put their sockets in /run/containerd/s whatever
+# the state directory: removed after, unless it was there before.
+CTD_RUN_BEFORE=$(ls -d /run/containerd 2>/dev/null)
 [ "$CONTAINERD" = 1 ] && { mkdir "$CTD_CGROUP" || die "cannot create cgroup $CTD_CGROUP"; }
 mkdir -p "$TMP/fs" "$TMP/run" "$TMP/cni/net.d" "$TMP/cni/ipam" "$TMP/logs" "$TMP/conf.d" "$OUT"
 : >"$TMP/pinrt.toml"
@@ -303,6 +306,9 @@ cleanup() {
 	ip link del "$CTD_BRIDGE" 2>/dev/null
 	# Leftover processes (a conmon or a shim whose daemon died) go back to
 	# the root cgroup so that ours can be removed.
+	if [ "$CONTAINERD" = 1 ] && [ -z "$CTD_RUN_BEFORE" ]; then
+		rmdir /run/containerd/s /run/containerd 2>/dev/null
+	fi
 	for cg in /sys/fs/cgroup/*/k8s.io /sys/fs/cgroup/k8s.io; do
 		[ "$CONTAINERD" = 1 ] && [ -d "$cg" ] || continue
 		grep -qxF "$cg" <<<"$CTD_K8SIO_BEFORE" || rmdir "$cg" 2>/dev/null || log "could not remove cgroup $cg"

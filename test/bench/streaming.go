@@ -26,6 +26,7 @@ const (
 	OpForwardReady   = "port-forward ready"
 	OpForwardRead    = "port-forward read"
 	OpForwardWarmup  = "port-forward server up"
+	OpServerListens  = "server in the pod listens"
 	MetricForwardMBs = "portforward_mb_per_s"
 )
 
@@ -186,7 +187,7 @@ func MBPerSec(n int64, d time.Duration) float64 {
 // client-go's SPDY port-forwarder, and times reading the file through it.
 func (r *runner) portforward(ctx context.Context) time.Duration {
 	r.declareOnePodOps()
-	r.rec.Declare(OpPortForward, OpForwardReady, OpForwardWarmup, OpForwardRead)
+	r.rec.Declare(OpServerListens, OpPortForward, OpForwardReady, OpForwardWarmup, OpForwardRead)
 	r.ensureImage(ctx)
 	size := r.cfg.ForwardMB
 	if size <= 0 {
@@ -199,6 +200,11 @@ func (r *runner) portforward(ctx context.Context) time.Duration {
 		return time.Since(start)
 	}
 	defer func() { _ = r.teardown(ctx, p) }()
+	// client-go's port-forwarder ends at the first connection the pod
+	// refuses: the server must listen before the forward starts.
+	if err := r.rec.timed(OpServerListens, func() error { return r.waitListening(ctx, p.containers[0]) }); err != nil {
+		return time.Since(start)
+	}
 
 	var local int
 	var stop func()
@@ -320,6 +326,30 @@ func (r *runner) waitServing(ctx context.Context, client *http.Client, u string,
 		select {
 		case <-ctx.Done():
 			return errors.Join(fmt.Errorf("server in the pod not up after %s", r.cfg.WaitTimeout), last)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// waitListening polls, inside the container, until its server answers
+// on forwardPort.
+func (r *runner) waitListening(ctx context.Context, id string) error {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.WaitTimeout)
+	defer cancel()
+	probe := []string{"/bin/busybox", "wget", "-q", "--spider", "http://127.0.0.1:" + strconv.Itoa(forwardPort) + "/big"}
+	for {
+		rctx, rcancel := r.c.rpc(ctx)
+		resp, err := r.c.Runtime.ExecSync(rctx, &runtimeapi.ExecSyncRequest{ContainerId: id, Cmd: probe, Timeout: 5})
+		rcancel()
+		if err == nil && resp.GetExitCode() == 0 {
+			return nil
+		}
+		if err == nil {
+			err = fmt.Errorf("%q exited %d: %s", probe, resp.GetExitCode(), resp.GetStderr())
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("server in the pod not listening after %s: %w", r.cfg.WaitTimeout, err)
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
