@@ -9,6 +9,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -152,8 +154,14 @@ func (c *chaos) round(i int, seed int64) {
 	// exits with the daemon's connection, and a new one syncs with what
 	// the restart restored. (Without a way to build it, as in test/vm
 	// without PINRT_E2E_NRIPLUGIN, the rounds run without.)
+	// Every third round the plugin crashes in the middle of one of its
+	// first container creations, while the workers go on.
 	if nriPluginUsable() {
-		startNRIPlugin(t, c.d, fmt.Sprintf("chaos-%d", i), "-env", "CHAOS_NRI=1")
+		args := []string{"-env", "CHAOS_NRI=1"}
+		if i%3 == 2 {
+			args = append(args, "-crash-after", strconv.Itoa(1+c.rng.Intn(4)))
+		}
+		startNRIPlugin(t, c.d, fmt.Sprintf("chaos-%d", i), args...)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	rt := c.d.Runtime
@@ -312,6 +320,10 @@ func (c *chaos) checkInvariants(round int) {
 		mounts[m] = true
 	}
 	owner := map[string]string{}
+	podNames := map[string]string{}
+	for _, p := range pods.Items {
+		podNames[p.Id] = p.GetMetadata().GetName()
+	}
 	for _, p := range pods.Items {
 		if p.State != runtimeapi.PodSandboxState_SANDBOX_READY {
 			continue
@@ -370,6 +382,39 @@ func (c *chaos) checkInvariants(round int) {
 		} else if got != want {
 			c.violate("round %d: container %s is %v (%s), runc says %v", round, ct.Id, got, st.Status.Reason, want)
 		}
+		c.checkAdjusted(round, ct, podNames[ct.PodSandboxId])
+	}
+}
+
+// chaosRound is the round a chaos pod was made in, from its name.
+var chaosRound = regexp.MustCompile(`^chaos-w\d+-r(\d+)-\d+$`)
+
+// checkAdjusted checks that a container made while the round's NRI
+// plugin was connected, in a round whose plugin does not crash, still
+// has the plugin's adjustment in its bundle after every restart.
+func (c *chaos) checkAdjusted(round int, ct *runtimeapi.Container, podName string) {
+	m := chaosRound.FindStringSubmatch(podName)
+	if m == nil || !nriPluginUsable() {
+		return
+	}
+	if r, _ := strconv.Atoi(m[1]); r%3 == 2 {
+		return // the plugin crashed in that round; later containers lack it
+	}
+	b, err := os.ReadFile(filepath.Join(c.d.Root, "containers", ct.Id, "config.json"))
+	if err != nil {
+		return // being removed
+	}
+	var spec struct {
+		Process struct {
+			Env []string `json:"env"`
+		} `json:"process"`
+	}
+	if err := json.Unmarshal(b, &spec); err != nil {
+		c.violate("round %d: container %s: config.json: %v", round, ct.Id, err)
+		return
+	}
+	if !slices.Contains(spec.Process.Env, "CHAOS_NRI=1") {
+		c.violate("round %d: container %s of %s lost the NRI plugin's adjustment (env %q)", round, ct.Id, podName, spec.Process.Env)
 	}
 }
 

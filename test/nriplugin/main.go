@@ -28,11 +28,15 @@ type plugin struct {
 	ann    string // annotation key=value
 	netns  string // a network namespace path to move the container to
 	hang   string // container name whose CreateContainer never answers
-	device string // path:major:minor of a char device to add
-	mount  string // host:container read-only bind to add
-	hook   string // file a createRuntime hook writes the container ID to
-	cgroup string // cgroupfs parent the container's cgroup is moved under
-	cdi    string // a CDI device to inject
+	// crashAfter makes the plugin exit in the middle of its crashAfter'th
+	// CreateContainer, without answering (0 = never).
+	crashAfter int
+	creates    int
+	device     string // path:major:minor of a char device to add
+	mount      string // host:container read-only bind to add
+	hook       string // file a createRuntime hook writes the container ID to
+	cgroup     string // cgroupfs parent the container's cgroup is moved under
+	cdi        string // a CDI device to inject
 	// syncDelay holds Synchronize open after it is recorded.
 	syncDelay time.Duration
 }
@@ -83,6 +87,14 @@ func (p *plugin) RemovePodSandbox(_ context.Context, pod *api.PodSandbox) error 
 
 func (p *plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, c *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
 	p.record("CreateContainer %s/%s", pod.GetName(), c.GetName())
+	p.mu.Lock()
+	p.creates++
+	crash := p.crashAfter > 0 && p.creates >= p.crashAfter
+	p.mu.Unlock()
+	if crash {
+		p.record("CRASH")
+		os.Exit(3)
+	}
 	if p.hang != "" && c.GetName() == p.hang {
 		select {} // until killed
 	}
@@ -189,6 +201,7 @@ func main() {
 	flag.StringVar(&p.cgroup, "cgroup", "", "cgroupfs parent to move containers' cgroups under")
 	flag.StringVar(&p.cdi, "cdi", "", "CDI device to inject")
 	flag.DurationVar(&p.syncDelay, "sync-delay", 0, "how long Synchronize takes")
+	flag.IntVar(&p.crashAfter, "crash-after", 0, "exit in the middle of this many'th CreateContainer")
 	flag.Parse()
 	f, err := os.OpenFile(events, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
