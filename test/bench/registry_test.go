@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 )
 
@@ -46,7 +47,9 @@ func TestBusyboxLayer(t *testing.T) {
 	}
 }
 
-func TestRegistryServesImage(t *testing.T) {
+// startFakeRegistry serves the images of a busybox that is not one.
+func startFakeRegistry(t *testing.T) *Registry {
+	t.Helper()
 	bb := filepath.Join(t.TempDir(), "busybox")
 	if err := os.WriteFile(bb, []byte("not really busybox"), 0o755); err != nil {
 		t.Fatal(err)
@@ -56,44 +59,17 @@ func TestRegistryServesImage(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { reg.Close() })
-	ref, err := name.ParseReference(reg.Image)
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := remote.Image(ref)
-	if err != nil {
-		t.Fatalf("pull %s: %v", reg.Image, err)
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		t.Fatal(err)
-	}
-	layers, err := img.Layers()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if cf.OS != "linux" || cf.Architecture != runtime.GOARCH || len(layers) != 1 || cf.Config.Env[0] != "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" {
-		t.Fatalf("config %+v with %d layers", cf, len(layers))
-	}
+	return reg
 }
 
-// TestRegistryServesPause: the pause image is the busybox image with a
-// command that sleeps, for runtimes that run a pause container.
-func TestRegistryServesPause(t *testing.T) {
-	bb := filepath.Join(t.TempDir(), "busybox")
-	if err := os.WriteFile(bb, []byte("not really busybox"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	reg, err := StartRegistry(context.Background(), "127.0.0.1:0", bb)
+// fetchConfig pulls ref and returns its config and number of layers.
+func fetchConfig(t *testing.T, ref string) (*v1.ConfigFile, int) {
+	t.Helper()
+	r, err := name.ParseReference(ref)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { reg.Close() })
-	ref, err := name.ParseReference(reg.Addr + "/" + PauseRepo)
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := remote.Image(ref)
+	img, err := remote.Image(r)
 	if err != nil {
 		t.Fatalf("pull %s: %v", ref, err)
 	}
@@ -105,7 +81,23 @@ func TestRegistryServesPause(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(layers) != 1 || len(cf.Config.Cmd) != 2 || cf.Config.Cmd[0] != "sleep" || len(cf.Config.Env) == 0 {
-		t.Errorf("pause image: cmd %q, env %q, %d layers; want sleep, busybox's env and layer", cf.Config.Cmd, cf.Config.Env, len(layers))
+	return cf, len(layers)
+}
+
+func TestRegistryServesImage(t *testing.T) {
+	reg := startFakeRegistry(t)
+	cf, layers := fetchConfig(t, reg.Image)
+	if cf.OS != "linux" || cf.Architecture != runtime.GOARCH || layers != 1 || cf.Config.Env[0] != "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" {
+		t.Fatalf("config %+v with %d layers", cf, layers)
+	}
+}
+
+// TestRegistryServesPause: the pause image is the busybox image with a
+// command that sleeps, for runtimes that run a pause container.
+func TestRegistryServesPause(t *testing.T) {
+	reg := startFakeRegistry(t)
+	cf, layers := fetchConfig(t, reg.Addr+"/"+PauseRepo)
+	if layers != 1 || len(cf.Config.Cmd) != 2 || cf.Config.Cmd[0] != "sleep" || len(cf.Config.Env) == 0 {
+		t.Errorf("pause image: cmd %q, env %q, %d layers; want sleep, busybox's env and layer", cf.Config.Cmd, cf.Config.Env, layers)
 	}
 }

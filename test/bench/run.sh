@@ -175,6 +175,46 @@ stop_pinrt() {
 	kill -KILL "$pid" 2>/dev/null
 }
 
+# write_conflist FILE NAME BRIDGE SUBNET IPAM_DIR: a bridge network with
+# host-local IPAM in IPAM_DIR, no ipMasq and no portmap, so the host's
+# firewall is never touched.
+write_conflist() {
+	cat >"$1" <<EOF
+{
+  "cniVersion": "1.0.0",
+  "name": "$2",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "$3",
+      "isGateway": true,
+      "ipMasq": false,
+      "hairpinMode": false,
+      "ipam": {
+        "type": "host-local",
+        "dataDir": "$5",
+        "ranges": [[{ "subnet": "$4" }]],
+        "routes": [{ "dst": "0.0.0.0/0" }]
+      }
+    }
+  ]
+}
+EOF
+}
+
+# wait_socket WHAT SOCKET ALIVE LOG: wait up to 30 s for the daemon WHAT
+# to create SOCKET while the function ALIVE says it runs; else show LOG.
+wait_socket() {
+	for _ in $(seq 300); do
+		[ -S "$2" ] && return 0
+		"$3" || break
+		sleep 0.1
+	done
+	log "$1 did not create $2; last log lines:"
+	tail -n 20 "$4" >&2
+	return 1
+}
+
 ctd_alive() {
 	local pid
 	pid=$(cat "$CTD_PIDFILE" 2>/dev/null) || return 1
@@ -238,27 +278,7 @@ state = "$CTD/state"
 EOF
 	# The same network as pinrt's on a bridge of its own; containerd adds
 	# the loopback plugin itself.
-	cat >"$CTD/net.d/10-cbench.conflist" <<EOF
-{
-  "cniVersion": "1.0.0",
-  "name": "cbench",
-  "plugins": [
-    {
-      "type": "bridge",
-      "bridge": "$CTD_BRIDGE",
-      "isGateway": true,
-      "ipMasq": false,
-      "hairpinMode": false,
-      "ipam": {
-        "type": "host-local",
-        "dataDir": "$CTD/ipam",
-        "ranges": [[{ "subnet": "$CTD_SUBNET" }]],
-        "routes": [{ "dst": "0.0.0.0/0" }]
-      }
-    }
-  ]
-}
-EOF
+	write_conflist "$CTD/net.d/10-cbench.conflist" cbench "$CTD_BRIDGE" "$CTD_SUBNET" "$CTD/ipam"
 }
 
 start_containerd() {
@@ -266,14 +286,7 @@ start_containerd() {
 	sh -c 'echo $$ >"$1/cgroup.procs" && exec setsid containerd --config "$2" --log-level warn' sh \
 		"$CTD_CGROUP" "$CTD/config.toml" >>"$CTD/containerd.log" 2>&1 </dev/null &
 	echo $! >"$CTD_PIDFILE"
-	for _ in $(seq 300); do
-		[ -S "$CTD_SOCK" ] && return 0
-		ctd_alive || break
-		sleep 0.1
-	done
-	log "containerd did not create $CTD_SOCK; last log lines:"
-	tail -n 20 "$CTD/containerd.log" >&2
-	return 1
+	wait_socket containerd "$CTD_SOCK" ctd_alive "$CTD/containerd.log"
 }
 
 cleanup() {
@@ -359,27 +372,7 @@ pinrt_alive() {
 # The CNI network: our own bridge and subnet, IPAM state inside the temp
 # dir, no ipMasq and no portmap so the host's firewall is never touched.
 # loopback is not listed: pinrt brings lo up itself.
-cat >"$TMP/cni/net.d/10-pbench.conflist" <<EOF
-{
-  "cniVersion": "1.0.0",
-  "name": "pbench",
-  "plugins": [
-    {
-      "type": "bridge",
-      "bridge": "$BRIDGE",
-      "isGateway": true,
-      "ipMasq": false,
-      "hairpinMode": false,
-      "ipam": {
-        "type": "host-local",
-        "dataDir": "$TMP/cni/ipam",
-        "ranges": [[{ "subnet": "$SUBNET" }]],
-        "routes": [{ "dst": "0.0.0.0/0" }]
-      }
-    }
-  ]
-}
-EOF
+write_conflist "$TMP/cni/net.d/10-pbench.conflist" pbench "$BRIDGE" "$SUBNET" "$TMP/cni/ipam"
 
 # The command that (re)starts pinrt, shared by the first start and the
 # restore scenario's restart. setsid and /dev/null stdin detach it from the
@@ -406,21 +399,10 @@ done
 exec sh "$TMP/start-pinrt.sh"
 EOF
 
-wait_socket() {
-	for _ in $(seq 300); do
-		[ -S "$SOCK" ] && return 0
-		pinrt_alive || break
-		sleep 0.1
-	done
-	log "pinrt did not create $SOCK; last log lines:"
-	tail -n 20 "$PINRT_LOG" >&2
-	return 1
-}
-
 start_pinrt() {
 	rm -f "$SOCK"
 	sh "$TMP/start-pinrt.sh"
-	wait_socket
+	wait_socket pinrt "$SOCK" pinrt_alive "$PINRT_LOG"
 }
 
 log "temp dir $TMP, results in $OUT"
