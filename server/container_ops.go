@@ -149,15 +149,24 @@ func (s *Server) reapLocked(ctx context.Context, c *sandbox.Container) {
 }
 
 // reapLater reaps an exit noticed outside a stop, once c's lock is free.
+// A few at a time: a restart after many exits must not start a runtime
+// process for each of them at once.
 func (s *Server) reapLater(ctx context.Context, c *sandbox.Container) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refreshTimeout)
+	ctx = context.WithoutCancel(ctx)
 	go func() {
+		s.reaping <- struct{}{}
+		defer func() { <-s.reaping }()
+		rctx, cancel := context.WithTimeout(ctx, refreshTimeout)
 		defer cancel()
 		unlock := c.Lock()
 		defer unlock()
-		s.reapLocked(ctx, c)
+		s.reapLocked(rctx, c)
 	}()
 }
+
+// reapParallel bounds the exited containers deleted from the runtime at
+// once in the background.
+const reapParallel = 4
 
 // nriStopped tells plugins a container exited and applies the updates
 // to other containers they answer with. c may be locked (a stop): an

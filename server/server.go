@@ -158,7 +158,9 @@ type Server struct {
 	exits  exitWatcher
 	// resources caches the limits ContainerStatus reports.
 	resources resourcesCache
-	oom       *podOOM
+	// reaping bounds the background deletes of exited containers.
+	reaping chan struct{}
+	oom     *podOOM
 	// podResources are the last UpdatePodSandboxResources of each pod
 	// (*runtimeapi.UpdatePodSandboxResourcesRequest), and podCIDR the
 	// last UpdateRuntimeConfig's (string); both only in memory: kubelet
@@ -187,7 +189,7 @@ func New(cfg *conf.Config, deps Deps) *Server {
 	instrumentDeps(&deps)
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{
-		cfg: cfg, deps: deps,
+		cfg: cfg, deps: deps, reaping: make(chan struct{}, reapParallel),
 		sandboxes: sandbox.NewStore[*sandbox.Sandbox]("sandbox"),
 		podNames:  sandbox.NewNames(),
 
