@@ -154,11 +154,16 @@ func (c *chaos) round(i int, seed int64) {
 	// exits with the daemon's connection, and a new one syncs with what
 	// the restart restored. (Without a way to build it, as in test/vm
 	// without PINRT_E2E_NRIPLUGIN, the rounds run without.)
-	// Every third round the plugin crashes in the middle of one of its
-	// first container creations, while the workers go on.
+	// In one round of three the plugin hangs on a container creation
+	// (pinrt disconnects it after plugin_request_timeout), in another it
+	// crashes in the middle of one of its first creations; the workers
+	// go on meanwhile.
 	if nriPluginUsable() {
 		args := []string{"-env", "CHAOS_NRI=1"}
-		if i%3 == 2 {
+		switch i % 3 {
+		case 1:
+			args = append(args, "-hang", "c")
+		case 2:
 			args = append(args, "-crash-after", strconv.Itoa(1+c.rng.Intn(4)))
 		}
 		startNRIPlugin(t, c.d, fmt.Sprintf("chaos-%d", i), args...)
@@ -390,15 +395,16 @@ func (c *chaos) checkInvariants(round int) {
 var chaosRound = regexp.MustCompile(`^chaos-w\d+-r(\d+)-\d+$`)
 
 // checkAdjusted checks that a container made while the round's NRI
-// plugin was connected, in a round whose plugin does not crash, still
-// has the plugin's adjustment in its bundle after every restart.
+// plugin was connected, in a round whose plugin neither hangs nor
+// crashes, still has the plugin's adjustment in its bundle after every
+// restart.
 func (c *chaos) checkAdjusted(round int, ct *runtimeapi.Container, podName string) {
 	m := chaosRound.FindStringSubmatch(podName)
 	if m == nil || !nriPluginUsable() {
 		return
 	}
-	if r, _ := strconv.Atoi(m[1]); r%3 == 2 {
-		return // the plugin crashed in that round; later containers lack it
+	if r, _ := strconv.Atoi(m[1]); r%3 != 0 {
+		return // the plugin hung or crashed in that round; later containers lack it
 	}
 	b, err := os.ReadFile(filepath.Join(c.d.Root, "containers", ct.Id, "config.json"))
 	if err != nil {

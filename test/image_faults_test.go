@@ -162,6 +162,50 @@ func TestImagePullRegistryDies(t *testing.T) {
 	}
 }
 
+// TestImagePullRegistryRestarts: a registry that goes down after it
+// served the manifest (every blob request's connection dies, as with a
+// killed server) and comes back: the pull in between fails with nothing
+// left, the next one succeeds with the right content.
+func TestImagePullRegistryRestarts(t *testing.T) {
+	reg := testimage.StartRegistry(t)
+	payload := make([]byte, 1<<20)
+	if _, err := rand.Read(payload); err != nil {
+		t.Fatal(err)
+	}
+	ref := reg.Push(t, "faults/restart:1", testimage.Build(t, testimage.Spec{Layers: [][]testimage.File{{{Path: "payload", Content: payload}}}}))
+	d := StartDaemon(t, Options{Network: true, Config: "[image]\npull_timeout = \"20s\"\n"})
+	var down atomic.Bool
+	down.Store(true)
+	reg.Intercept(func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if down.Load() && strings.Contains(r.URL.Path, "/blobs/") {
+				if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+					_ = conn.Close()
+				}
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	})
+	defer reg.Intercept(nil)
+	clean := rootFiles(t, d.Root)
+	spec := &runtimeapi.ImageSpec{Image: ref}
+	if _, err := d.Image.PullImage(Ctx(t), &runtimeapi.PullImageRequest{Image: spec}); err == nil {
+		t.Fatal("pull from a registry that died after the manifest: no error")
+	}
+	if got := imgList(t, d, ""); len(got) != 0 {
+		t.Errorf("images after the failed pull: %v", got)
+	}
+	if diff := fileDiff(clean, rootFiles(t, d.Root)); len(diff) > 0 {
+		t.Errorf("the failed pull left:\n%s", strings.Join(diff, "\n"))
+	}
+	down.Store(false)
+	if _, err := d.Image.PullImage(Ctx(t), &runtimeapi.PullImageRequest{Image: spec}); err != nil {
+		t.Fatalf("pull once the registry is back: %v", err)
+	}
+	checkPayload(t, d, ref, payload)
+}
+
 // checkPayload runs the image and compares the payload's digest inside.
 func checkPayload(t *testing.T, d *Daemon, ref string, payload []byte) {
 	t.Helper()
