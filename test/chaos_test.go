@@ -42,6 +42,7 @@ type chaos struct {
 	image   string
 	cgroup  string // the daemon's cgroup parent, private to the test
 	runRoot string // runc's --root
+	share   string // the host directory the NRI plugin binds in
 	rng     *rand.Rand
 
 	mu         sync.Mutex
@@ -112,6 +113,15 @@ binary = "/usr/local/bin/runc"
 	d := StartDaemon(t, Options{Network: true, Config: cfg})
 	reg := testimage.StartRegistry(t)
 	c.d, c.cgroup, c.runRoot = d, cg, filepath.Join(d.RunRoot, "runtime", "runc")
+	// Every container asks for a CDI device; the NRI plugin binds this
+	// directory into every container it adjusts.
+	if err := os.WriteFile(filepath.Join(d.CDIDir, "chaos.json"), []byte(chaosCDISpec), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.share = filepath.Join(d.Dir, "chaos-share")
+	if err := os.MkdirAll(c.share, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	c.image = reg.Push(t, "busybox:1", testimage.Busybox(t))
 	if _, err := d.Image.PullImage(Ctx(t), &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: c.image}}); err != nil {
 		t.Fatal(err)
@@ -159,7 +169,8 @@ func (c *chaos) round(i int, seed int64) {
 	// crashes in the middle of one of its first creations; the workers
 	// go on meanwhile.
 	if nriPluginUsable() {
-		args := []string{"-env", "CHAOS_NRI=1"}
+		args := []string{"-env", "CHAOS_NRI=1", "-annotation", "chaos.example.com/nri=1",
+			"-mount", c.share + ":/chaos-share", "-device", "/dev/chaos-null:1:3"}
 		switch i % 3 {
 		case 1:
 			args = append(args, "-hang", "c")
@@ -268,10 +279,11 @@ func (c *chaos) worker(ctx context.Context, rt runtimeapi.RuntimeServiceClient, 
 		})
 		ok = ok && call(func(ctx context.Context) error {
 			r, err := rt.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: podID, SandboxConfig: pod, Config: &runtimeapi.ContainerConfig{
-				Metadata: &runtimeapi.ContainerMetadata{Name: "c"},
-				Image:    &runtimeapi.ImageSpec{Image: c.image},
-				Command:  []string{"sleep", "1000"},
-				LogPath:  "c.log",
+				Metadata:   &runtimeapi.ContainerMetadata{Name: "c"},
+				Image:      &runtimeapi.ImageSpec{Image: c.image},
+				Command:    []string{"sleep", "1000"},
+				LogPath:    "c.log",
+				CDIDevices: []*runtimeapi.CDIDevice{{Name: "example.com/chaos=dev"}},
 			}})
 			if err == nil {
 				ctrID = r.ContainerId
@@ -391,6 +403,9 @@ func (c *chaos) checkInvariants(round int) {
 	}
 }
 
+// chaosCDISpec is the CDI device every chaos container asks for.
+const chaosCDISpec = `{"cdiVersion": "0.6.0", "kind": "example.com/chaos", "devices": [{"name": "dev", "containerEdits": {"env": ["CHAOS_CDI=1"]}}]}`
+
 // chaosRound is the round a chaos pod was made in, from its name.
 var chaosRound = regexp.MustCompile(`^chaos-w\d+-r(\d+)-\d+$`)
 
@@ -400,11 +415,8 @@ var chaosRound = regexp.MustCompile(`^chaos-w\d+-r(\d+)-\d+$`)
 // restart.
 func (c *chaos) checkAdjusted(round int, ct *runtimeapi.Container, podName string) {
 	m := chaosRound.FindStringSubmatch(podName)
-	if m == nil || !nriPluginUsable() {
+	if m == nil {
 		return
-	}
-	if r, _ := strconv.Atoi(m[1]); r%3 != 0 {
-		return // the plugin hung or crashed in that round; later containers lack it
 	}
 	b, err := os.ReadFile(filepath.Join(c.d.Root, "containers", ct.Id, "config.json"))
 	if err != nil {
@@ -414,13 +426,57 @@ func (c *chaos) checkAdjusted(round int, ct *runtimeapi.Container, podName strin
 		Process struct {
 			Env []string `json:"env"`
 		} `json:"process"`
+		Annotations map[string]string `json:"annotations"`
+		Mounts      []struct {
+			Destination string `json:"destination"`
+		} `json:"mounts"`
+		Linux struct {
+			Devices []struct {
+				Path string `json:"path"`
+			} `json:"devices"`
+		} `json:"linux"`
 	}
 	if err := json.Unmarshal(b, &spec); err != nil {
 		c.violate("round %d: container %s: config.json: %v", round, ct.Id, err)
 		return
 	}
+	if !slices.Contains(spec.Process.Env, "CHAOS_CDI=1") {
+		c.violate("round %d: container %s of %s lost its CDI device's edits (env %q)", round, ct.Id, podName, spec.Process.Env)
+	}
+	if r, _ := strconv.Atoi(m[1]); r%3 != 0 || !nriPluginUsable() {
+		return // the plugin hung or crashed in that round; later containers lack it
+	}
+	var lost []string
 	if !slices.Contains(spec.Process.Env, "CHAOS_NRI=1") {
-		c.violate("round %d: container %s of %s lost the NRI plugin's adjustment (env %q)", round, ct.Id, podName, spec.Process.Env)
+		lost = append(lost, "env")
+	}
+	if spec.Annotations["chaos.example.com/nri"] != "1" {
+		lost = append(lost, "annotation")
+	}
+	if !slices.ContainsFunc(spec.Mounts, func(m struct {
+		Destination string `json:"destination"`
+	}) bool {
+		return m.Destination == "/chaos-share"
+	}) {
+		lost = append(lost, "mount")
+	}
+	if !slices.ContainsFunc(spec.Linux.Devices, func(d struct {
+		Path string `json:"path"`
+	}) bool {
+		return d.Path == "/dev/chaos-null"
+	}) {
+		// In a user namespace pinrt binds the host's /dev/null there
+		// instead of a device node: a mount then.
+		if !slices.ContainsFunc(spec.Mounts, func(m struct {
+			Destination string `json:"destination"`
+		}) bool {
+			return m.Destination == "/dev/chaos-null"
+		}) {
+			lost = append(lost, "device")
+		}
+	}
+	if len(lost) > 0 {
+		c.violate("round %d: container %s of %s lost the NRI plugin's adjustments: %s", round, ct.Id, podName, strings.Join(lost, ", "))
 	}
 }
 
