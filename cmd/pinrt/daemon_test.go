@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -52,7 +53,8 @@ func holdLock(t *testing.T, path, recorded string) (*exec.Cmd, func()) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	stop := func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }
+	var once sync.Once
+	stop := func() { once.Do(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }) }
 	t.Cleanup(stop)
 	// flock(1) has the lock once the lock file is held by a process.
 	deadline := time.Now().Add(10 * time.Second)
