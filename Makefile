@@ -10,6 +10,11 @@ PREFIX   ?= /usr/local
 BINDIR   ?= $(PREFIX)/bin
 CNI_BIN  ?= /opt/cni/bin
 GO       ?= go
+# sigpolicy imports go.podman.io/image's signature package, which needs
+# gpgme through cgo unless this tag selects its OpenPGP written in Go.
+# Every go command of the build, the tests and the scripts they run
+# inherits it.
+export GOFLAGS := -tags=containers_image_openpgp $(GOFLAGS)
 GOBIN_DIR := $(shell $(GO) env GOPATH)/bin
 
 # VERSION is `git describe` of the tree; version/ turns it into the semver

@@ -187,6 +187,21 @@ type ImageConfig struct {
 	// image ID), or a prefix of one ending in a single "*". RemoveImage
 	// still removes a pinned image when asked for it by name.
 	PinnedImages []string `toml:"pinned_images" comment:"Images kubelet's GC must keep: exact names (docker.io/library/busybox:1.36, sha256:<id>) or prefixes ending in * (registry.k8s.io/pause*)."`
+	// SignaturePolicy is the node's containers-policy.json(5). Every
+	// pull is checked against it before anything is fetched: the
+	// manifest's digest against cosign signatures stored beside the
+	// image (sigstoreSigned), also through mirrors, whose signatures are
+	// read where the manifest came from and checked against the name
+	// asked for. A refusal reaches kubelet as SignatureValidationFailed.
+	// Containers are created from images already in the store without a
+	// new check: kubelet pulls only missing images, so images pulled
+	// before a stricter policy keep being used until removed (crictl rmi). A file that does not parse
+	// stops the start, and fails pulls after an edit; it never accepts
+	// everything.
+	SignaturePolicy string `toml:"signature_policy" comment:"containers-policy.json(5) every pull must satisfy before anything is fetched (sigstoreSigned, signedBy, reject, insecureAcceptAnything). Read again when it changes. Empty (default): every image is accepted."`
+	// SignaturePolicyDir holds "<namespace>.json" policies for the pods
+	// of one Kubernetes namespace, replacing SignaturePolicy for them.
+	SignaturePolicyDir string `toml:"signature_policy_dir" comment:"Directory of per-namespace policies: <dir>/<namespace>.json governs the pulls for pods of that Kubernetes namespace (from PullImage's sandbox config); namespaces without a file fall back to signature_policy. Empty: none."`
 }
 
 // Registry configures pulls from one registry host.
@@ -432,6 +447,12 @@ func (c *ImageConfig) validate() error {
 	}
 	if c.AuthFile != "" && !filepath.IsAbs(c.AuthFile) {
 		return &FieldError{"image.auth_file", "must be an absolute path"}
+	}
+	if c.SignaturePolicy != "" && !filepath.IsAbs(c.SignaturePolicy) {
+		return &FieldError{"image.signature_policy", "must be an absolute path"}
+	}
+	if c.SignaturePolicyDir != "" && !filepath.IsAbs(c.SignaturePolicyDir) {
+		return &FieldError{"image.signature_policy_dir", "must be an absolute path"}
 	}
 	for host, r := range c.Registries {
 		if host == "" || strings.ContainsAny(host, " /") {

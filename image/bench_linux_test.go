@@ -157,7 +157,7 @@ func BenchmarkColdPull(b *testing.B) {
 		b.StopTimer()
 		s := newTestStore(b, Options{Root: filepath.Join(base, fmt.Sprint(i))})
 		b.StartTimer()
-		_, st, err := s.pull(ctx, ref, nil)
+		_, st, err := s.pull(ctx, ref, nil, PullRequest{})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -203,20 +203,27 @@ func classify(err error) error {
 // one download, which runs detached from the callers: each caller stops
 // waiting when its own ctx ends (the error wraps ctx.Err()), and the
 // download stops when all of them have.
-func (s *Store) Pull(ctx context.Context, ref string, auth *Auth) (*Image, error) {
+func (s *Store) Pull(ctx context.Context, ref string, auth *Auth, opts ...PullOption) (*Image, error) {
 	r, err := parseRef(ref)
 	if err != nil {
 		return nil, err
 	}
-	key := normalize(r) + " " + credKey(auth)
-	img, err := s.flight.do(ctx, key, func(ctx context.Context) (*Image, error) {
-		img, _, err := s.pull(ctx, r, auth)
+	req := PullOptions(opts...)
+	img, err := s.flight.do(ctx, flightKey(r, auth, req), func(ctx context.Context) (*Image, error) {
+		img, _, err := s.pull(ctx, r, auth, req)
 		return img, err
 	})
 	if err != nil {
 		return nil, err
 	}
 	return img.clone(), nil
+}
+
+// flightKey says which pulls share a download: the same image with the
+// same credentials, for the same namespace (whose signature policy may
+// differ from another's).
+func flightKey(r name.Reference, auth *Auth, req PullRequest) string {
+	return normalize(r) + " " + credKey(auth) + " " + req.Namespace
 }
 
 // pullStats describe one finished pull, for the log and the benchmark.
@@ -232,7 +239,7 @@ type pullStats struct {
 
 // pull runs one pull, bounded by the stall watchdog and, if configured,
 // PullTimeout. When either ends it, the error says which setting fired.
-func (s *Store) pull(ctx context.Context, r name.Reference, auth *Auth) (*Image, pullStats, error) {
+func (s *Store) pull(ctx context.Context, r name.Reference, auth *Auth, req PullRequest) (*Image, pullStats, error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	if s.opts.PullTimeout > 0 {
@@ -244,7 +251,7 @@ func (s *Store) pull(ctx context.Context, r name.Reference, auth *Auth) (*Image,
 	prog := newPullProgress()
 	stop := prog.watch(ctx, cancel, s.progressTimeout(), s.logEvery, normalize(r))
 	start := time.Now()
-	img, f, ep, err := s.pullOnce(ctx, r, auth, prog)
+	img, f, ep, err := s.pullOnce(ctx, r, auth, req, prog)
 	stop()
 	if err != nil {
 		// Whatever failed after a cancellation failed because of it; the
@@ -272,9 +279,9 @@ func (s *Store) pull(ctx context.Context, r name.Reference, auth *Auth) (*Image,
 // Those another running pull has pinned (it found them present and may
 // record an image using them) stay until that pull is done, which
 // sweepOrphans sees to.
-func (s *Store) pullOnce(ctx context.Context, r name.Reference, auth *Auth, prog *pullProgress) (*Image, *fetched, string, error) {
+func (s *Store) pullOnce(ctx context.Context, r name.Reference, auth *Auth, req PullRequest, prog *pullProgress) (*Image, *fetched, string, error) {
 	added := &storeItems{}
-	img, f, ep, err := s.pullShared(ctx, r, auth, prog, added)
+	img, f, ep, err := s.pullShared(ctx, r, auth, req, prog, added)
 	if err != nil {
 		s.orphans.moveFrom(added)
 	}
@@ -285,7 +292,14 @@ func (s *Store) pullOnce(ctx context.Context, r name.Reference, auth *Auth, prog
 // pullShared pulls, recording in added what it publishes. What fetch
 // pins stays pinned until the image is recorded (or the pull failed), so
 // that no garbage collection deletes it in between.
-func (s *Store) pullShared(ctx context.Context, r name.Reference, auth *Auth, prog *pullProgress, added *storeItems) (*Image, *fetched, string, error) {
+func (s *Store) pullShared(ctx context.Context, r name.Reference, auth *Auth, req PullRequest, prog *pullProgress, added *storeItems) (*Image, *fetched, string, error) {
+	// The policy is checked before anything is fetched; what is fetched
+	// is then the manifest it accepted, by digest. r keeps naming the
+	// image for its record.
+	fetchRef, err := s.verify(ctx, r, auth, req)
+	if err != nil {
+		return nil, nil, "", err
+	}
 	pins := &pinSet{}
 	defer s.unpin(pins)
 
@@ -297,7 +311,7 @@ func (s *Store) pullShared(ctx context.Context, r name.Reference, auth *Auth, pr
 		}
 	}
 	blobs := &blobChecks{}
-	eps, err := s.endpoints(ctx, r, auth, files, prog, blobs)
+	eps, err := s.endpoints(ctx, fetchRef, auth, files, prog, blobs)
 	if err != nil {
 		return nil, nil, "", err
 	}
@@ -339,6 +353,23 @@ func (s *Store) pullShared(ctx context.Context, r name.Reference, auth *Auth, pr
 		return nil, nil, "", fmt.Errorf("pull %s: %w", normalize(r), err)
 	}
 	return img, f, epName, nil
+}
+
+// verify runs the Verifier, if any, and returns the reference to fetch:
+// r itself when no policy applies, else r's repository at the accepted
+// digest.
+func (s *Store) verify(ctx context.Context, r name.Reference, auth *Auth, req PullRequest) (name.Reference, error) {
+	if s.opts.Verifier == nil {
+		return r, nil
+	}
+	d, err := s.opts.Verifier.Verify(ctx, normalize(r), auth, req.Namespace)
+	if err != nil {
+		return nil, fmt.Errorf("pull %s: %w", normalize(r), err)
+	}
+	if d == "" {
+		return r, nil
+	}
+	return r.Context().Digest(d), nil
 }
 
 // endpointsFailed joins the errors of every endpoint tried. The class is

@@ -460,7 +460,7 @@ func (s *Store) waiters(t *testing.T, ref string, auth *Auth) int {
 	}
 	s.flight.mu.Lock()
 	defer s.flight.mu.Unlock()
-	if c, ok := s.flight.calls[normalize(r)+" "+credKey(auth)]; ok {
+	if c, ok := s.flight.calls[flightKey(r, auth, PullRequest{})]; ok {
 		return c.waiters
 	}
 	return 0

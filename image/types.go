@@ -1,6 +1,8 @@
 package image
 
 import (
+	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"time"
@@ -89,6 +91,48 @@ type Options struct {
 	// Platform to resolve multi-arch indexes to; nil means the host
 	// (linux/runtime.GOARCH).
 	Platform *v1.Platform
+	// Verifier, if set, checks every pull against the node's signature
+	// policy before anything is fetched.
+	Verifier Verifier
+}
+
+// ErrSignatureRejected marks (through errors.Is) a pull the Verifier
+// refused: the policy's requirements are not met, as opposed to the
+// policy or the registry being unreachable or broken.
+var ErrSignatureRejected = errors.New("rejected by the signature policy")
+
+// Verifier checks a normalized reference ("host/repo:tag" or
+// "host/repo@sha256:...") against a signature policy and returns the
+// manifest digest it accepted, which the pull then fetches: a tag moved
+// after the check cannot slip another image in. "" (no error) means no
+// policy applies. namespace is the Kubernetes namespace of the pod the
+// pull is for, "" if none.
+type Verifier interface {
+	Verify(ctx context.Context, ref string, auth *Auth, namespace string) (string, error)
+}
+
+// PullOption qualifies a Pull.
+type PullOption func(*PullRequest)
+
+// PullRequest is what the options of a Pull set.
+type PullRequest struct {
+	// Namespace is the Kubernetes namespace of the pod the pull is for.
+	Namespace string
+}
+
+// ForNamespace says which Kubernetes namespace the pull is for: the
+// Verifier may hold it to that namespace's signature policy.
+func ForNamespace(ns string) PullOption {
+	return func(p *PullRequest) { p.Namespace = ns }
+}
+
+// PullOptions applies opts (for stand-ins of Store.Pull).
+func PullOptions(opts ...PullOption) PullRequest {
+	var req PullRequest
+	for _, o := range opts {
+		o(&req)
+	}
+	return req
 }
 
 // Defaults for the zero values of Options.

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"github.com/containerd/log"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	crierrors "k8s.io/cri-api/pkg/errors"
 
 	"github.com/pinrt/pinrt/image"
 )
@@ -25,8 +27,15 @@ func (s *Server) PullImage(ctx context.Context, req *runtimeapi.PullImageRequest
 		return nil, err
 	}
 	start := time.Now()
-	img, err := s.deps.Images.Pull(ctx, ref, toAuth(req.GetAuth()))
+	img, err := s.deps.Images.Pull(ctx, ref, toAuth(req.GetAuth()),
+		image.ForNamespace(req.GetSandboxConfig().GetMetadata().GetNamespace()))
 	s.observePull(start, img, err)
+	if errors.Is(err, image.ErrSignatureRejected) {
+		// kubelet recognises the refusal by this prefix of the message
+		// (gRPC errors lose their chain), and reports the pod's image as
+		// SignatureValidationFailed instead of ErrImagePull.
+		return nil, fmt.Errorf("%w: %w", crierrors.ErrSignatureValidationFailed, err)
+	}
 	if err != nil {
 		return nil, err
 	}

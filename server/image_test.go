@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	crierrors "k8s.io/cri-api/pkg/errors"
 
 	"github.com/pinrt/pinrt/conf"
 	"github.com/pinrt/pinrt/image"
@@ -77,7 +79,7 @@ func newImageServer(t *testing.T, pulled ...string) (*Server, *imagetest.Fake) {
 			t.Fatal(err)
 		}
 	}
-	fake.PullAuths = nil
+	fake.PullAuths, fake.PullNamespaces = nil, nil
 	return New(conf.Default(), Deps{Images: fakeImages{Fake: fake, root: "/var/lib/pinrt-test/images"}}), fake
 }
 
@@ -168,6 +170,30 @@ func TestPullImageErrors(t *testing.T) {
 				t.Errorf("store holds %d images after a failed pull, want 0", len(fake.Pulled))
 			}
 		})
+	}
+}
+
+// A refusal of the signature policy reaches kubelet as its
+// SignatureValidationFailed: kubelet's CRI client strips an Unknown
+// code's "rpc error" prefix and matches the message's start, since gRPC
+// carries no error chain. The pull is for the sandbox's namespace.
+func TestPullImageSignatureRejected(t *testing.T) {
+	s, fake := newImageServer(t)
+	fake.PullErr = fmt.Errorf("pull reg/a:1: image reg/a:1 is rejected by signature policy /p.json: %w", image.ErrSignatureRejected)
+	info := &grpc.UnaryServerInfo{FullMethod: "/runtime.v1.ImageService/PullImage"}
+	req := &runtimeapi.PullImageRequest{Image: spec("reg/a:1"), SandboxConfig: &runtimeapi.PodSandboxConfig{
+		Metadata: &runtimeapi.PodSandboxMetadata{Name: "p", Namespace: "team-a", Uid: "u"},
+	}}
+	_, err := UnaryInterceptor(context.Background(), req, info, func(ctx context.Context, req any) (any, error) {
+		return s.PullImage(ctx, req.(*runtimeapi.PullImageRequest))
+	})
+	st := status.Convert(err)
+	if st.Code() != codes.Unknown || !strings.HasPrefix(st.Message(), crierrors.ErrSignatureValidationFailed.Error()+": ") ||
+		!strings.Contains(st.Message(), "/p.json") {
+		t.Fatalf("status = %v %q, want Unknown starting with %q", st.Code(), st.Message(), crierrors.ErrSignatureValidationFailed)
+	}
+	if !slices.Equal(fake.PullNamespaces, []string{"team-a"}) {
+		t.Fatalf("pulled for namespaces %v, want [team-a]", fake.PullNamespaces)
 	}
 }
 

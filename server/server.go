@@ -48,7 +48,7 @@ type Namespaces interface {
 
 // Images is the image store and rootfs mounter (package image).
 type Images interface {
-	Pull(ctx context.Context, ref string, auth *image.Auth) (*image.Image, error)
+	Pull(ctx context.Context, ref string, auth *image.Auth, opts ...image.PullOption) (*image.Image, error)
 	Get(ref string) (*image.Image, error)
 	List() []image.Image
 	Remove(ctx context.Context, ref string) error

@@ -58,6 +58,10 @@ func RepoRoot() string {
 	return filepath.Dir(filepath.Dir(file))
 }
 
+// BuildTags are the tags pinrt is built with: the signature policy's
+// library (go.podman.io/image) takes its OpenPGP from Go, not gpgme.
+const BuildTags = "containers_image_openpgp"
+
 // Binary builds bin/pinrt once per test process and returns its path. It
 // is built static, so the pause process can run from a rootfs holding only
 // this one file. PINRT_E2E_BINARY names a prebuilt binary instead, for a
@@ -75,7 +79,7 @@ func Binary(t testing.TB) string {
 		}
 		binPath = filepath.Join(dir, "pinrt")
 		for _, b := range []struct{ out, pkg string }{{binPath, "./cmd/pinrt"}} {
-			cmd := exec.Command("go", "build", "-o", b.out, b.pkg)
+			cmd := exec.Command("go", "build", "-tags", BuildTags, "-o", b.out, b.pkg)
 			cmd.Dir = RepoRoot()
 			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 			if out, err := cmd.CombinedOutput(); err != nil {

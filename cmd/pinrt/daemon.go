@@ -318,6 +318,10 @@ func newServer(ctx context.Context, cfg *conf.Config, m *metrics.Metrics) (*serv
 	for host, r := range cfg.Image.Registries {
 		regs[host] = image.RegistryConfig{Mirrors: r.Mirrors, SkipOrigin: r.SkipOrigin, Insecure: r.Insecure, CAFile: r.CAFile}
 	}
+	verifier, err := newVerifier(cfg)
+	if err != nil {
+		return nil, err
+	}
 	images, err := image.NewStore(image.Options{
 		Root:                   filepath.Join(cfg.Root, "images"),
 		Registries:             regs,
@@ -325,6 +329,7 @@ func newServer(ctx context.Context, cfg *conf.Config, m *metrics.Metrics) (*serv
 		PullProgressTimeout:    cfg.Image.PullProgressTimeout.Std(),
 		MaxConcurrentDownloads: cfg.Image.MaxConcurrentDownloads,
 		AuthFile:               cfg.Image.AuthFile,
+		Verifier:               verifier,
 	})
 	if err != nil {
 		return nil, err

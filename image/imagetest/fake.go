@@ -27,8 +27,10 @@ type Fake struct {
 
 	PullErr, RemoveErr, FsUsageErr error
 	Bytes, Inodes                  uint64
-	// PullAuths records the auth of every Pull call.
-	PullAuths []*image.Auth
+	// PullAuths records the auth of every Pull call, PullNamespaces
+	// the namespace it was for.
+	PullAuths      []*image.Auth
+	PullNamespaces []string
 	// Configs are the whole image configs by image ID; an image without
 	// one gets a linux config holding its runtime Config.
 	Configs   map[string]*v1.ConfigFile
@@ -36,10 +38,11 @@ type Fake struct {
 }
 
 // Pull "downloads" Registry[ref].
-func (f *Fake) Pull(_ context.Context, ref string, auth *image.Auth) (*image.Image, error) {
+func (f *Fake) Pull(_ context.Context, ref string, auth *image.Auth, opts ...image.PullOption) (*image.Image, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.PullAuths = append(f.PullAuths, auth)
+	f.PullNamespaces = append(f.PullNamespaces, image.PullOptions(opts...).Namespace)
 	if f.PullErr != nil {
 		return nil, f.PullErr
 	}

@@ -13,7 +13,7 @@ import (
 // imageService is the consumer-side view the server declares; the fake
 // and the real store must both satisfy it.
 type imageService interface {
-	Pull(ctx context.Context, ref string, auth *image.Auth) (*image.Image, error)
+	Pull(ctx context.Context, ref string, auth *image.Auth, opts ...image.PullOption) (*image.Image, error)
 	Get(ref string) (*image.Image, error)
 	List() []image.Image
 	Remove(ctx context.Context, ref string) error

@@ -52,7 +52,7 @@ cleanup() {
 trap cleanup EXIT
 out=${PINRT_NODE_E2E_OUT:-$work/out}
 
-(cd "$repo" && CGO_ENABLED=0 go build -o "$work/pinrt" ./cmd/pinrt)
+(cd "$repo" && CGO_ENABLED=0 go build -tags containers_image_openpgp -o "$work/pinrt" ./cmd/pinrt)
 # As the VM suites build it, so every suite shares the images' cache.
 (cd "$repo" && CGO_ENABLED=0 go build -trimpath -buildvcs=false -o "$work/pinrt-standin" ./test/standin/cmd/pinrt-standin)
 busybox=$(bash "$repo/test/standin/busybox.sh" "$cache")
