@@ -34,4 +34,7 @@ build() {
 }
 build sigs.k8s.io/cri-tools/cmd/critest critest test
 build github.com/onsi/ginkgo/v2/ginkgo ginkgo
+# crictl, of the same cri-tools, for the tests that drive pinrt as an
+# operator does (test/sigpolicy_test.go).
+build sigs.k8s.io/cri-tools/cmd/crictl crictl
 echo "$dir/critest"

@@ -71,6 +71,9 @@ type nodeOpts struct {
 	// Kubernetes' e2e framework relies on; TestNode creates pods bound to
 	// the node and needs neither, which spares a slow VM two processes.
 	conformance bool
+	// pinrtConf is TOML for pinrt beyond the node's own, written as a
+	// drop-in of its config directory.
+	pinrtConf string
 }
 
 func env(t *testing.T, k string) string {
@@ -615,6 +618,9 @@ cgroup_driver = %q
 %s`, n.driver, n.registryConf))
 	if err := os.MkdirAll(n.path("pinrt.d"), 0o755); err != nil {
 		t.Fatal(err)
+	}
+	if n.opts.pinrtConf != "" {
+		n.write("pinrt.d/50-test.toml", n.opts.pinrtConf)
 	}
 	argv := []string{n.pinrt, "--config", config, "--config-dir", n.path("pinrt.d"),
 		"--root", n.pinrtRoot, "--runroot", n.pinrtRun, "--listen", n.pinrtSock,

@@ -6,11 +6,13 @@
 # TestNodeConformance (conformance_test.go) once per mode: every pod in
 # the host's user namespace ("host"), then every pod that can have one in
 # its own ("userns", a MutatingAdmissionPolicy sets hostUsers: false).
-# Each run brings up its own node and removes it. The exit code is 0 only
-# when every run passed.
+# Each run brings up its own node and removes it. A last run
+# ("sigpolicy", TestNodeSignaturePolicy in sigpolicy_test.go) gives pinrt
+# a signature policy and checks what kubelet reports of a pod whose image
+# it refuses. The exit code is 0 only when every run passed.
 #
 # Environment:
-#   PINRT_NODE_E2E_MODES    the runs, in order (default "host userns")
+#   PINRT_NODE_E2E_MODES    the runs, in order (default "host userns sigpolicy")
 #   PINRT_NODE_E2E_FOCUS    ginkgo --focus within [NodeConformance] (default: all)
 #   PINRT_NODE_E2E_SUBSET   "ci": the subset make test runs (the focus below), unless
 #                           PINRT_NODE_E2E_FOCUS is set
@@ -25,7 +27,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 cache=${PINRT_VM_CACHE:-/var/cache/pinrt-vm}
-modes=${PINRT_NODE_E2E_MODES:-host userns}
+modes=${PINRT_NODE_E2E_MODES:-host userns sigpolicy}
 # CI's subset: what kubelet does with every pod (pods, container runtime,
 # lifecycle hooks, probes, security context, downward API, variable
 # expansion, kubelet, sysctls) and the volumes every pod has (emptyDir,
@@ -73,10 +75,12 @@ echo "node-e2e: built and ready in $(($(date +%s) - t0))s (Kubernetes binaries i
 status=0
 summary=()
 for mode in $modes; do
+	test=TestNodeConformance
 	case $mode in
 	host) userns=0 ;;
 	userns) userns=1 ;;
-	*) echo "node-e2e: unknown mode $mode (host, userns)" >&2; exit 2 ;;
+	sigpolicy) userns=0 test=TestNodeSignaturePolicy ;;
+	*) echo "node-e2e: unknown mode $mode (host, userns, sigpolicy)" >&2; exit 2 ;;
 	esac
 	start=$(date +%s)
 	rc=0
@@ -84,12 +88,12 @@ for mode in $modes; do
 	(cd "$here" && PINRT_NODE_E2E_DIR=$dir PINRT_NODE_E2E_USERNS=$userns PINRT_NODE_E2E_OUT=$out/$mode \
 		PINRT_K8S_BINARY=$dir/k8s PINRT_K8S_PINRT=$work/pinrt PINRT_K8S_CGROUP_DRIVER=cgroupfs \
 		PINRT_K8S_STANDIN_CONF=$work/mirrors.toml \
-		"$work/k8snode.test" -test.v -test.timeout=120m -test.run '^TestNodeConformance$') 2>&1 |
+		"$work/k8snode.test" -test.v -test.timeout=120m -test.run "^$test\$") 2>&1 |
 		tee "$work/$mode.log" || rc=$?
 	# A failed test leaves the node's logs above; the lines that matter
 	# are gathered at the end.
 	line="node-e2e[$mode]: exit $rc in $(($(date +%s) - start))s"
-	summary+=("$line" "$(grep -E 'node conformance \(|node conformance: [0-9]+ passed|ginkgo: (Ran|SUCCESS|FAIL)' "$work/$mode.log" | sed 's/^ *[a-z_]*\.go:[0-9]*: /  /')")
+	summary+=("$line" "$(grep -E 'node conformance \(|node conformance: [0-9]+ passed|ginkgo: (Ran|SUCCESS|FAIL)|pod unsigned: ' "$work/$mode.log" | sed 's/^ *[a-z_]*\.go:[0-9]*: /  /')")
 	[ "$rc" -eq 0 ] || status=1
 done
 echo "node-e2e: ===== summary ($(($(date +%s) - t0))s in all; focus: ${PINRT_NODE_E2E_FOCUS:-all of [NodeConformance]})"
