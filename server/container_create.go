@@ -416,6 +416,7 @@ func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *run
 		return nil, fmt.Errorf("completing container state: %w", err)
 	}
 	s.containers.Add(md.ID, c)
+	s.statsCreated(ctx, c, spec)
 	nriNotify(ctx, "PostCreateContainer", s.nri.PostCreateContainer(ctx, nriPod(&sb.Metadata), nriContainer(&md, c.Status(), spec)))
 	log.G(ctx).Debug("container created")
 	return c, nil

@@ -65,6 +65,7 @@ func (s *Server) startContainer(ctx context.Context, c *sandbox.Container) error
 	}); err != nil {
 		return err
 	}
+	s.statsStarted(c)
 	pod, ctr = s.nriOf(c, nil)
 	nriNotify(ctx, "PostStartContainer", s.nri.PostStartContainer(ctx, pod, ctr))
 	return nil

@@ -188,6 +188,44 @@ func TestListContainerStatsFilters(t *testing.T) {
 	}
 }
 
+// ListContainerStats reads the containers side by side, and keeps the
+// store's order; a container's cgroup comes from its creation, so its
+// config.json is not read back (nor needed).
+func TestListContainerStatsMany(t *testing.T) {
+	f := newStatsFixture(t)
+	ctx := context.Background()
+	for i := range 12 {
+		resp, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: f.pod, Config: unitCtr(fmt.Sprintf("c%d", i))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := resp.ContainerId
+		f.cg.set(f.rt.Specs[id].Linux.CgroupsPath, cgroups.Stats{Timestamp: f.t0, CPUUsageNanos: uint64(i+1) * 1e9})
+		if err := os.Remove(filepath.Join(f.cfg.Root, "containers", id, "config.json")); err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+	}
+	resp, err := f.srv.ListContainerStats(ctx, &runtimeapi.ListContainerStatsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, c := range f.srv.filterContainerStats(nil) {
+		want = append(want, c.ID)
+	}
+	if len(resp.Stats) != len(want) || len(want) != 13 {
+		t.Fatalf("%d stats for %d containers, want 13", len(resp.Stats), len(want))
+	}
+	for i, st := range resp.Stats {
+		if st.Attributes.Id != want[i] {
+			t.Fatalf("stats[%d] is %s, want %s (the store's order)", i, st.Attributes.Id, want[i])
+		}
+		if st.Attributes.Id != f.ctr && st.GetCpu().GetUsageCoreNanoSeconds() == nil {
+			t.Errorf("container %s (%s) has no CPU figures without its config.json", st.Attributes.Id, st.Attributes.Metadata.Name)
+		}
+	}
+}
+
 func TestPodSandboxStats(t *testing.T) {
 	f := newStatsFixture(t)
 	resp, err := f.srv.PodSandboxStats(context.Background(), &runtimeapi.PodSandboxStatsRequest{PodSandboxId: f.pod})
