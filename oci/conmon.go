@@ -9,6 +9,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -39,12 +41,131 @@ type syncMsg struct {
 // and the runtime's own logging goes to <bundle>/runtime.log, never into
 // the container log.
 func (r *Runtime) Create(ctx context.Context, o CreateOptions) (pid int, retErr error) {
+	if err := r.Prepare(o); err != nil {
+		return 0, err
+	}
+	return r.createPrepared(ctx, o)
+}
+
+// Prepare writes the bundle's config.json and the container's record,
+// and starts nothing: CreatePrepared starts conmon on it later, as
+// containerd creates a task only when the container starts. A prepared
+// container is unknown to the runtime; Delete and Update act on its
+// files alone.
+func (r *Runtime) Prepare(o CreateOptions) error {
 	if err := r.checkCreate(o); err != nil {
+		return err
+	}
+	return r.writeBundle(o)
+}
+
+// CreatePrepared runs Create's second half on a bundle Prepare wrote:
+// conmon and `runtime create`. What an earlier attempt that a crash cut
+// short left is adopted (the runtime holds the created container under a
+// live conmon) or deleted first. A failure deletes the container, record
+// included.
+func (r *Runtime) CreatePrepared(ctx context.Context, id string) (int, error) {
+	if err := validateID(id); err != nil {
 		return 0, err
 	}
-	if err := r.writeBundle(o); err != nil {
+	rec, err := r.loadRecord(id)
+	if err != nil {
 		return 0, err
 	}
+	ps, err := readProcessSpec(rec.Bundle)
+	if err != nil {
+		return 0, err
+	}
+	o := CreateOptions{
+		ID: id, Bundle: rec.Bundle, ExitDir: rec.ExitDir, LogPath: rec.LogPath,
+		Stdin: rec.Stdin, StdinOnce: rec.StdinOnce, Tty: rec.Tty, Spec: ps.spec(),
+	}
+	if pid, ok, err := r.leftover(ctx, o); err != nil || ok {
+		return pid, err
+	}
+	return r.createPrepared(ctx, o)
+}
+
+// leftover deals with a conmon an earlier CreatePrepared of o started
+// before a crash: a created container under a live conmon is adopted
+// (its pid, ok), anything else of it is deleted so that the create can
+// run again.
+func (r *Runtime) leftover(ctx context.Context, o CreateOptions) (int, bool, error) {
+	if !prepared(o.Bundle) {
+		return 0, false, nil
+	}
+	if rs, known, err := r.runtimeState(ctx, o.ID); err == nil && known && Status(rs.Status) == StatusCreated && monitorAlive(o.Bundle, o.ID) {
+		if err := ownCreatedStdio(o.Spec, rs.Pid); err != nil {
+			return 0, false, fmt.Errorf("create container %s: stdio: %w", o.ID, err)
+		}
+		return rs.Pid, true, nil
+	}
+	return 0, false, r.discard(ctx, o)
+}
+
+// discard deletes the runtime's container of an interrupted create and
+// conmon's files, leaving the prepared bundle.
+func (r *Runtime) discard(ctx context.Context, o CreateOptions) error {
+	if _, err := r.run(ctx, nil, "delete", "--force", o.ID); err != nil {
+		if err := r.failure(ctx, o.ID, err, nil, nil); !errdefs.IsNotFound(err) {
+			return err
+		}
+	}
+	for _, f := range []string{filepath.Join(o.Bundle, "conmon.pid"), filepath.Join(o.Bundle, "pidfile"), filepath.Join(o.ExitDir, o.ID)} {
+		if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	}
+	return nil
+}
+
+// Reset takes a prepared container back to its bundle alone: a conmon
+// an interrupted CreatePrepared started is killed with its process
+// group (`runtime create` and init), the runtime's container deleted and
+// conmon's files removed. The container never ran (its start never
+// reached `runtime start`), and CreatePrepared can run again.
+func (r *Runtime) Reset(ctx context.Context, id string) error {
+	if err := validateID(id); err != nil {
+		return err
+	}
+	rec, err := r.loadRecord(id)
+	if err != nil {
+		return err
+	}
+	if !prepared(rec.Bundle) {
+		return nil
+	}
+	if b, err := os.ReadFile(filepath.Join(rec.Bundle, "conmon.pid")); err == nil && monitorAlive(rec.Bundle, id) {
+		if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && pid > 1 {
+			// conmon called setsid: its pid is its process group.
+			_ = syscall.Kill(-pid, syscall.SIGKILL)
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	return r.discard(ctx, CreateOptions{ID: id, Bundle: rec.Bundle, ExitDir: rec.ExitDir})
+}
+
+// prepared says whether conmon was ever started for the container of
+// bundle: its pidfile is the first thing it writes.
+func prepared(bundle string) bool {
+	_, err := os.Stat(filepath.Join(bundle, "conmon.pid"))
+	return err == nil
+}
+
+// monitorAlive says whether the conmon recorded in bundle still runs for
+// the container id.
+func monitorAlive(bundle, id string) bool {
+	b, err := os.ReadFile(filepath.Join(bundle, "conmon.pid"))
+	if err != nil {
+		return false
+	}
+	cmdline, err := os.ReadFile(filepath.Join("/proc", strings.TrimSpace(string(b)), "cmdline"))
+	return err == nil && bytes.Contains(cmdline, []byte("\x00"+id+"\x00"))
+}
+
+// createPrepared starts conmon on o's prepared bundle and waits for the
+// container's pid; a failure deletes the container.
+func (r *Runtime) createPrepared(ctx context.Context, o CreateOptions) (pid int, retErr error) {
 	// From here on the record exists, and Delete removes what it names.
 	defer func() {
 		if retErr == nil {
@@ -107,7 +228,7 @@ func (r *Runtime) writeBundle(o CreateOptions) error {
 	if err := atomicfile.WriteFile(filepath.Join(o.Bundle, "config.json"), specJSON, 0o600); err != nil {
 		return fmt.Errorf("write config.json: %w", err)
 	}
-	rec, _ := json.Marshal(record{Version: recordVersion, ID: o.ID, Bundle: o.Bundle, ExitDir: o.ExitDir, LogPath: o.LogPath, StdinOnce: o.Stdin && o.StdinOnce, Tty: o.Tty})
+	rec, _ := json.Marshal(record{Version: recordVersion, ID: o.ID, Bundle: o.Bundle, ExitDir: o.ExitDir, LogPath: o.LogPath, Stdin: o.Stdin, StdinOnce: o.Stdin && o.StdinOnce, Tty: o.Tty})
 	if err := atomicfile.WriteFile(r.recordPath(o.ID), rec, 0o600); err != nil {
 		return fmt.Errorf("write container record: %w", err)
 	}

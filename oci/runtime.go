@@ -102,6 +102,9 @@ type record struct {
 	// stdin closes a stdin_once container's stdin, unless it is a TTY.
 	StdinOnce bool `json:"stdinOnce,omitempty"`
 	Tty       bool `json:"tty,omitempty"`
+	// Stdin keeps the container's stdin open to attach (conmon -i), for
+	// a CreatePrepared after Prepare.
+	Stdin bool `json:"stdin,omitempty"`
 }
 
 const recordVersion = 1
@@ -464,6 +467,10 @@ func (r *Runtime) Delete(ctx context.Context, id string, force bool) error {
 	if _, ok := r.reaped.LoadAndDelete(id); ok {
 		return r.forget(id)
 	}
+	// Prepared and never created: the runtime has nothing of it.
+	if rec, err := r.loadRecord(id); err == nil && !prepared(rec.Bundle) {
+		return r.forget(id)
+	}
 	if force {
 		if _, exited := r.ExitState(id); exited {
 			if _, err := r.run(ctx, nil, "delete", id); err == nil {
@@ -546,6 +553,9 @@ func (r *Runtime) State(ctx context.Context, id string) (*State, error) {
 		return nil, err
 	case known:
 		st.Status, st.Pid, st.Bundle, st.Created = Status(rs.Status), rs.Pid, rs.Bundle, rs.Created
+	case recErr == nil && !prepared(rec.Bundle):
+		// Prepared only: not in the runtime yet, nor stopped.
+		return nil, fmt.Errorf("container %s is not created in the runtime yet: %w", id, errdefs.ErrNotFound)
 	case recErr == nil:
 		st.Status, st.Bundle = StatusStopped, rec.Bundle
 	default:
@@ -623,6 +633,11 @@ func (r *Runtime) Update(ctx context.Context, id string, res *specs.LinuxResourc
 	b, err := json.Marshal(res)
 	if err != nil {
 		return err
+	}
+	// Prepared and never created: the limits go into config.json, which
+	// the runtime creates the cgroup from.
+	if rec, err := r.loadRecord(id); err == nil && !prepared(rec.Bundle) {
+		return UpdateBundleResources(rec.Bundle, res)
 	}
 	if _, err := r.run(ctx, b, "update", "--resources", "-", id); err != nil {
 		return r.failure(ctx, id, err, nil, func(st Status) bool { return st == StatusStopped })

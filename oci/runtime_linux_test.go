@@ -678,3 +678,112 @@ func TestReapKeepsState(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestPrepareThenCreate: a prepared container is only files: runc does
+// not know it, an update goes into config.json, a Delete makes no
+// runtime call. CreatePrepared creates it from them (with the updated
+// limits), and a second CreatePrepared, as after a crash between the
+// create and the caller's record of it, adopts the created container
+// under its live conmon instead of failing.
+func TestPrepareThenCreate(t *testing.T) {
+	e := newTestEnv(t)
+	calls := e.recordRuntimeCalls("create")
+	ctx := context.Background()
+	prepare := func(id string) string {
+		spec, err := BuildContainerSpec(ctx, &ContainerSpec{
+			ID: id, Rootfs: e.rootfs, Command: []string{"sh", "-c", "echo started; sleep 60"},
+			Namespaces: Namespaces{PIDMode: PIDContainer}, CgroupParent: e.cgroup,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		bundle := filepath.Join(e.dir, "bundles", id)
+		t.Cleanup(func() {
+			cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := e.rt.Delete(cctx, id, true); err != nil {
+				t.Errorf("cleanup delete %s: %v", id, err)
+			}
+			killConmon(bundle)
+		})
+		if err := e.rt.Prepare(CreateOptions{ID: id, Bundle: bundle, Spec: spec, LogPath: filepath.Join(e.dir, id+".log"), ExitDir: e.exitDir}); err != nil {
+			t.Fatal(err)
+		}
+		return bundle
+	}
+
+	id := "prep-" + randID(t)
+	bundle := prepare(id)
+	if _, err := e.rt.State(ctx, id); !errdefs.IsNotFound(err) {
+		t.Fatalf("State of a prepared container = %v, want NotFound", err)
+	}
+	shares := uint64(321)
+	if err := e.rt.Update(ctx, id, &specs.LinuxResources{CPU: &specs.LinuxCPU{Shares: &shares}}); err != nil {
+		t.Fatalf("Update of a prepared container: %v", err)
+	}
+	pid, err := e.rt.CreatePrepared(ctx, id)
+	if err != nil {
+		b, _ := os.ReadFile(filepath.Join(bundle, "runtime.log"))
+		t.Fatalf("CreatePrepared: %v\n%s", err, b)
+	}
+	if st, err := e.rt.State(ctx, id); err != nil || st.Status != StatusCreated || st.Pid != pid {
+		t.Fatalf("after CreatePrepared: %+v, %v; want created with pid %d", st, err, pid)
+	}
+	// The crash case: the caller never recorded pid and asks again.
+	again, err := e.rt.CreatePrepared(ctx, id)
+	if err != nil || again != pid {
+		t.Fatalf("CreatePrepared again = %d, %v; want the same container, pid %d", again, err, pid)
+	}
+	if n := len(calls()); n != 1 {
+		t.Fatalf("runc create ran %d times, want once", n)
+	}
+	// Reset (a restart that found the start cut short) undoes it all:
+	// conmon and init killed, runc's container gone, files only again.
+	if err := e.rt.Reset(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.rt.State(ctx, id); !errdefs.IsNotFound(err) {
+		t.Fatalf("State after Reset = %v, want NotFound", err)
+	}
+	waitFor(t, func() bool { return syscall.Kill(pid, 0) != nil })
+	if pid, err = e.rt.CreatePrepared(ctx, id); err != nil {
+		t.Fatalf("CreatePrepared after Reset: %v", err)
+	}
+	_ = calls() // the record of runtime calls starts afresh
+	if err := e.rt.Start(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := readSpecResources(bundle); err != nil || res.CPU == nil || res.CPU.Shares == nil || *res.CPU.Shares != shares {
+		t.Fatalf("config.json resources after the update = %+v, %v", res, err)
+	}
+
+	// A prepared container that never starts leaves without runc.
+	other := "prep2-" + randID(t)
+	prepare(other)
+	deletes := e.recordRuntimeCalls("delete")
+	if err := e.rt.Delete(ctx, other, true); err != nil {
+		t.Fatal(err)
+	}
+	if d := deletes(); len(d) != 0 {
+		t.Fatalf("deleting a prepared container ran %v", d)
+	}
+	if _, err := os.Stat(e.rt.recordPath(other)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("record of a deleted prepared container: %v", err)
+	}
+}
+
+// readSpecResources reads linux.resources of a bundle's config.json.
+func readSpecResources(bundle string) (*specs.LinuxResources, error) {
+	b, err := os.ReadFile(filepath.Join(bundle, "config.json"))
+	if err != nil {
+		return nil, err
+	}
+	var sp specs.Spec
+	if err := json.Unmarshal(b, &sp); err != nil {
+		return nil, err
+	}
+	if sp.Linux == nil || sp.Linux.Resources == nil {
+		return &specs.LinuxResources{}, nil
+	}
+	return sp.Linux.Resources, nil
+}

@@ -57,6 +57,18 @@ type processSpec struct {
 	} `json:"linux,omitempty"`
 }
 
+// spec is ps as a spec, for ownCreatedStdio.
+func (ps *processSpec) spec() *specs.Spec {
+	sp := &specs.Spec{}
+	if ps.Process != nil {
+		sp.Process = &specs.Process{User: ps.Process.User}
+	}
+	if ps.Linux != nil {
+		sp.Linux = &specs.Linux{Namespaces: ps.Linux.Namespaces}
+	}
+	return sp
+}
+
 func readProcessSpec(bundle string) (*processSpec, error) {
 	b, err := os.ReadFile(filepath.Join(bundle, "config.json"))
 	if errors.Is(err, os.ErrNotExist) {

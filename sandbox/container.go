@@ -99,6 +99,12 @@ type ContainerStatus struct {
 	// Reason is Completed, Error, OOMKilled or MonitorGone once exited.
 	Reason  string `json:"reason,omitempty"`
 	Message string `json:"message,omitempty"`
+	// RuntimePending marks a created container whose bundle is written
+	// but which the OCI runtime does not have yet: StartContainer creates
+	// it there (conmon, `runc create`) before starting it, as containerd
+	// creates a task at start. Records without the field predate it and
+	// were created in the runtime.
+	RuntimePending bool `json:"runtimePending,omitempty"`
 }
 
 // Container is one container: metadata plus a locked status.

@@ -408,7 +408,7 @@ func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *run
 		}
 	}
 
-	c, err := s.createRuntimeContainer(ctx, rt, &md, dir, spec, cfg, &undo)
+	c, err := s.createRuntimeContainer(rt, &md, dir, spec, cfg, &undo)
 	if err != nil {
 		return nil, err
 	}
@@ -457,25 +457,23 @@ func (s *Server) mountContainerFS(ctx context.Context, sb *sandbox.Sandbox, req 
 	return rootfs, nil
 }
 
-// createRuntimeContainer saves the container's state, creates it in the
-// runtime under conmon and records its pid; undo deletes the runtime
-// container.
-func (s *Server) createRuntimeContainer(ctx context.Context, rt ContainerRuntime, md *sandbox.ContainerMetadata, dir string, spec *specs.Spec, cfg *runtimeapi.ContainerConfig, undo *cleanups) (*sandbox.Container, error) {
+// createRuntimeContainer saves the container's state and writes its
+// bundle; undo deletes both. The runtime creates it (conmon, `runc
+// create`) only when it starts (see startContainer): CreateContainer
+// then costs no process, and a container kubelet never starts never
+// holds a conmon.
+func (s *Server) createRuntimeContainer(rt ContainerRuntime, md *sandbox.ContainerMetadata, dir string, spec *specs.Spec, cfg *runtimeapi.ContainerConfig, undo *cleanups) (*sandbox.Container, error) {
 	c := sandbox.NewContainer(*md, dir)
-	if err := c.Save(); err != nil {
+	if err := c.UpdateStatus(func(st *sandbox.ContainerStatus) { st.RuntimePending = true }); err != nil {
 		return nil, fmt.Errorf("saving container state: %w", err)
 	}
-	pid, err := rt.Create(ctx, oci.CreateOptions{
+	if err := rt.Prepare(oci.CreateOptions{
 		ID: md.ID, Bundle: dir, Spec: spec, LogPath: md.LogPath,
 		Stdin: cfg.Stdin, StdinOnce: cfg.StdinOnce, Tty: cfg.Tty, ExitDir: dir,
-	})
-	if err != nil {
+	}); err != nil {
 		return nil, fmt.Errorf("creating container %q: %w", md.Name, err)
 	}
 	undo.add("delete runtime container", func(ctx context.Context) error { return rt.Delete(ctx, md.ID, true) })
-	if err := c.UpdateStatus(func(st *sandbox.ContainerStatus) { st.Pid = pid }); err != nil {
-		return nil, err
-	}
 	return c, nil
 }
 

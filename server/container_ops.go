@@ -29,6 +29,10 @@ const (
 	reasonError       = "Error"
 	reasonOOMKilled   = "OOMKilled"
 	reasonMonitorGone = "MonitorGone"
+	// reasonStartError and startErrorCode are a container the runtime
+	// could not create at its start (containerd's StartError, 128).
+	reasonStartError = "StartError"
+	startErrorCode   = 128
 )
 
 // stopKillTimeout bounds the wait for a container to die after SIGKILL.
@@ -44,10 +48,14 @@ func (s *Server) startContainer(ctx context.Context, c *sandbox.Container) error
 	if err != nil {
 		return err
 	}
-	// Without its monitor a container would run with no log, no stdio
-	// and no exit file, and its stop would wait for an exit code that is
-	// never written.
-	if _, alive, recorded := monitorPid(c.Dir, c.ID); recorded && !alive {
+	if c.Status().RuntimePending {
+		if err := s.createInRuntime(ctx, rt, c); err != nil {
+			return err
+		}
+	} else if _, alive, recorded := monitorPid(c.Dir, c.ID); recorded && !alive {
+		// Without its monitor a container would run with no log, no
+		// stdio and no exit file, and its stop would wait for an exit
+		// code that is never written.
 		return fmt.Errorf("container %s has no live monitor (conmon): %w", c.ID, errdefs.ErrFailedPrecondition)
 	}
 	// Taken before the start: a short-lived container can exit, and conmon
@@ -69,6 +77,26 @@ func (s *Server) startContainer(ctx context.Context, c *sandbox.Container) error
 	pod, ctr = s.nriOf(c, nil)
 	nriNotify(ctx, "PostStartContainer", s.nri.PostStartContainer(ctx, pod, ctr))
 	return nil
+}
+
+// createInRuntime creates a prepared container in the runtime, under
+// conmon (see createRuntimeContainer). A failure is the container's end,
+// as containerd ends a container whose task could not be created: it is
+// exited with StartError, and kubelet makes a new one.
+func (s *Server) createInRuntime(ctx context.Context, rt ContainerRuntime, c *sandbox.Container) error {
+	pid, err := rt.CreatePrepared(ctx, c.ID)
+	if err != nil {
+		err = fmt.Errorf("creating container %s in the runtime: %w", c.ID, err)
+		if uerr := c.UpdateStatus(func(st *sandbox.ContainerStatus) {
+			st.State, st.RuntimePending, st.ExitCode, st.Reason, st.Message = sandbox.ContainerExited, false, startErrorCode, reasonStartError, err.Error()
+			st.FinishedAt = time.Now()
+		}); uerr != nil {
+			log.G(ctx).WithError(uerr).WithField("container", c.ID).Warn("saving container state")
+		}
+		s.containerEvent(ctx, c, runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT)
+		return err
+	}
+	return c.UpdateStatus(func(st *sandbox.ContainerStatus) { st.Pid, st.RuntimePending = pid, false })
 }
 
 // stopSignal parses an image STOPSIGNAL ("SIGUSR1", "USR1" or "10").
@@ -104,6 +132,14 @@ func (s *Server) stopLocked(ctx context.Context, c *sandbox.Container, timeout t
 	if c.Status().State == sandbox.ContainerExited {
 		s.reapLocked(ctx, c)
 		return nil
+	}
+	if c.Status().RuntimePending {
+		// Nothing runs and nothing will: the container is exited, as a
+		// created one killed before its start is.
+		return c.UpdateStatus(func(st *sandbox.ContainerStatus) {
+			st.State, st.RuntimePending, st.ExitCode, st.Reason = sandbox.ContainerExited, false, sigkillExit, reasonError
+			st.Message, st.FinishedAt = "stopped before it started", time.Now()
+		})
 	}
 	rt, err := s.runtimeFor(c.Handler)
 	if err != nil {

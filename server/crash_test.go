@@ -19,6 +19,7 @@ import (
 	"github.com/pinrt/pinrt/image"
 	"github.com/pinrt/pinrt/nsmgr"
 	"github.com/pinrt/pinrt/oci"
+	"github.com/pinrt/pinrt/sandbox"
 )
 
 // A crash is simulated by freezing the request's goroutine right after
@@ -125,6 +126,18 @@ type crashRuntime struct {
 
 func (r crashRuntime) Create(ctx context.Context, o oci.CreateOptions) (int, error) {
 	pid, err := r.ContainerRuntime.Create(ctx, o)
+	r.c.step("runtime create")
+	return pid, err
+}
+
+func (r crashRuntime) Prepare(o oci.CreateOptions) error {
+	err := r.ContainerRuntime.Prepare(o)
+	r.c.step("runtime prepare")
+	return err
+}
+
+func (r crashRuntime) CreatePrepared(ctx context.Context, id string) (int, error) {
+	pid, err := r.ContainerRuntime.CreatePrepared(ctx, id)
 	r.c.step("runtime create")
 	return pid, err
 }
@@ -393,6 +406,15 @@ func TestMonitorGone(t *testing.T) {
 	}
 
 	created := create("created")
+	// Created in the runtime (a start a crash cut short, or a record from
+	// before containers were created there at their start).
+	if _, err := f.rt.CreatePrepared(ctx, created); err != nil {
+		t.Fatal(err)
+	}
+	c, _ := f.srv.containers.Get(created)
+	if err := c.UpdateStatus(func(st *sandbox.ContainerStatus) { st.RuntimePending = false }); err != nil {
+		t.Fatal(err)
+	}
 	killMonitor(created)
 	if _, err := f.srv.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: created}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("StartContainer without a monitor = %v, want FailedPrecondition", err)

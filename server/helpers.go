@@ -203,6 +203,14 @@ func (s *Server) refreshContainer(ctx context.Context, c *sandbox.Container, che
 	if st.State == sandbox.ContainerExited {
 		return
 	}
+	// A container only prepared is not in the runtime, which would call
+	// it gone; unless conmon was started for it (a start a crash cut
+	// short), there is nothing to look at.
+	if st.RuntimePending {
+		if _, _, recorded := monitorPid(c.Dir, c.ID); !recorded {
+			return
+		}
+	}
 	if cheap && st.State == sandbox.ContainerRunning {
 		if _, err := os.Stat(filepath.Join(c.Dir, c.ID)); errors.Is(err, os.ErrNotExist) {
 			return
@@ -255,6 +263,9 @@ func (s *Server) refreshContainer(ctx context.Context, c *sandbox.Container, che
 // applyState folds the runtime's view into st. A container the runtime no
 // longer knows (after a reboot) is exited with an unknown code.
 func applyState(st *sandbox.ContainerStatus, rs *oci.State, err error) {
+	// Whatever the runtime says of it, the container is past its
+	// creation there (or gone).
+	st.RuntimePending = false
 	if err != nil {
 		st.State, st.ExitCode, st.Reason, st.Message = sandbox.ContainerExited, -1, reasonError, errGone.Error()
 		if st.FinishedAt.IsZero() {

@@ -233,6 +233,7 @@ func (s *Server) restoreContainer(ctx context.Context, id string) error {
 			log.G(ctx).WithError(err).WithField("container", id).Warn("restore: image volumes not mounted")
 		}
 	}
+	s.resetPending(ctx, c)
 	s.refreshContainer(ctx, c, false)
 	s.containers.Add(c.ID, c)
 	s.watchExit(ctx, c)
@@ -240,6 +241,35 @@ func (s *Server) restoreContainer(ctx context.Context, id string) error {
 		s.settleIfCreating(ctx, c)
 	}
 	return nil
+}
+
+// resetPending undoes the runtime create of a container whose start a
+// crash cut short before its pid was recorded: conmon may still be
+// running `runc create`, and whatever it made is torn down. The
+// container never ran; it stays created, and a StartContainer creates it
+// in the runtime again.
+func (s *Server) resetPending(ctx context.Context, c *sandbox.Container) {
+	if !c.Status().RuntimePending {
+		return
+	}
+	if _, _, recorded := monitorPid(c.Dir, c.ID); !recorded {
+		return
+	}
+	rt, err := s.runtimeFor(c.Handler)
+	if err != nil {
+		return
+	}
+	if err := rt.Reset(ctx, c.ID); err != nil {
+		log.G(ctx).WithError(err).WithField("container", c.ID).Warn("restore: undoing an interrupted runtime create")
+		return
+	}
+	// As in teardownContainer: a create killed before runc recorded its
+	// state leaves a cgroup runc does not know of.
+	if cg := specCgroupsPath(c.Dir); cg != "" {
+		if err := killCgroup(ctx, cg); err != nil {
+			log.G(ctx).WithError(err).WithField("container", c.ID).Warn("restore: removing the cgroup of an interrupted runtime create")
+		}
+	}
 }
 
 // settleTimeout bounds the re-check of a container that restore found in

@@ -119,17 +119,17 @@ func TestCallerUsernsMappings(t *testing.T) {
 	}
 }
 
-// gatedRuntime holds Create until release is closed, after telling
+// gatedRuntime holds Prepare until release is closed, after telling
 // entered; it makes a CreateContainer that is mid-way deterministic.
 type gatedRuntime struct {
 	*ocitest.Runtime
 	entered, release chan struct{}
 }
 
-func (g *gatedRuntime) Create(ctx context.Context, o oci.CreateOptions) (int, error) {
+func (g *gatedRuntime) Prepare(o oci.CreateOptions) error {
 	close(g.entered)
 	<-g.release
-	return g.Runtime.Create(ctx, o)
+	return g.Runtime.Prepare(o)
 }
 
 // gatedNetwork holds Teardown the same way: a StopPodSandbox mid-way.

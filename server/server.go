@@ -76,6 +76,12 @@ type Shm interface {
 // ContainerRuntime is one OCI runtime handler (package oci, *oci.Runtime).
 type ContainerRuntime interface {
 	Create(ctx context.Context, o oci.CreateOptions) (int, error)
+	// Prepare writes a container's bundle without creating it in the
+	// runtime; CreatePrepared creates it there later (at its start).
+	Prepare(o oci.CreateOptions) error
+	CreatePrepared(ctx context.Context, id string) (int, error)
+	// Reset undoes an interrupted CreatePrepared, back to the bundle.
+	Reset(ctx context.Context, id string) error
 	Start(ctx context.Context, id string) error
 	Kill(ctx context.Context, id string, sig syscall.Signal, all bool) error
 	Stop(ctx context.Context, id string, sig syscall.Signal, timeout time.Duration) error

@@ -32,6 +32,9 @@ type Runtime struct {
 	mu sync.Mutex
 
 	CreateErr, StartErr, KillErr, StopErr, DeleteErr, StateErr, UpdateErr, ReopenErr error
+	// CreatePreparedErr fails CreatePrepared alone: the runtime refusing
+	// a container at its start.
+	CreatePreparedErr error
 	// ProbeErr is what Probe reports: the runtime cannot run containers.
 	ProbeErr error
 	// Probes counts Probe calls.
@@ -64,6 +67,9 @@ type Runtime struct {
 	states   int
 	nextPid  int
 	exitDirs map[string]string
+	// prepared are the containers Prepare wrote and CreatePrepared has
+	// not created yet.
+	prepared map[string]oci.CreateOptions
 }
 
 // New returns an empty fake.
@@ -86,6 +92,85 @@ func (r *Runtime) Create(_ context.Context, o oci.CreateOptions) (int, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.record("create", o.ID)
+	return r.createLocked(o)
+}
+
+// Prepare writes the bundle and keeps o for CreatePrepared; the
+// container is not in the runtime (State says NotFound) until then.
+// CreateErr fails it too.
+func (r *Runtime) Prepare(o oci.CreateOptions) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.record("prepare", o.ID)
+	if r.CreateErr != nil {
+		return r.CreateErr
+	}
+	if _, ok := r.Containers[o.ID]; ok {
+		return fmt.Errorf("container %s: %w", o.ID, errdefs.ErrAlreadyExists)
+	}
+	if err := writeBundle(o); err != nil {
+		return err
+	}
+	if r.prepared == nil {
+		r.prepared = map[string]oci.CreateOptions{}
+	}
+	r.prepared[o.ID] = o
+	r.Specs[o.ID] = o.Spec
+	return nil
+}
+
+// CreatePrepared creates a prepared container; CreatePreparedErr fails
+// it (and forgets it, as the real one deletes the container).
+func (r *Runtime) CreatePrepared(_ context.Context, id string) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.record("create", id)
+	o, ok := r.prepared[id]
+	if !ok {
+		return 0, fmt.Errorf("container %s: %w", id, errdefs.ErrNotFound)
+	}
+	delete(r.prepared, id)
+	if r.CreatePreparedErr != nil {
+		return 0, r.CreatePreparedErr
+	}
+	if res, ok := r.Resources[id]; ok && o.Spec != nil && o.Spec.Linux != nil {
+		o.Spec.Linux.Resources = res
+	}
+	return r.createLocked(o)
+}
+
+// Reset makes a created (never started) container prepared again.
+func (r *Runtime) Reset(_ context.Context, id string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.record("reset", id)
+	if st, ok := r.Containers[id]; ok && st.Status == oci.StatusCreated {
+		if r.prepared == nil {
+			r.prepared = map[string]oci.CreateOptions{}
+		}
+		r.prepared[id] = oci.CreateOptions{ID: id, Bundle: st.Bundle, Spec: r.Specs[id], ExitDir: r.exitDirs[id]}
+		delete(r.Containers, id)
+	}
+	return nil
+}
+
+// writeBundle writes the spec as config.json, in a directory made if
+// missing (the infra process's is), as the real runtime does.
+func writeBundle(o oci.CreateOptions) error {
+	if o.Bundle == "" || o.Spec == nil {
+		return nil
+	}
+	b, err := json.Marshal(o.Spec)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(o.Bundle, 0o700); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(o.Bundle, "config.json"), b, 0o600)
+}
+
+func (r *Runtime) createLocked(o oci.CreateOptions) (int, error) {
 	if r.CreateErr != nil {
 		return 0, r.CreateErr
 	}
@@ -93,19 +178,8 @@ func (r *Runtime) Create(_ context.Context, o oci.CreateOptions) (int, error) {
 		return 0, fmt.Errorf("container %s: %w", o.ID, errdefs.ErrAlreadyExists)
 	}
 	r.nextPid++
-	// Like the real runtime, the bundle gets the spec as config.json,
-	// in a directory made if missing (the infra process's is).
-	if o.Bundle != "" && o.Spec != nil {
-		b, err := json.Marshal(o.Spec)
-		if err != nil {
-			return 0, err
-		}
-		if err := os.MkdirAll(o.Bundle, 0o700); err != nil {
-			return 0, err
-		}
-		if err := os.WriteFile(filepath.Join(o.Bundle, "config.json"), b, 0o600); err != nil {
-			return 0, err
-		}
+	if err := writeBundle(o); err != nil {
+		return 0, err
 	}
 	if r.exitDirs == nil {
 		r.exitDirs = map[string]string{}
@@ -218,6 +292,7 @@ func (r *Runtime) Delete(_ context.Context, id string, force bool) error {
 	}
 	delete(r.Containers, id)
 	delete(r.Specs, id)
+	delete(r.prepared, id)
 	return nil
 }
 
@@ -300,13 +375,19 @@ func (r *Runtime) Update(_ context.Context, id string, res *specs.LinuxResources
 	if r.UpdateErr != nil {
 		return r.UpdateErr
 	}
-	st, err := r.get(id)
-	if err != nil {
-		return err
+	var bundle string
+	if o, ok := r.prepared[id]; !ok {
+		st, err := r.get(id)
+		if err != nil {
+			return err
+		}
+		bundle = st.Bundle
+	} else {
+		bundle = o.Bundle
 	}
 	r.Resources[id] = res
-	if _, err := os.Stat(filepath.Join(st.Bundle, "config.json")); err == nil {
-		return oci.UpdateBundleResources(st.Bundle, res)
+	if _, err := os.Stat(filepath.Join(bundle, "config.json")); err == nil {
+		return oci.UpdateBundleResources(bundle, res)
 	}
 	return nil
 }
