@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -302,5 +303,30 @@ func TestWritePodFiles(t *testing.T) {
 	}
 	if _, err := WritePodFiles(t.TempDir(), "h", "", &DNS{Servers: []string{"1.1.1.1\nnameserver 6.6.6.6"}}, false); err == nil {
 		t.Error("a DNS server with a newline was accepted")
+	}
+}
+
+// List stays ordered by ID through adds, replacements and deletes in any
+// order, with each item once.
+func TestStoreListOrder(t *testing.T) {
+	s := NewStore[int]("container")
+	ids := []string{"m", "c", "x", "a", "k", "z", "b"}
+	for i, id := range ids {
+		s.Add(id, i)
+	}
+	s.Add("c", 100) // a replacement is not a second entry
+	s.Delete("x")
+	s.Delete("x")
+	s.Delete("nope")
+	s.Add("d", 7)
+	want := []int{3, 6, 100, 7, 4, 0, 5} // a b c d k m z
+	if got := s.List(); !slices.Equal(got, want) {
+		t.Errorf("List = %v, want %v", got, want)
+	}
+	for _, id := range []string{"a", "b", "c", "d", "k", "m", "z"} {
+		s.Delete(id)
+	}
+	if got := s.List(); len(got) != 0 {
+		t.Errorf("List after deleting everything = %v", got)
 	}
 }

@@ -2,7 +2,7 @@ package sandbox
 
 import (
 	"fmt"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 
@@ -44,7 +44,11 @@ func (n *Names) Release(name, id string) {
 type Store[T any] struct {
 	mu    sync.RWMutex
 	items map[string]T
-	kind  string
+	// ids are the items' IDs in order, kept sorted as items come and go:
+	// kubelet lists every container each second, and sorting the IDs
+	// anew was most of a list.
+	ids  []string
+	kind string
 }
 
 // NewStore returns an empty store; kind names the items in errors.
@@ -56,6 +60,10 @@ func NewStore[T any](kind string) *Store[T] {
 func (s *Store[T]) Add(id string, v T) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if _, ok := s.items[id]; !ok {
+		i, _ := slices.BinarySearch(s.ids, id)
+		s.ids = slices.Insert(s.ids, i, id)
+	}
 	s.items[id] = v
 }
 
@@ -63,7 +71,13 @@ func (s *Store[T]) Add(id string, v T) {
 func (s *Store[T]) Delete(id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if _, ok := s.items[id]; !ok {
+		return
+	}
 	delete(s.items, id)
+	if i, found := slices.BinarySearch(s.ids, id); found {
+		s.ids = slices.Delete(s.ids, i, i+1)
+	}
 }
 
 // Get finds an item by full ID or unique prefix.
@@ -97,14 +111,9 @@ func (s *Store[T]) Get(id string) (T, error) {
 func (s *Store[T]) List() []T {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	ids := make([]string, 0, len(s.items))
-	for k := range s.items {
-		ids = append(ids, k)
-	}
-	sort.Strings(ids)
-	out := make([]T, 0, len(ids))
-	for _, id := range ids {
-		out = append(out, s.items[id])
+	out := make([]T, len(s.ids))
+	for i, id := range s.ids {
+		out[i] = s.items[id]
 	}
 	return out
 }

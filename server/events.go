@@ -141,6 +141,7 @@ func (s *Server) containerEvent(ctx context.Context, c *sandbox.Container, typ r
 		s.watchExit(ctx, c)
 	case runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT:
 		entry.Info("container started")
+		s.watchMonitor(ctx, c)
 	case runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT:
 		st := c.Status()
 		entry.WithFields(log.Fields{"exitCode": st.ExitCode, "reason": st.Reason}).Info("container exited")
@@ -150,6 +151,7 @@ func (s *Server) containerEvent(ctx context.Context, c *sandbox.Container, typ r
 	case runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT:
 		entry.Info("container removed")
 		s.unwatchExit(c)
+		s.unwatchMonitor(c.ID)
 	}
 	ev := &runtimeapi.ContainerEventResponse{ContainerId: c.ID, ContainerEventType: typ, CreatedAt: time.Now().UnixNano()}
 	if sb, err := s.sandboxes.Get(c.SandboxID); err == nil {

@@ -170,8 +170,10 @@ var errGone = errors.New("container is gone from the runtime")
 // is gone (nothing will ever write the exit file: MonitorGone). Without
 // inotify every read refreshes, as before the watcher existed.
 //
-// monitor costs two small file reads; ListContainers, which kubelet calls
-// every second for every container, leaves it to ContainerStatus.
+// A monitor watched through its pidfd (monitors.go) costs nothing here;
+// for another, monitor costs two small file reads, which ListContainers,
+// called by kubelet every second for every container, leaves to
+// ContainerStatus.
 func (s *Server) observeContainer(ctx context.Context, c *sandbox.Container, monitor bool) {
 	st := c.Status()
 	if st.State == sandbox.ContainerExited {
@@ -185,7 +187,8 @@ func (s *Server) observeContainer(ctx context.Context, c *sandbox.Container, mon
 		s.refreshContainer(ctx, c, false)
 		return
 	}
-	if !monitor {
+	// A watched monitor's death is noticed as it happens (monitors.go).
+	if !monitor || s.monitorWatched(c.ID) {
 		return
 	}
 	if _, alive, recorded := monitorPid(c.Dir, c.ID); recorded && !alive {

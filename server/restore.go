@@ -237,6 +237,7 @@ func (s *Server) restoreContainer(ctx context.Context, id string) error {
 	s.refreshContainer(ctx, c, false)
 	s.containers.Add(c.ID, c)
 	s.watchExit(ctx, c)
+	s.watchMonitor(ctx, c)
 	if c.Status().State == sandbox.ContainerCreated {
 		s.settleIfCreating(ctx, c)
 	}

@@ -31,8 +31,12 @@ func (s *Server) PodSandboxStatus(ctx context.Context, req *runtimeapi.PodSandbo
 // ListPodSandbox lists pods matching the filter.
 func (s *Server) ListPodSandbox(ctx context.Context, req *runtimeapi.ListPodSandboxRequest) (*runtimeapi.ListPodSandboxResponse, error) {
 	f := req.GetFilter()
-	var items []*runtimeapi.PodSandbox
-	for _, sb := range s.sandboxes.List() {
+	list := s.sandboxes.List()
+	// Allocated together, as ListContainers' messages.
+	items := make([]*runtimeapi.PodSandbox, 0, len(list))
+	msgs := make([]runtimeapi.PodSandbox, len(list))
+	metas := make([]runtimeapi.PodSandboxMetadata, len(list))
+	for i, sb := range list {
 		st := podState(sb)
 		if f != nil {
 			if f.Id != "" && !strings.HasPrefix(sb.ID, f.Id) {
@@ -45,10 +49,11 @@ func (s *Server) ListPodSandbox(ctx context.Context, req *runtimeapi.ListPodSand
 				continue
 			}
 		}
-		items = append(items, &runtimeapi.PodSandbox{
-			Id: sb.ID, Metadata: podMetadata(sb), State: st, CreatedAt: sb.CreatedAt.UnixNano(),
-			Labels: sb.Labels, Annotations: sb.Annotations, RuntimeHandler: sb.Handler,
-		})
+		m, md := &msgs[i], &metas[i]
+		md.Name, md.Namespace, md.Uid, md.Attempt = sb.Name, sb.Namespace, sb.UID, sb.Attempt
+		m.Id, m.Metadata, m.State, m.CreatedAt = sb.ID, md, st, sb.CreatedAt.UnixNano()
+		m.Labels, m.Annotations, m.RuntimeHandler = sb.Labels, sb.Annotations, sb.Handler
+		items = append(items, m)
 	}
 	return &runtimeapi.ListPodSandboxResponse{Items: items}, nil
 }

@@ -162,6 +162,8 @@ type Server struct {
 	stats  *statsState
 	events *eventBus
 	exits  exitWatcher
+	// monitors watch each running container's conmon (monitors.go).
+	monitors monitorWatch
 	// resources caches the limits ContainerStatus reports.
 	resources resourcesCache
 	// reaping bounds the background deletes of exited containers.
@@ -248,6 +250,7 @@ func (s *Server) Close(ctx context.Context) error {
 	if s.exits.w != nil {
 		_ = s.exits.w.Close()
 	}
+	s.closeMonitors()
 	// The stats readers hold a netlink socket and cgroup files open.
 	for _, d := range []any{s.deps.NetCounters, s.deps.Cgroups} {
 		if c, ok := d.(io.Closer); ok {
