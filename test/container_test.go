@@ -227,6 +227,7 @@ func TestContainers(t *testing.T) {
 	t.Run("UpdateResources", e.testUpdateResources)
 	t.Run("List", e.testList)
 	t.Run("BadInput", e.testBadInput)
+	t.Run("MonitorKilled", e.testMonitorKilled)
 	// Restart kills the shared daemon: keep it last.
 	t.Run("Restart", e.testRestart)
 }
