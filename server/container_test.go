@@ -120,7 +120,7 @@ func newCtrFixture(t *testing.T) *ctrFixture {
 	}
 	f := &ctrFixture{rt: ocitest.New(), images: &ctrImages{Fake: fake, mounted: map[string]image.MountRequest{}}, ns: nsmgrtest.New(cfg.RunRoot), cfg: cfg,
 		cg: &fakeCgroups{groups: map[string]cgroups.Stats{}}}
-	f.srv = New(cfg, Deps{
+	f.srv = newTestServer(t, cfg, Deps{
 		Network: &cnitest.Fake{}, Namespaces: f.ns, IDs: ids,
 		Shm: &fakeShm{mounted: map[string]bool{}}, Images: f.images,
 		Runtimes: map[string]ContainerRuntime{"runc": f.rt}, Cgroups: f.cg,
@@ -603,4 +603,14 @@ func TestLifecycleAsksNoState(t *testing.T) {
 	if n := f.rt.StateCalls() - before; n != 0 {
 		t.Errorf("the lifecycle asked the runtime for its state %d times, want 0", n)
 	}
+}
+
+// newTestServer is New, closed when t ends: each server's exit watcher is
+// an inotify instance, and a user has 128 of them (fs.inotify
+// max_user_instances), which a -count=3 run of this package outgrew.
+func newTestServer(t testing.TB, cfg *conf.Config, deps Deps) *Server {
+	t.Helper()
+	s := New(cfg, deps)
+	t.Cleanup(func() { _ = s.Close(context.Background()) })
+	return s
 }

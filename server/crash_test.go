@@ -204,7 +204,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 		crashing.Network, crashing.Namespaces = crashNetwork{net, c}, crashNamespaces{f.ns, c}
 		crashing.Shm, crashing.Images = crashShm{shm, c}, crashImages{f.images, c}
 		crashing.Runtimes = map[string]ContainerRuntime{"runc": crashRuntime{f.rt, c}}
-		old := New(f.cfg, crashing)
+		old := newTestServer(t, f.cfg, crashing)
 		old.Restore(context.Background())
 		done := make(chan error, 1)
 		finished := make(chan struct{})
@@ -241,7 +241,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 				t.Fatal(err)
 			}
 			deps.IDs = ids
-			s := New(f.cfg, deps)
+			s := newTestServer(t, f.cfg, deps)
 			ctx := context.Background()
 			s.Restore(ctx)
 			checkRestoredReady(t, s, net)
@@ -319,7 +319,7 @@ func TestFailThenRestart(t *testing.T) {
 				Network: net, Namespaces: f.ns, IDs: f.srv.deps.IDs, Shm: shm, Images: f.images,
 				Runtimes: map[string]ContainerRuntime{"runc": f.rt},
 			}
-			old := New(f.cfg, deps)
+			old := newTestServer(t, f.cfg, deps)
 			tc.inject(f, net)
 			if err := crashLifecycle(context.Background(), old); !errors.Is(err, errdefs.ErrUnavailable) {
 				t.Fatalf("lifecycle = %v, want the injected failure", err)
@@ -336,7 +336,7 @@ func TestFailThenRestart(t *testing.T) {
 				t.Fatal(err)
 			}
 			deps.IDs = ids
-			s := New(f.cfg, deps)
+			s := newTestServer(t, f.cfg, deps)
 			s.Restore(context.Background())
 			checkRestoredReady(t, s, net)
 			removeEverything(t, s)

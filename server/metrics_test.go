@@ -52,7 +52,7 @@ func TestOperationsAreRecorded(t *testing.T) {
 	ns := nsmgrtest.New(cfg.RunRoot)
 	images := &imagetest.Fake{Registry: map[string]image.Image{"busybox": {ID: testImageID, Size: 1234}}}
 	deps := Deps{Network: net, Namespaces: ns, IDs: ids, Shm: &fakeShm{mounted: map[string]bool{}}, Images: &ctrImages{Fake: images, mounted: map[string]image.MountRequest{}}, Metrics: rec}
-	s := New(cfg, deps)
+	s := newTestServer(t, cfg, deps)
 	ctx := context.Background()
 
 	resp, err := s.RunPodSandbox(ctx, unitPod("m", false))
@@ -73,7 +73,7 @@ func TestOperationsAreRecorded(t *testing.T) {
 		t.Fatal("pull of an unknown image succeeded")
 	}
 	// A restart restores nothing broken: no pod is left.
-	New(cfg, deps).Restore(ctx)
+	newTestServer(t, cfg, deps).Restore(ctx)
 
 	want := map[string]int{
 		"namespaces": 2, "cni add": 1, "cni add failed": 1, "cni del": 1,

@@ -108,7 +108,7 @@ func TestCallerUsernsMappings(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := New(f.cfg, Deps{Network: f.net, Namespaces: f.ns, IDs: ids, Shm: f.shm, Images: f.srv.deps.Images})
+	srv := newTestServer(t, f.cfg, Deps{Network: f.net, Namespaces: f.ns, IDs: ids, Shm: f.shm, Images: f.srv.deps.Images})
 	srv.Restore(ctx)
 	check(srv)
 	if _, err := srv.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: first}); err != nil {

@@ -59,7 +59,7 @@ func newPodFixture(t *testing.T) *podFixture {
 		t.Fatal(err)
 	}
 	f := &podFixture{ns: nsmgrtest.New(cfg.RunRoot), net: &cnitest.Fake{}, shm: &fakeShm{mounted: map[string]bool{}}, ids: ids, cfg: cfg}
-	f.srv = New(cfg, Deps{Network: f.net, Namespaces: f.ns, IDs: ids, Shm: f.shm, Images: &ctrImages{Fake: &imagetest.Fake{}, mounted: map[string]image.MountRequest{}}})
+	f.srv = newTestServer(t, cfg, Deps{Network: f.net, Namespaces: f.ns, IDs: ids, Shm: f.shm, Images: &ctrImages{Fake: &imagetest.Fake{}, mounted: map[string]image.MountRequest{}}})
 	return f
 }
 
@@ -394,7 +394,7 @@ func TestOneNetworkTeardownPerPod(t *testing.T) {
 			if tc.reboot {
 				// A new daemon on the same root, with the pins gone.
 				net = &cnitest.Fake{}
-				srv = New(f.cfg, Deps{Network: net, Namespaces: nsmgrtest.New(t.TempDir()), IDs: f.ids, Shm: f.shm, Images: &ctrImages{Fake: &imagetest.Fake{}, mounted: map[string]image.MountRequest{}}})
+				srv = newTestServer(t, f.cfg, Deps{Network: net, Namespaces: nsmgrtest.New(t.TempDir()), IDs: f.ids, Shm: f.shm, Images: &ctrImages{Fake: &imagetest.Fake{}, mounted: map[string]image.MountRequest{}}})
 				srv.Restore(ctx)
 				st, err := srv.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: id})
 				if err != nil || st.Status.State != runtimeapi.PodSandboxState_SANDBOX_NOTREADY {
