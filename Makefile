@@ -10,11 +10,12 @@ PREFIX   ?= /usr/local
 BINDIR   ?= $(PREFIX)/bin
 CNI_BIN  ?= /opt/cni/bin
 GO       ?= go
-# sigpolicy imports go.podman.io/image's signature package, which needs
-# gpgme through cgo unless this tag selects its OpenPGP written in Go.
-# Every go command of the build, the tests and the scripts they run
-# inherits it.
-export GOFLAGS := -tags=containers_image_openpgp $(GOFLAGS)
+# pinrt-sigpolicy, the helper that evaluates signature policies, is a
+# module of its own, so the daemon does not carry its library
+# (go.podman.io/image). That library needs gpgme through cgo unless this
+# tag selects its OpenPGP written in Go; only the helper's module needs it.
+SIGPOLICY_DIR  := cmd/pinrt-sigpolicy
+SIGPOLICY_TAGS := containers_image_openpgp
 GOBIN_DIR := $(shell $(GO) env GOPATH)/bin
 
 # VERSION is `git describe` of the tree; version/ turns it into the semver
@@ -29,8 +30,10 @@ all: build
 
 # pinrt is built static, so the pause process of shared-PID pods runs from
 # a rootfs holding only this binary.
+# pinrt-sigpolicy goes beside it: the daemon looks for it there first.
 build:
 	CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o bin/pinrt ./cmd/pinrt
+	cd $(SIGPOLICY_DIR) && CGO_ENABLED=0 $(GO) build -tags $(SIGPOLICY_TAGS) -o $(CURDIR)/bin/pinrt-sigpolicy .
 	$(GO) build -o bin/pinrt-bench ./test/bench/cmd/pinrt-bench
 
 # test runs everything: unit tests, the root end-to-end tests on this
@@ -50,6 +53,7 @@ test:
 
 test-unit:
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /test)
+	cd $(SIGPOLICY_DIR) && $(GO) test -race -count=1 -tags $(SIGPOLICY_TAGS) ./...
 
 # test-e2e runs the root end-to-end tests of test/ on this host, among
 # them TestCritest: critest, the CRI conformance suite, in full, which
@@ -130,6 +134,9 @@ lint:
 	$(GO) vet ./...
 	$(GOBIN_DIR)/golangci-lint run ./...
 	$(GO) run ./hack/longfuncs
+	cd $(SIGPOLICY_DIR) && $(GO) vet -tags $(SIGPOLICY_TAGS) ./... && \
+		$(GOBIN_DIR)/golangci-lint run --build-tags $(SIGPOLICY_TAGS) ./...
+	$(GO) run ./hack/longfuncs $(SIGPOLICY_DIR)
 
 deps: deps-apt deps-vm deps-runc deps-cni deps-lint
 
@@ -177,6 +184,7 @@ run: build
 
 install: build
 	install -D -m 0755 bin/pinrt $(BINDIR)/pinrt
+	install -D -m 0755 bin/pinrt-sigpolicy $(BINDIR)/pinrt-sigpolicy
 
 clean:
 	rm -rf bin bench/out

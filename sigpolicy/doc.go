@@ -4,6 +4,15 @@
 // library (go.podman.io/image/v5/signature), as CRI-O does: pinrt writes
 // neither policy evaluation nor signature crypto of its own.
 //
+// The library runs in a helper, pinrt-sigpolicy (cmd/pinrt-sigpolicy, a
+// Go module of its own), not in the daemon: it and what it pulls in cost
+// the daemon several MiB of memory on every node, most of which
+// configures no policy, and its OpenPGP needs a build tag (or gpgme
+// through cgo) that the daemon's build then no longer needs. This
+// package is the daemon's side: it picks the policy that governs a pull,
+// writes the library's configuration, and runs the helper once per
+// verified pull (protocol.go has the exchange). No policy, no helper.
+//
 // A verification fetches the manifest the reference names and the
 // signatures stored beside it, through the containers/image docker
 // transport configured like pinrt's own pulls (mirrors, skip_origin,
@@ -18,11 +27,7 @@
 // own, under Config.StateDir). The identity checked is the name the image
 // was asked for, not the mirror's.
 //
-// Policy files are read again when they change (size, mtime or inode), so
-// an edit applies to the next pull. A policy that does not parse fails
-// the pulls it governs; it never falls back to accepting everything.
-//
-// Importing this package needs the build tag containers_image_openpgp
-// (the OpenPGP implementation in Go instead of gpgme through cgo); the
-// Makefile sets it.
+// Every run of the helper parses the policy file again, so an edit
+// applies to the next pull. A policy that does not parse fails the pulls
+// it governs; it never falls back to accepting everything.
 package sigpolicy

@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -13,21 +12,20 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/pelletier/go-toml/v2"
-	"go.podman.io/image/v5/docker"
-	"go.podman.io/image/v5/docker/reference"
-	"go.podman.io/image/v5/image"
-	"go.podman.io/image/v5/manifest"
-	"go.podman.io/image/v5/signature"
-	"go.podman.io/image/v5/types"
 
 	"github.com/pinrt/pinrt/internal/atomicfile"
 )
 
-// Config says which policies apply and how to reach the registries.
+// Config says which policies apply, how to reach the registries and
+// which helper evaluates them.
 type Config struct {
+	// Helper is the pinrt-sigpolicy binary that parses policies and
+	// verifies images.
+	Helper string
 	// Policy is the node's containers-policy.json; "" accepts every
 	// image unless PolicyDir has a file for the pod's namespace.
 	Policy string
@@ -68,52 +66,84 @@ type Request struct {
 	Auth      *Auth
 }
 
+// The bounds of one run of the helper, under the caller's context: a
+// check only parses files; a verification fetches a manifest and its
+// signatures, through every mirror in turn.
+const (
+	checkTimeout  = time.Minute
+	verifyTimeout = 5 * time.Minute
+)
+
 // Verifier checks images against the policies of a Config.
 type Verifier struct {
-	cfg   Config
-	files policyFiles
-	// certDir is certs.d: <host>/ca.crt for each registry with a CA file.
-	certDir, regDir, noAuth string
+	cfg Config
+	// paths locate the library's configuration; RegistriesConf is set
+	// per pull.
+	paths HelperPaths
 }
 
-// New checks every policy file of cfg (an error names the broken one)
-// and writes the library's configuration under cfg.StateDir.
+// New has the helper parse every policy file of cfg (an error names the
+// broken one) and writes the library's configuration under cfg.StateDir.
 func New(cfg Config) (*Verifier, error) {
-	v := &Verifier{
-		cfg:     cfg,
-		certDir: filepath.Join(cfg.StateDir, "certs.d"),
-		regDir:  filepath.Join(cfg.StateDir, "registries.d"),
-		noAuth:  filepath.Join(cfg.StateDir, "no-auth.json"),
+	if cfg.Helper == "" {
+		return nil, fmt.Errorf("signature policy: no pinrt-sigpolicy helper given: %w", errdefs.ErrInvalidArgument)
 	}
-	if err := v.files.checkAll(&cfg); err != nil {
+	v := &Verifier{cfg: cfg, paths: HelperPaths{
+		RegistriesDir:     filepath.Join(cfg.StateDir, "registries.d"),
+		RegistriesConfDir: filepath.Join(cfg.StateDir, "registries.conf.d"),
+		CertDir:           filepath.Join(cfg.StateDir, "certs.d"),
+		AuthFile:          filepath.Join(cfg.StateDir, "no-auth.json"),
+		SignaturePolicy:   filepath.Join(cfg.StateDir, "no-policy.json"),
+	}}
+	if cfg.AuthFile != "" {
+		v.paths.AuthFile = cfg.AuthFile
+	}
+	files, err := cfg.policyFiles()
+	if err != nil {
 		return nil, err
 	}
+	if len(files) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), checkTimeout)
+		defer cancel()
+		if _, err := v.run(ctx, &HelperRequest{Op: OpCheck, Policies: files}); err != nil {
+			return nil, err
+		}
+	}
+	if err := v.writeState(); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+// writeState writes the configuration every verification shares: the
+// registries.d and the CA files.
+func (v *Verifier) writeState() error {
 	// Signatures are cosign's attachments, looked up on the registry
 	// that served the manifest; no lookaside web server.
-	if err := os.MkdirAll(v.regDir, 0o700); err != nil {
-		return nil, err
+	if err := os.MkdirAll(v.paths.RegistriesDir, 0o700); err != nil {
+		return err
 	}
-	if err := atomicfile.WriteFile(filepath.Join(v.regDir, "default.yaml"),
+	if err := atomicfile.WriteFile(filepath.Join(v.paths.RegistriesDir, "default.yaml"),
 		[]byte("default-docker:\n  use-sigstore-attachments: true\n"), 0o600); err != nil {
-		return nil, err
+		return err
 	}
-	for host, r := range cfg.Registries {
+	for host, r := range v.cfg.Registries {
 		if r.CAFile == "" {
 			continue
 		}
 		pem, err := os.ReadFile(r.CAFile)
 		if err != nil {
-			return nil, fmt.Errorf("registry %s CA file: %w", host, err)
+			return fmt.Errorf("registry %s CA file: %w", host, err)
 		}
-		dir := filepath.Join(v.certDir, host)
+		dir := filepath.Join(v.paths.CertDir, host)
 		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return nil, err
+			return err
 		}
 		if err := atomicfile.WriteFile(filepath.Join(dir, "ca.crt"), pem, 0o600); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	return v, nil
+	return nil
 }
 
 // RejectedError is a pull the policy refused: kubelet reports it as
@@ -132,144 +162,70 @@ func (e *RejectedError) Unwrap() error { return e.Reason }
 
 // Verify checks req against the policy that governs it and returns the
 // digest of the manifest it accepted, which the caller pulls instead of
-// req.Ref's tag. "" (and no error) means no policy applies.
+// req.Ref's tag. "" (and no error) means no policy applies, and then no
+// helper runs. The policy file is read anew by every run of the helper,
+// so an edit applies to the next pull.
 func (v *Verifier) Verify(ctx context.Context, req Request) (string, error) {
 	path, err := v.cfg.policyPath(req.Namespace)
 	if err != nil || path == "" {
 		return "", err
 	}
-	pol, err := v.files.load(path)
+	host, err := refHost(req.Ref)
 	if err != nil {
 		return "", err
 	}
-	named, err := reference.ParseNormalizedNamed(req.Ref)
-	if err != nil {
-		return "", fmt.Errorf("image reference %q: %w: %w", req.Ref, err, errdefs.ErrInvalidArgument)
-	}
-	ref, err := docker.NewReference(named)
-	if err != nil {
-		return "", fmt.Errorf("image reference %q: %w: %w", req.Ref, err, errdefs.ErrInvalidArgument)
-	}
-	sys, err := v.systemContext(named, req.Auth)
+	creds, err := credentials(req.Auth)
 	if err != nil {
 		return "", err
 	}
-	pc, err := signature.NewPolicyContext(pol)
+	paths := v.paths
+	if paths.RegistriesConf, err = v.registriesConf(host); err != nil {
+		return "", err
+	}
+	ctx, cancel := context.WithTimeout(ctx, verifyTimeout)
+	defer cancel()
+	resp, err := v.run(ctx, &HelperRequest{Op: OpVerify, Policy: path, Ref: req.Ref, Paths: &paths, Credentials: creds})
+	var he *HelperError
+	if errors.As(err, &he) && he.Kind == KindRejected {
+		return "", &RejectedError{Image: req.Ref, PolicyFile: path, Scope: he.Scope, Requirements: he.Requirements, Reason: he}
+	}
 	if err != nil {
-		return "", fmt.Errorf("signature policy %s: %w: %w", path, err, errdefs.ErrFailedPrecondition)
+		return "", err
 	}
-	defer func() { _ = pc.Destroy() }()
-
-	src, err := ref.NewImageSource(ctx, sys)
-	if err != nil {
-		return "", fetchError(req.Ref, err)
-	}
-	defer func() { _ = src.Close() }()
-	unparsed := image.UnparsedInstance(src, nil)
-	allowed, err := pc.IsRunningImageAllowed(ctx, unparsed)
-	if !allowed {
-		if rejection(err) {
-			scope, reqs := describe(pol, ref)
-			return "", &RejectedError{Image: req.Ref, PolicyFile: path, Scope: scope, Requirements: reqs, Reason: err}
-		}
-		return "", fetchError(req.Ref, err)
-	}
-	raw, _, err := unparsed.Manifest(ctx)
-	if err != nil {
-		return "", fetchError(req.Ref, err)
-	}
-	d, err := manifest.Digest(raw)
-	if err != nil {
-		return "", fmt.Errorf("manifest of %s: %w: %w", req.Ref, err, errdefs.ErrDataLoss)
-	}
-	return d.String(), nil
+	return resp.Digest, nil
 }
 
-// rejection tells the policy's refusal (a requirement not met, a
-// signature that does not verify) from a failure to ask (the registry
-// unreachable while fetching signatures).
-func rejection(err error) bool {
-	var pre signature.PolicyRequirementError
-	var ise signature.InvalidSignatureError
-	return errors.As(err, &pre) || errors.As(err, &ise)
+// refHost is the registry of a normalized reference: its first
+// component, which must read as a host to the library's parser too
+// (docker's rule: a dot, a colon, or "localhost"), or the registries.conf
+// written for it would configure another name.
+func refHost(ref string) (string, error) {
+	host, _, ok := strings.Cut(ref, "/")
+	if !ok || (!strings.ContainsAny(host, ".:") && host != "localhost" && strings.ToLower(host) == host) {
+		return "", fmt.Errorf("image reference %q does not start with a registry host: %w", ref, errdefs.ErrInvalidArgument)
+	}
+	return host, nil
 }
 
-// fetchError classifies a failure to read the manifest or signatures:
-// the policy could not be checked, which fails the pull as the
-// registry's fault.
-func fetchError(ref string, err error) error {
-	var class error = errdefs.ErrUnavailable
-	if strings.Contains(err.Error(), "manifest unknown") || strings.Contains(err.Error(), "name unknown") {
-		class = errdefs.ErrNotFound
+// credentials turns the CRI's credentials into the helper's: nil for
+// none, the registry token alone, or a user and password, taken from
+// the base64 "user:password" of Auth when Username is empty.
+func credentials(auth *Auth) (*HelperCredentials, error) {
+	if auth == nil || *auth == (Auth{}) {
+		return nil, nil
 	}
-	return fmt.Errorf("verifying the signatures of %s: %w: %w", ref, err, class)
-}
-
-// describe names the policy section that governs ref and the types of
-// its requirements, for the error an operator reads. It follows the
-// order of containers-policy.json(5): the exact identity, then each
-// enclosing namespace, then the transport's "" scope, then default.
-func describe(pol *signature.Policy, ref types.ImageReference) (string, string) {
-	reqs, scope := pol.Default, "default"
-	if scopes, ok := pol.Transports[docker.Transport.Name()]; ok {
-		names := append([]string{ref.PolicyConfigurationIdentity()}, ref.PolicyConfigurationNamespaces()...)
-		names = append(names, "")
-		for _, n := range names {
-			if r, ok := scopes[n]; ok {
-				reqs, scope = r, fmt.Sprintf("transports.docker[%q]", n)
-				break
-			}
+	if auth.RegistryToken != "" {
+		return &HelperCredentials{RegistryToken: auth.RegistryToken}, nil
+	}
+	c := &HelperCredentials{Username: auth.Username, Password: auth.Password, IdentityToken: auth.IdentityToken}
+	if c.Username == "" && auth.Auth != "" {
+		dec, err := base64.StdEncoding.DecodeString(auth.Auth)
+		if err != nil {
+			return nil, fmt.Errorf("auth is not base64: %w", errdefs.ErrInvalidArgument)
 		}
+		c.Username, c.Password, _ = strings.Cut(string(dec), ":")
 	}
-	types := make([]string, 0, len(reqs))
-	for _, r := range reqs {
-		var t struct {
-			Type string `json:"type"`
-		}
-		if b, err := json.Marshal(r); err == nil && json.Unmarshal(b, &t) == nil {
-			types = append(types, t.Type)
-		}
-	}
-	return scope, "requirements " + strings.Join(types, ", ")
-}
-
-// systemContext configures the library for one pull like pinrt's own
-// pulls: the same mirrors, plain HTTP where pinrt uses it, CA files and
-// credentials, and nothing read from the host's /etc/containers or
-// home directory.
-func (v *Verifier) systemContext(named reference.Named, auth *Auth) (*types.SystemContext, error) {
-	conf, err := v.registriesConf(reference.Domain(named))
-	if err != nil {
-		return nil, err
-	}
-	sys := &types.SystemContext{
-		RegistriesDirPath:           v.regDir,
-		SystemRegistriesConfPath:    conf,
-		SystemRegistriesConfDirPath: filepath.Join(v.cfg.StateDir, "registries.conf.d"),
-		DockerPerHostCertDirPath:    v.certDir,
-		AuthFilePath:                v.noAuth,
-		SignaturePolicyPath:         filepath.Join(v.cfg.StateDir, "no-policy.json"),
-	}
-	if v.cfg.AuthFile != "" {
-		sys.AuthFilePath = v.cfg.AuthFile
-	}
-	if auth != nil && *auth != (Auth{}) {
-		switch {
-		case auth.RegistryToken != "":
-			sys.DockerBearerRegistryToken = auth.RegistryToken
-		default:
-			a := &types.DockerAuthConfig{Username: auth.Username, Password: auth.Password, IdentityToken: auth.IdentityToken}
-			if a.Username == "" && auth.Auth != "" {
-				dec, err := base64.StdEncoding.DecodeString(auth.Auth)
-				if err != nil {
-					return nil, fmt.Errorf("auth is not base64: %w", errdefs.ErrInvalidArgument)
-				}
-				a.Username, a.Password, _ = strings.Cut(string(dec), ":")
-			}
-			sys.DockerAuthConfig = a
-		}
-	}
-	return sys, nil
+	return c, nil
 }
 
 // registriesConf writes (once per content) the registries.conf for a

@@ -58,14 +58,13 @@ func RepoRoot() string {
 	return filepath.Dir(filepath.Dir(file))
 }
 
-// BuildTags are the tags pinrt is built with: the signature policy's
-// library (go.podman.io/image) takes its OpenPGP from Go, not gpgme.
-const BuildTags = "containers_image_openpgp"
-
 // Binary builds bin/pinrt once per test process and returns its path. It
 // is built static, so the pause process can run from a rootfs holding only
-// this one file. PINRT_E2E_BINARY names a prebuilt binary instead, for a
-// test binary run where there is no Go toolchain (test/vm).
+// this one file. pinrt-sigpolicy, the signature policy helper (a module
+// of its own, cmd/pinrt-sigpolicy), is built beside it, where the daemon
+// looks for it. PINRT_E2E_BINARY names a prebuilt binary instead, for a
+// test binary run where there is no Go toolchain (test/vm); a helper is
+// then expected beside it.
 func Binary(t testing.TB) string {
 	t.Helper()
 	if p := os.Getenv("PINRT_E2E_BINARY"); p != "" {
@@ -78,12 +77,17 @@ func Binary(t testing.TB) string {
 			return
 		}
 		binPath = filepath.Join(dir, "pinrt")
-		for _, b := range []struct{ out, pkg string }{{binPath, "./cmd/pinrt"}} {
-			cmd := exec.Command("go", "build", "-tags", BuildTags, "-o", b.out, b.pkg)
-			cmd.Dir = RepoRoot()
+		// The helper's library takes its OpenPGP from Go with this tag,
+		// not from gpgme.
+		for _, b := range []struct{ out, dir, tags string }{
+			{binPath, "cmd/pinrt", ""},
+			{filepath.Join(dir, "pinrt-sigpolicy"), "cmd/pinrt-sigpolicy", "containers_image_openpgp"},
+		} {
+			cmd := exec.Command("go", "build", "-tags", b.tags, "-o", b.out, ".")
+			cmd.Dir = filepath.Join(RepoRoot(), b.dir)
 			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 			if out, err := cmd.CombinedOutput(); err != nil {
-				errBuild = fmt.Errorf("go build %s: %w\n%s", b.pkg, err, out)
+				errBuild = fmt.Errorf("go build %s: %w\n%s", b.dir, err, out)
 				return
 			}
 		}

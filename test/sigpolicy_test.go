@@ -272,3 +272,64 @@ func crictlBinary(t *testing.T) string {
 	critest := lastLine(t, runTool(t, 20*time.Minute, repo, nil, "bash", filepath.Join(repo, "test/critest/build.sh"), cache))
 	return filepath.Join(filepath.Dir(critest), "crictl")
 }
+
+// TestSignaturePolicyHelperMissing: with a policy configured, a pinrt
+// whose pinrt-sigpolicy is missing or cannot run refuses to start, and
+// says where it looked, rather than pulling unverified images.
+func TestSignaturePolicyHelperMissing(t *testing.T) {
+	RequireRoot(t)
+	policy := filepath.Join(t.TempDir(), "policy.json")
+	if err := os.WriteFile(policy, []byte(`{"default":[{"type":"reject"}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The daemon's PATH keeps its directories without a pinrt-sigpolicy,
+	// so an installed one is not found instead.
+	var path []string
+	for _, dir := range filepath.SplitList(os.Getenv("PATH")) {
+		if _, err := os.Stat(filepath.Join(dir, "pinrt-sigpolicy")); err != nil {
+			path = append(path, dir)
+		}
+	}
+	cases := []struct {
+		name   string
+		helper func(t *testing.T, path string) // nil: none
+		want   string
+	}{
+		{"missing", nil, "neither beside pinrt"},
+		{"not executable", func(t *testing.T, path string) {
+			copyFile(t, filepath.Join(filepath.Dir(Binary(t)), "pinrt-sigpolicy"), path, 0o644)
+		}, "is not an executable file"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			bin := filepath.Join(t.TempDir(), "pinrt")
+			copyFile(t, Binary(t), bin, 0o755)
+			helper := filepath.Join(filepath.Dir(bin), "pinrt-sigpolicy")
+			if c.helper != nil {
+				c.helper(t, helper)
+			}
+			d := NewDaemon(t, Options{
+				Config: fmt.Sprintf("[image]\nsignature_policy = %q\n", policy),
+				Binary: bin,
+				Env:    []string{"PATH=" + strings.Join(path, string(filepath.ListSeparator))},
+			})
+			if err := d.Start(); err == nil {
+				t.Fatal("pinrt started with a policy and no helper to check it")
+			}
+			if log := d.Log(); !strings.Contains(log, c.want) || !strings.Contains(log, helper) {
+				t.Errorf("the refusal does not say %q about %s:\n%s", c.want, helper, log)
+			}
+		})
+	}
+}
+
+func copyFile(t *testing.T, from, to string, mode os.FileMode) {
+	t.Helper()
+	b, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(to, b, mode); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -3,25 +3,45 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
 	"path/filepath"
+
+	"github.com/containerd/errdefs"
 
 	"github.com/pinrt/pinrt/conf"
 	"github.com/pinrt/pinrt/image"
 	"github.com/pinrt/pinrt/sigpolicy"
 )
 
+// helperName is the binary that evaluates signature policies
+// (cmd/pinrt-sigpolicy), installed beside pinrt.
+const helperName = "pinrt-sigpolicy"
+
 // newVerifier builds the signature policy check of image pulls; nil
-// when no policy is configured, so pulls go on as before. A policy file
-// that is missing or broken stops the daemon here.
+// when no policy is configured, so pulls go on as before and no helper
+// is needed. A policy file that is missing or broken, or a helper that
+// cannot be found, stops the daemon here.
 func newVerifier(cfg *conf.Config) (image.Verifier, error) {
 	if cfg.Image.SignaturePolicy == "" && cfg.Image.SignaturePolicyDir == "" {
 		return nil, nil
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("signature policy: locating pinrt's own binary to find %s beside it: %w", helperName, err)
+	}
+	helper, err := findHelper(exe)
+	if err != nil {
+		return nil, err
 	}
 	regs := map[string]sigpolicy.Registry{}
 	for host, r := range cfg.Image.Registries {
 		regs[host] = sigpolicy.Registry{Mirrors: r.Mirrors, SkipOrigin: r.SkipOrigin, Insecure: r.Insecure, CAFile: r.CAFile}
 	}
 	v, err := sigpolicy.New(sigpolicy.Config{
+		Helper:     helper,
 		Policy:     cfg.Image.SignaturePolicy,
 		PolicyDir:  cfg.Image.SignaturePolicyDir,
 		StateDir:   filepath.Join(cfg.RunRoot, "sigpolicy"),
@@ -32,6 +52,29 @@ func newVerifier(cfg *conf.Config) (image.Verifier, error) {
 		return nil, err
 	}
 	return verifier{v}, nil
+}
+
+// findHelper locates pinrt-sigpolicy beside exe first, so a daemon runs
+// the helper of its own build, else on PATH. A file beside exe that
+// cannot run is an error, not a reason to run another one from PATH.
+func findHelper(exe string) (string, error) {
+	beside := filepath.Join(filepath.Dir(exe), helperName)
+	fi, err := os.Stat(beside)
+	switch {
+	case err == nil && (!fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0):
+		return "", fmt.Errorf("signature policy helper %s is not an executable file (mode %s): %w", beside, fi.Mode(), errdefs.ErrFailedPrecondition)
+	case err == nil:
+		return beside, nil
+	case !errors.Is(err, fs.ErrNotExist):
+		return "", fmt.Errorf("signature policy helper: %w: %w", err, errdefs.ErrFailedPrecondition)
+	}
+	p, err := exec.LookPath(helperName)
+	if err != nil {
+		return "", fmt.Errorf("a signature policy is configured, but its helper %s is neither beside pinrt (%s) nor on PATH (%q); "+
+			"install the one built with pinrt (make build writes bin/%s, make install installs it beside pinrt): %w",
+			helperName, beside, os.Getenv("PATH"), helperName, errdefs.ErrFailedPrecondition)
+	}
+	return p, nil
 }
 
 // verifier adapts sigpolicy to the image store's Verifier, marking the

@@ -54,7 +54,10 @@ cleanup() {
 trap cleanup EXIT
 out=${PINRT_NODE_E2E_OUT:-$work/out}
 
-(cd "$repo" && CGO_ENABLED=0 go build -tags containers_image_openpgp -o "$work/pinrt" ./cmd/pinrt)
+(cd "$repo" && CGO_ENABLED=0 go build -o "$work/pinrt" ./cmd/pinrt)
+# The signature policy helper (mode sigpolicy), a module of its own, goes
+# beside pinrt, where the daemon looks for it.
+(cd "$repo/cmd/pinrt-sigpolicy" && CGO_ENABLED=0 go build -tags containers_image_openpgp -o "$work/pinrt-sigpolicy" .)
 # As the VM suites build it, so every suite shares the images' cache.
 (cd "$repo" && CGO_ENABLED=0 go build -trimpath -buildvcs=false -o "$work/pinrt-standin" ./test/standin/cmd/pinrt-standin)
 busybox=$(bash "$repo/test/standin/busybox.sh" "$cache")

@@ -98,7 +98,9 @@ echo "vm: image ready after $(secs "$t0" "$t1")s ($img)"
 share=$(mktemp -d /var/tmp/pinrt-vm-share.XXXXXX)
 trap 'rm -rf "$share"' EXIT
 mkdir -p "$share/bin" "$share/cni" "$share/out"
-(cd "$repo" && CGO_ENABLED=0 go build -tags containers_image_openpgp -o "$share/bin/pinrt" ./cmd/pinrt)
+(cd "$repo" && CGO_ENABLED=0 go build -o "$share/bin/pinrt" ./cmd/pinrt)
+# The signature policy helper, a module of its own, goes beside pinrt.
+(cd "$repo/cmd/pinrt-sigpolicy" && CGO_ENABLED=0 go build -tags containers_image_openpgp -o "$share/bin/pinrt-sigpolicy" .)
 cp "$(command -v runc)" "$share/bin/runc"
 cp /opt/cni/bin/* "$share/cni/"
 cp "$here/inside.sh" "$share/inside.sh"
