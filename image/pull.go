@@ -707,7 +707,15 @@ func (s *Store) stageLayer(ctx context.Context, layer v1.Layer, lr layerRecord) 
 		}
 		st.blob = blobTmp.Name()
 		defer blobTmp.Close()
-		src = io.TeeReader(&ctxReader{ctx: ctx, r: rc}, blobTmp)
+		ra := newReadAhead(io.TeeReader(&ctxReader{ctx: ctx, r: rc}, blobTmp), readAheadChunk, readAheadDepth)
+		// Runs before the deferred closes above: no write to the blob
+		// file after this returns.
+		defer func() {
+			ra.stop()
+			rc.Close()
+			ra.wait()
+		}()
+		src = ra
 	}
 	if _, err := UnpackLayer(src, tmpDir, lr.Digest, lr.DiffID); err != nil {
 		return nil, err
@@ -750,6 +758,13 @@ func syncFS(dir string) error {
 	defer unix.Close(fd)
 	return unix.Syncfs(fd)
 }
+
+// A layer's download is read up to readAheadDepth chunks of
+// readAheadChunk bytes (2 MiB) ahead of its unpack (readahead.go).
+const (
+	readAheadChunk = 128 << 10
+	readAheadDepth = 16
+)
 
 // ctxReader stops a layer download when the pull is cancelled.
 type ctxReader struct {
