@@ -217,6 +217,13 @@ func (s *Server) watched(c *sandbox.Container) bool {
 	return !un
 }
 
+// background is the context of work that outlives the request that
+// started it: not cancelled with it, and with the logger without that
+// request's fields, so its lines are not attributed to an unrelated call.
+func background(ctx context.Context, component string) context.Context {
+	return log.WithLogger(context.Background(), logrus.NewEntry(log.G(ctx).Logger).WithField("component", component))
+}
+
 func (s *Server) exitWatch(ctx context.Context) *fsnotify.Watcher {
 	s.exits.once.Do(func() {
 		s.exits.w, s.exits.err = fsnotify.NewWatcher()
@@ -224,11 +231,7 @@ func (s *Server) exitWatch(ctx context.Context) *fsnotify.Watcher {
 			log.G(ctx).WithError(s.exits.err).Warn("no inotify: container exits are noticed on the next status call only")
 			return
 		}
-		// The loop outlives the request that started it: it gets the
-		// logger without that request's fields, so its lines are not
-		// attributed to an unrelated call.
-		bg := log.WithLogger(context.Background(), logrus.NewEntry(log.G(ctx).Logger).WithField("component", "exit-watcher"))
-		go s.exitLoop(bg, s.exits.w)
+		go s.exitLoop(background(ctx, "exit-watcher"), s.exits.w)
 		s.exits.active.Store(true)
 	})
 	return s.exits.w

@@ -6,7 +6,6 @@ import (
 	"sync"
 
 	"github.com/containerd/log"
-	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
 	"github.com/pinrt/pinrt/sandbox"
@@ -71,8 +70,7 @@ func (s *Server) watchMonitor(ctx context.Context, c *sandbox.Container) {
 	s.monitors.files[c.ID] = f
 	s.monitors.mu.Unlock()
 
-	// The wait outlives the request that started it.
-	bg := log.WithLogger(context.Background(), logrus.NewEntry(log.G(ctx).Logger).WithField("component", "monitor-watcher"))
+	bg := background(ctx, "monitor-watcher")
 	go func() {
 		err := rc.Read(func(fd uintptr) bool { return pidfdExited(int(fd)) })
 		if !s.dropMonitor(c.ID, f) || err != nil {
