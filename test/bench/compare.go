@@ -19,7 +19,7 @@ func WriteComparison(w io.Writer, a, b []*Result) error {
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "== compare %s variant=%s n=%d p=%d rounds=%d\n", a[0].Scenario, a[0].Variant, a[0].N, a[0].P, len(a))
 	fmt.Fprintf(&sb, "A: %s\nB: %s\n", a[0].Runtime, b[0].Runtime)
-	fmt.Fprintf(&sb, "%-22s %-8s %12s %12s %8s\n", "OPERATION", "VALUE", "A", "B", "B/A")
+	fmt.Fprintf(&sb, "%-30s %-8s %12s %12s %8s\n", "OPERATION", "VALUE", "A", "B", "B/A")
 	ratio := func(x, y float64) string {
 		if x == 0 {
 			return "-"
@@ -40,14 +40,14 @@ func WriteComparison(w io.Writer, a, b []*Result) error {
 			if !okA || !okB {
 				continue
 			}
-			fmt.Fprintf(&sb, "%-22s %-8s %12.2f %12.2f %8s\n", op.Name, v.name, ma, mb, ratio(ma, mb))
+			fmt.Fprintf(&sb, "%-30s %-8s %12.2f %12.2f %8s\n", op.Name, v.name, ma, mb, ratio(ma, mb))
 		}
 	}
 	for _, k := range slices.Sorted(maps.Keys(a[0].Metrics)) {
 		ma, okA := meanMetric(a, k)
 		mb, okB := meanMetric(b, k)
 		if okA && okB {
-			fmt.Fprintf(&sb, "%-31s %12.2f %12.2f %8s\n", k, ma, mb, ratio(ma, mb))
+			fmt.Fprintf(&sb, "%-39s %12.2f %12.2f %8s\n", k, ma, mb, ratio(ma, mb))
 		}
 	}
 	_, err := io.WriteString(w, sb.String())

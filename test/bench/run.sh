@@ -459,8 +459,9 @@ run_bench() {
 		/^Exec\(stream\) / { k = k " Exec(stream)-p50=" $4 }
 		/^portforward_mb_per_s = / { k = k " port-forward=" $3 "MB/s" }
 		/^idle_cpu_ms_per_min = / { k = k " idle-cpu=" $3 "ms/min" }
-		/^ContainerStatus / { k = k " ContainerStatus-p50=" $4 }
-		/^ListContainers / { k = k " ListContainers-p50=" $4 }
+		/^ContainerStatus +[0-9]/ { k = k " ContainerStatus-p50=" $4 }
+		/^ListContainers +[0-9]/ { k = k " ListContainers-p50=" $4 }
+		/^ListContainers floor / { k = k " (floor " $5 ")" }
 		/^status_procs_started = / { k = k " status-procs=" $3 }
 		/^procs_per_pod = / { k = k " procs/pod=" $3 }
 		/^PullImage +[0-9]/ { k = k " PullImage-p50=" $4 }
@@ -547,7 +548,7 @@ run_compare() {
 		NF >= 5 && $(NF-3) == "ms" && ($(NF-4) == "p50" || $(NF-4) == "p99") {
 			op = $1
 			for (i = 2; i <= NF - 5; i++) op = op "_" $i
-			if (op ~ /^(pod_end_to_end|sandbox_end_to_end|RunPodSandbox|CreateContainer|StartContainer|RemoveContainer|StopPodSandbox|ContainerStatus|ListContainers|ListPodSandbox|ListContainerStats|PullImage)$/)
+			if (op ~ /^(pod_end_to_end|sandbox_end_to_end|RunPodSandbox|CreateContainer|StartContainer|RemoveContainer|StopPodSandbox|ContainerStatus|ListContainers|ListPodSandbox|ListContainerStats|PullImage|ContainerStatus_floor|ListContainers_floor)$/)
 				k = k " " op "-" $(NF-4) "=" $NF
 		}
 		NF == 4 && $1 ~ /^(cpu_ms_per_pod|runtime_pss_kib|daemon_rss_kib|teardown_wall_ms)$/ { k = k " " $1 "=" $NF }
@@ -580,7 +581,7 @@ run_compare compare-pod pod -n "$N" -p 1 --image "$IMAGE"
 # kubelet's default node: 110 pods, here with two containers each,
 # statuses and lists read one call at a time, memory of the daemon and
 # its monitors, then everything removed (teardown_wall_ms).
-run_compare compare-node status -n "$NODE_PODS" --containers "$NODE_CONTAINERS" -p "$PAR" --image "$IMAGE" --stats-rounds 5
+run_compare compare-node status -n "$NODE_PODS" --containers "$NODE_CONTAINERS" -p "$PAR" --image "$IMAGE" --stats-rounds 20
 run_compare compare-pull pull -n "$PULL_N" --limit-mbps "$PULL_MBPS" --scale "$PULL_SCALE" --pull-settle "$PULL_SETTLE"
 
 echo

@@ -150,6 +150,11 @@ type Config struct {
 	// DaemonLog, when set, is the runtime's log file; the phase timings it
 	// logs at debug level during the run are reported per phase.
 	DaemonLog string
+
+	// Floor, when set, makes status time its reads again against the
+	// runtime's captured replies served by a server that does nothing
+	// else (floor.go). Optional.
+	Floor StartFloor
 }
 
 func (c *Config) defaults() {
@@ -941,6 +946,9 @@ func (r *runner) status(ctx context.Context) time.Duration {
 	r.rec.Declare(OpPullImage, OpRunPodSandbox, OpCreateContainer, OpStartContainer, OpWaitRunning,
 		OpContainerStatus, OpContainerStatusV, OpListContainers, OpListPodSandbox, OpListCtrStats,
 		OpStopContainer, OpRemoveContainer, OpStopPodSandbox, OpRemovePodSandbox)
+	if r.cfg.Floor != nil {
+		r.rec.Declare(OpContainerStatusFloor, OpContainerStatusVFloor, OpListContainersFloor, OpListPodSandboxFloor)
+	}
 	r.rec.DeclareAggregate(OpPodRunning)
 	r.ensureImage(ctx)
 	pods, _ := r.startPods(ctx, ScenarioStatus, true)
@@ -949,69 +957,145 @@ func (r *runner) status(ctx context.Context) time.Duration {
 	if rounds <= 0 {
 		rounds = 5
 	}
+	// The floor's rounds alternate with the runtime's, so that the host's
+	// load, settling after the start of every pod, weighs on both alike.
+	floor, stopFloor := r.startFloor(ctx, pods)
+	defer stopFloor()
 	var before ProcCounts
 	if r.procs != nil {
 		before = r.procs.Counts()
 	}
+	var wall, floorWall time.Duration
+	for range rounds {
+		start := time.Now()
+		r.readRound(ctx, r.c, pods, "", true)
+		wall += time.Since(start)
+		if floor != nil {
+			start = time.Now()
+			r.readRound(ctx, floor, pods, floorSuffix, false)
+			floorWall += time.Since(start)
+		}
+	}
+	r.memoryMetrics(len(pods) * r.cfg.Containers)
+	if r.procs != nil {
+		d := r.procs.Counts().Sub(before)
+		r.setMetric("status_procs_started", float64(d.Forks))
+	}
+	r.setWalls(wall, OpContainerStatus, OpContainerStatusV, OpListContainers, OpListPodSandbox, OpListCtrStats)
+	r.setWalls(floorWall, OpContainerStatusFloor, OpContainerStatusVFloor, OpListContainersFloor, OpListPodSandboxFloor)
+	stopFloor()
+	r.teardownAll(ctx, pods)
+	return wall
+}
+
+// readRound times one round of the reads kubelet makes of a node through
+// c: every container's status, plain and verbose, then ListContainers,
+// ListPodSandbox and, with stats, ListContainerStats. suffix is added to
+// the op names.
+func (r *runner) readRound(ctx context.Context, c *Client, pods []*benchPod, suffix string, stats bool) {
 	status := func(op, id string, verbose bool) {
 		_ = r.rec.timed(op, func() error {
-			rctx, cancel := r.c.rpc(ctx)
+			rctx, cancel := c.rpc(ctx)
 			defer cancel()
-			resp, err := r.c.Runtime.ContainerStatus(rctx, &runtimeapi.ContainerStatusRequest{ContainerId: id, Verbose: verbose})
+			resp, err := c.Runtime.ContainerStatus(rctx, &runtimeapi.ContainerStatusRequest{ContainerId: id, Verbose: verbose})
 			if err == nil && resp.GetStatus().GetState() != runtimeapi.ContainerState_CONTAINER_RUNNING {
 				err = fmt.Errorf("container %s is %s, want CONTAINER_RUNNING", id, resp.GetStatus().GetState())
 			}
 			return err
 		})
 	}
-	start := time.Now()
-	for range rounds {
-		for _, p := range pods {
-			for _, id := range p.containers {
-				status(OpContainerStatus, id, false)
-				status(OpContainerStatusV, id, true)
-			}
+	for _, p := range pods {
+		for _, id := range p.containers {
+			status(OpContainerStatus+suffix, id, false)
+			status(OpContainerStatusV+suffix, id, true)
 		}
-		_ = r.rec.timed(OpListContainers, func() error {
-			rctx, cancel := r.c.rpc(ctx)
-			defer cancel()
-			resp, err := r.c.Runtime.ListContainers(rctx, &runtimeapi.ListContainersRequest{})
-			if want := len(pods) * r.cfg.Containers; err == nil && len(resp.GetContainers()) < want {
-				err = fmt.Errorf("ListContainers listed %d containers, want at least %d", len(resp.GetContainers()), want)
-			}
-			return err
-		})
-		// kubelet's PLEG relists the pods every second, and its stats
-		// loop lists every container's stats.
-		_ = r.rec.timed(OpListPodSandbox, func() error {
-			rctx, cancel := r.c.rpc(ctx)
-			defer cancel()
-			resp, err := r.c.Runtime.ListPodSandbox(rctx, &runtimeapi.ListPodSandboxRequest{})
-			if err == nil && len(resp.GetItems()) < len(pods) {
-				err = fmt.Errorf("ListPodSandbox listed %d pods, want at least %d", len(resp.GetItems()), len(pods))
-			}
-			return err
-		})
-		_ = r.rec.timed(OpListCtrStats, func() error {
-			rctx, cancel := r.c.rpc(ctx)
-			defer cancel()
-			_, err := r.c.Runtime.ListContainerStats(rctx, &runtimeapi.ListContainerStatsRequest{})
-			return err
+	}
+	_ = r.rec.timed(OpListContainers+suffix, func() error {
+		rctx, cancel := c.rpc(ctx)
+		defer cancel()
+		resp, err := c.Runtime.ListContainers(rctx, &runtimeapi.ListContainersRequest{})
+		if want := len(pods) * r.cfg.Containers; err == nil && len(resp.GetContainers()) < want {
+			err = fmt.Errorf("ListContainers listed %d containers, want at least %d", len(resp.GetContainers()), want)
+		}
+		return err
+	})
+	// kubelet's PLEG relists the pods every second, and its stats
+	// loop lists every container's stats.
+	_ = r.rec.timed(OpListPodSandbox+suffix, func() error {
+		rctx, cancel := c.rpc(ctx)
+		defer cancel()
+		resp, err := c.Runtime.ListPodSandbox(rctx, &runtimeapi.ListPodSandboxRequest{})
+		if err == nil && len(resp.GetItems()) < len(pods) {
+			err = fmt.Errorf("ListPodSandbox listed %d pods, want at least %d", len(resp.GetItems()), len(pods))
+		}
+		return err
+	})
+	if !stats {
+		return
+	}
+	_ = r.rec.timed(OpListCtrStats+suffix, func() error {
+		rctx, cancel := c.rpc(ctx)
+		defer cancel()
+		_, err := c.Runtime.ListContainerStats(rctx, &runtimeapi.ListContainerStatsRequest{})
+		return err
+	})
+}
+
+// startFloor captures the runtime's replies to the reads, starts a floor
+// server for them (see floor.go) and returns a client of it; nil without
+// cfg.Floor or when that fails (counted as an error of the floor). The
+// stop function may be called more than once.
+func (r *runner) startFloor(ctx context.Context, pods []*benchPod) (*Client, func()) {
+	if r.cfg.Floor == nil {
+		return nil, func() {}
+	}
+	var ids []string
+	for _, p := range pods {
+		ids = append(ids, p.containers...)
+	}
+	rep, err := CaptureFloor(ctx, r.c, ids)
+	if err != nil {
+		r.rec.Fail(OpListContainersFloor, fmt.Errorf("capturing the replies: %w", err))
+		return nil, func() {}
+	}
+	r.setMetric("list_containers_reply_bytes", float64(len(rep.ListContainers)))
+	if b, ok := rep.Status[firstOf(ids)]; ok {
+		r.setMetric("container_status_reply_bytes", float64(len(b)))
+	}
+	endpoint, stop, err := r.cfg.Floor(ctx, rep)
+	if err != nil {
+		r.rec.Fail(OpListContainersFloor, fmt.Errorf("starting the floor server: %w", err))
+		return nil, func() {}
+	}
+	c, err := Dial(endpoint, r.cfg.RPCTimeout)
+	if err != nil {
+		stop()
+		r.rec.Fail(OpListContainersFloor, err)
+		return nil, func() {}
+	}
+	var once sync.Once
+	return c, func() {
+		once.Do(func() {
+			_ = c.Close()
+			stop()
 		})
 	}
-	wall := time.Since(start)
-	r.memoryMetrics(len(pods) * r.cfg.Containers)
-	if r.procs != nil {
-		d := r.procs.Counts().Sub(before)
-		r.setMetric("status_procs_started", float64(d.Forks))
+}
+
+func firstOf(ids []string) string {
+	if len(ids) == 0 {
+		return ""
 	}
+	return ids[0]
+}
+
+// setWalls makes wall the time the throughput of ops is computed over.
+func (r *runner) setWalls(wall time.Duration, ops ...string) {
 	r.mu.Lock()
-	for _, op := range []string{OpContainerStatus, OpContainerStatusV, OpListContainers, OpListPodSandbox, OpListCtrStats} {
+	defer r.mu.Unlock()
+	for _, op := range ops {
 		r.walls[op] = wall
 	}
-	r.mu.Unlock()
-	r.teardownAll(ctx, pods)
-	return wall
 }
 
 // memoryMetrics reports the daemon's RSS and the PSS of the runtime's

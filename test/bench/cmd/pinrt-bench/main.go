@@ -4,7 +4,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -15,6 +17,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -34,9 +37,11 @@ commands:
   pull       generate issue 22's image (3 gzip layers, 345 MB), serve it from a local
              registry and time N pulls (removing it before each) against the raw download
   status     N running pods: ContainerStatus (plain, verbose) of each and ListContainers,
-             --stats-rounds times; counts the processes the runtime starts meanwhile
+             --stats-rounds times; counts the processes the runtime starts meanwhile;
+             then the same reads of the runtime's captured replies from a floor server
   cleanup    remove pods and containers (bench-labelled, or --all)
   registry   serve a busybox test image from an in-process registry
+  floor-server serve captured replies (JSON on stdin) on --socket (started by status)
 
 run "pinrt-bench <command> -h" for the flags of a command.
 `
@@ -62,6 +67,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return runCleanup(ctx, args, stdout, stderr)
 	case "registry":
 		return runRegistry(ctx, args, stdout, stderr)
+	case "floor-server":
+		return runFloorServer(ctx, args, stderr)
 	}
 	_, _ = fmt.Fprintf(stderr, "unknown command %q\n%s", cmd, usage)
 	return 2
@@ -205,7 +212,86 @@ func (f *scenarioFlags) apply(cfg *bench.Config) error {
 	if *f.restartCmd != "" {
 		cfg.Restart = restartFunc(*f.restartCmd)
 	}
+	cfg.Floor = startFloorProcess
 	return nil
+}
+
+// startFloorProcess starts this binary's floor-server in a process of its
+// own, as a runtime is, and waits until it listens.
+func startFloorProcess(ctx context.Context, rep *bench.FloorReplies) (string, func(), error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return "", nil, err
+	}
+	body, err := json.Marshal(rep)
+	if err != nil {
+		return "", nil, err
+	}
+	dir, err := os.MkdirTemp("", "pinrt-bench-floor-")
+	if err != nil {
+		return "", nil, err
+	}
+	sock := filepath.Join(dir, "floor.sock")
+	cmd := exec.Command(exe, "floor-server", "--socket", sock)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = bytes.NewReader(body), os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		_ = os.RemoveAll(dir)
+		return "", nil, err
+	}
+	// waitErr is read only after exited is closed.
+	var waitErr error
+	exited := make(chan struct{})
+	go func() {
+		waitErr = cmd.Wait()
+		close(exited)
+	}()
+	stop := sync.OnceFunc(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(5 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		_ = os.RemoveAll(dir)
+	})
+	deadline := time.NewTimer(10 * time.Second)
+	defer deadline.Stop()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if _, err := os.Stat(sock); err == nil {
+			return "unix://" + sock, stop, nil
+		}
+		select {
+		case <-exited:
+			stop()
+			return "", nil, fmt.Errorf("floor server exited before listening: %w", waitErr)
+		case <-deadline.C:
+			stop()
+			return "", nil, errors.New("floor server did not listen within 10s")
+		case <-ctx.Done():
+			stop()
+			return "", nil, ctx.Err()
+		case <-tick.C:
+		}
+	}
+}
+
+// runFloorServer serves the replies read from stdin until it is stopped.
+func runFloorServer(ctx context.Context, args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet("floor-server", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	socket := fs.String("socket", "", "unix socket to serve on")
+	if err := fs.Parse(args); err != nil || *socket == "" {
+		_, _ = fmt.Fprintln(stderr, "floor-server needs --socket")
+		return 2
+	}
+	if err := bench.ServeFloor(ctx, *socket, os.Stdin); err != nil {
+		_, _ = fmt.Fprintln(stderr, "floor-server:", err)
+		return 1
+	}
+	return 0
 }
 
 // cgroupMemory reads the memory of the processes in cgroup dir.

@@ -2,11 +2,16 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pinrt/pinrt/test/bench"
 	"github.com/pinrt/pinrt/test/bench/benchtest"
@@ -129,5 +134,48 @@ func TestCompareAlternatesAndPrintsRatios(t *testing.T) {
 	}
 	if !strings.Contains(text, "sandbox end to end") || !strings.Contains(text, "B/A") {
 		t.Errorf("no ratio table:\n%s", text)
+	}
+}
+
+// TestMain lets the test binary stand in for pinrt-bench when it starts
+// itself (startFloorProcess runs os.Executable).
+func TestMain(m *testing.M) {
+	if os.Getenv("PINRT_BENCH_TEST_AS_MAIN") == "1" {
+		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+func TestFloorServerProcess(t *testing.T) {
+	t.Setenv("PINRT_BENCH_TEST_AS_MAIN", "1")
+	list := &runtimeapi.ListContainersResponse{Containers: []*runtimeapi.Container{{Id: "a"}}}
+	b, err := proto.Marshal(list)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep, stop, err := startFloorProcess(context.Background(), &bench.FloorReplies{ListContainers: b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := strings.TrimPrefix(ep, "unix://")
+	c, err := bench.Dial(ep, 5*time.Second)
+	if err != nil {
+		stop()
+		t.Fatal(err)
+	}
+	got, err := c.Runtime.ListContainers(context.Background(), &runtimeapi.ListContainersRequest{})
+	c.Close()
+	stop()
+	if err != nil || !proto.Equal(got, list) {
+		t.Errorf("ListContainers from the floor process = %v, %v", got, err)
+	}
+	if _, err := os.Stat(filepath.Dir(sock)); !os.IsNotExist(err) {
+		t.Errorf("the floor's directory is left after the stop: %v", err)
+	}
+
+	// Replies it cannot read: it exits, and the start says so.
+	if _, _, err := startFloorProcess(context.Background(), &bench.FloorReplies{ListContainers: []byte{0xff}}); err == nil ||
+		!strings.Contains(err.Error(), "exited before listening") {
+		t.Errorf("start with a broken reply: %v", err)
 	}
 }
