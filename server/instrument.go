@@ -61,7 +61,9 @@ func withRequestID(ctx context.Context, method string) (context.Context, time.Ti
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	entry := log.G(ctx).WithField("req", hex.EncodeToString(b[:]))
-	entry.WithField("method", method).Trace("request")
+	if entry.Logger.IsLevelEnabled(log.TraceLevel) {
+		entry.WithField("method", method).Trace("request")
+	}
 	return log.WithLogger(ctx, entry), time.Now()
 }
 
@@ -99,7 +101,13 @@ func finish(ctx context.Context, method string, start time.Time, err error) (map
 			})
 		}
 	}()
-	entry := log.G(ctx).WithFields(log.Fields{
+	logger := log.G(ctx)
+	if err == nil && !logger.Logger.IsLevelEnabled(log.DebugLevel) {
+		// kubelet's status calls come by the thousand: no entry is
+		// built for a line that would not be written.
+		return nil
+	}
+	entry := logger.WithFields(log.Fields{
 		"method":   method,
 		"duration": time.Since(start).Round(time.Microsecond).String(),
 	})

@@ -154,3 +154,19 @@ func TestFinishLogLevel(t *testing.T) {
 		})
 	}
 }
+
+// Above debug, a success writes nothing, and failures are still logged.
+func TestFinishAtInfoLevel(t *testing.T) {
+	logger, hook := logtest.NewNullLogger()
+	logger.SetLevel(logrus.InfoLevel)
+	ctx := log.WithLogger(context.Background(), logrus.NewEntry(logger))
+	if err := finish(ctx, "/m", time.Now(), nil); err != nil || len(hook.AllEntries()) != 0 {
+		t.Fatalf("success: %v, logged %d entries", err, len(hook.AllEntries()))
+	}
+	if err := finish(ctx, "/m", time.Now(), errdefs.ErrUnavailable); status.Code(err) != codes.Unavailable {
+		t.Fatalf("failure mapped to %v", err)
+	}
+	if e := hook.LastEntry(); e == nil || e.Level != logrus.WarnLevel || e.Data["method"] != "/m" {
+		t.Fatalf("failure logged as %+v", e)
+	}
+}
