@@ -34,6 +34,7 @@ var kindClasses = map[string]error{
 	KindUnavailable:        errdefs.ErrUnavailable,
 	KindNotFound:           errdefs.ErrNotFound,
 	KindDataLoss:           errdefs.ErrDataLoss,
+	KindUnauthenticated:    errdefs.ErrUnauthenticated,
 }
 
 // run executes the helper for req and returns its answer. A HelperError

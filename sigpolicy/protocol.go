@@ -83,6 +83,9 @@ const (
 	KindUnavailable        = "unavailable"
 	KindNotFound           = "not_found"
 	KindDataLoss           = "data_loss"
+	// KindUnauthenticated is a registry that refused the pull's
+	// credentials (or their absence) while the signatures were read.
+	KindUnauthenticated = "unauthenticated"
 )
 
 // HelperError is an answer other than acceptance.

@@ -132,6 +132,7 @@ func TestVerifyHelperErrors(t *testing.T) {
 		{KindUnavailable, errdefs.IsUnavailable},
 		{KindNotFound, errdefs.IsNotFound},
 		{KindDataLoss, errdefs.IsDataLoss},
+		{KindUnauthenticated, errdefs.IsUnauthorized},
 		{"no-such-kind", errdefs.IsInternal},
 	}
 	for _, c := range cases {

@@ -4,11 +4,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io/fs"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -331,5 +333,72 @@ func copyFile(t *testing.T, from, to string, mode os.FileMode) {
 	}
 	if err := os.WriteFile(to, b, mode); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestSignaturePolicyCredentials: a verified image in a registry that
+// wants credentials. The policy's check reads the signature with the
+// pull's own credentials, and a pull without them, or with wrong ones,
+// is refused as unauthenticated before anything is stored.
+func TestSignaturePolicyCredentials(t *testing.T) {
+	e := newSigPolicyEnv(t)
+	tag := e.reg.Ref("signed/private:1")
+	e.reg.Push(t, "signed/private:1", testimage.Busybox(t))
+	cosign.Sign(t, tag, e.key, cosign.Options{})
+	e.writePolicy(t, e.policy, e.strict())
+
+	good := &runtimeapi.AuthConfig{Username: "alice", Password: "secret"}
+	var mu sync.Mutex
+	sigReads := map[string]int{} // signature manifest requests by "user:password"
+	e.reg.Intercept(func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			user, pass, ok := r.BasicAuth()
+			if strings.Contains(r.URL.Path, "/manifests/sha256-") && strings.HasSuffix(r.URL.Path, ".sig") {
+				mu.Lock()
+				sigReads[user+":"+pass]++
+				mu.Unlock()
+			}
+			if !ok || user != good.Username || pass != good.Password {
+				w.Header().Set("WWW-Authenticate", `Basic realm="pinrt-e2e"`)
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusUnauthorized)
+				_, _ = w.Write([]byte(`{"errors":[{"code":"UNAUTHORIZED","message":"authentication required"}]}`))
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	})
+	pull := func(auth *runtimeapi.AuthConfig) (string, error) {
+		resp, err := e.d.Image.PullImage(Ctx(t), &runtimeapi.PullImageRequest{
+			Image: &runtimeapi.ImageSpec{Image: tag}, Auth: auth,
+			SandboxConfig: &runtimeapi.PodSandboxConfig{Metadata: &runtimeapi.PodSandboxMetadata{Name: "p", Uid: "u", Namespace: "default"}},
+		})
+		return resp.GetImageRef(), err
+	}
+
+	before := e.storeFiles(t)
+	for name, auth := range map[string]*runtimeapi.AuthConfig{
+		"no credentials":    nil,
+		"wrong credentials": {Username: "alice", Password: "wrong"},
+	} {
+		if ref, err := pull(auth); status.Code(err) != codes.Unauthenticated {
+			t.Errorf("pull with %s = %q, %v; want Unauthenticated", name, ref, err)
+		}
+	}
+	if after := e.storeFiles(t); !slices.Equal(before, after) {
+		t.Errorf("refused pulls changed the store: %v -> %v", before, after)
+	}
+
+	id, err := pull(good)
+	if err != nil {
+		t.Fatalf("pull with good credentials: %v", err)
+	}
+	if img := imgStatus(t, e.d, tag, false).GetImage(); img.GetId() != id {
+		t.Fatalf("ImageStatus(%s) = %v, want %s", tag, img, id)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if sigReads["alice:secret"] == 0 {
+		t.Errorf("the signature was never read with the pull's credentials: signature reads by credentials %v", sigReads)
 	}
 }

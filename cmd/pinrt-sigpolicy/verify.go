@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/docker/distribution/registry/api/errcode"
 	"go.podman.io/image/v5/docker"
 	"go.podman.io/image/v5/docker/reference"
 	"go.podman.io/image/v5/image"
@@ -105,13 +106,29 @@ func rejection(err error) bool {
 
 // fetchError classifies a failure to read the manifest or signatures:
 // the policy could not be checked, which fails the pull as the
-// registry's fault.
+// registry's fault, or as the credentials' when the registry refused
+// them (a 401, as the pull itself reports it).
 func fetchError(ref string, err error) error {
 	kind := sigpolicy.KindUnavailable
-	if strings.Contains(err.Error(), "manifest unknown") || strings.Contains(err.Error(), "name unknown") {
+	switch {
+	case strings.Contains(err.Error(), "manifest unknown") || strings.Contains(err.Error(), "name unknown"):
 		kind = sigpolicy.KindNotFound
+	case unauthorized(err):
+		kind = sigpolicy.KindUnauthenticated
 	}
 	return fail(kind, "verifying the signatures of %s: %v", ref, err)
+}
+
+// unauthorized is a 401 from the registry: the library's own error for
+// it, or the registry's UNAUTHORIZED error code (a bare code when the
+// registry's answer had no message of its own).
+func unauthorized(err error) bool {
+	var u docker.ErrUnauthorizedForCredentials
+	var code errcode.ErrorCode
+	var coded errcode.Error
+	return errors.As(err, &u) ||
+		errors.As(err, &code) && code == errcode.ErrorCodeUnauthorized ||
+		errors.As(err, &coded) && coded.Code == errcode.ErrorCodeUnauthorized
 }
 
 // describe names the policy section that governs ref and the types of

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,7 +13,9 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/docker/distribution/registry/api/errcode"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"go.podman.io/image/v5/docker"
 
 	"github.com/pinrt/pinrt/sigpolicy"
 	"github.com/pinrt/pinrt/test/cosign"
@@ -327,4 +330,60 @@ func writeKey(t *testing.T, dir, name string, k *cosign.Key) string {
 	path := filepath.Join(dir, name)
 	k.WritePublic(t, path)
 	return path
+}
+
+// A registry that wants credentials: the signatures are read with the
+// pull's own, and a refusal of them is Unauthenticated, as the pull's
+// own 401 is, not a registry that is down.
+func TestVerifyCredentials(t *testing.T) {
+	f := setup(t)
+	f.reg.Intercept(func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if user, pass, ok := r.BasicAuth(); !ok || user != "alice" || pass != "secret" {
+				w.Header().Set("WWW-Authenticate", `Basic realm="pinrt-sigpolicy"`)
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusUnauthorized)
+				_, _ = w.Write([]byte(`{"errors":[{"code":"UNAUTHORIZED","message":"authentication required"}]}`))
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	})
+	policy := writePolicy(t, filepath.Join(f.dir, "policy.json"), sigstore(f.reg.Addr+"/app", f.keyPath, matchRepository))
+	v := f.verifier(t, sigpolicy.Config{Policy: policy})
+	verify := func(auth *sigpolicy.Auth) (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		return v.Verify(ctx, sigpolicy.Request{Ref: f.signed, Auth: auth})
+	}
+	for name, auth := range map[string]*sigpolicy.Auth{
+		"without credentials": nil,
+		"with wrong ones":     {Username: "alice", Password: "wrong"},
+	} {
+		if _, err := verify(auth); !errdefs.IsUnauthorized(err) || !strings.Contains(err.Error(), f.signed) {
+			t.Errorf("%s: err = %v, want Unauthenticated naming %s", name, err, f.signed)
+		}
+	}
+	if d, err := verify(&sigpolicy.Auth{Username: "alice", Password: "secret"}); err != nil || d != f.signedDigest {
+		t.Fatalf("with the right credentials: Verify = %q, %v; want %s", d, err, f.signedDigest)
+	}
+}
+
+func TestFetchErrorKinds(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		kind string
+	}{
+		{docker.ErrUnauthorizedForCredentials{Err: errors.New("401")}, sigpolicy.KindUnauthenticated},
+		{fmt.Errorf("reading manifest 1 in r/x: %w", errcode.ErrorCodeUnauthorized), sigpolicy.KindUnauthenticated},
+		{fmt.Errorf("reading manifest 1 in r/x: %w", errcode.ErrorCodeUnauthorized.WithMessage("token expired")), sigpolicy.KindUnauthenticated},
+		{fmt.Errorf("reading manifest 1 in r/x: %w", errcode.ErrorCodeDenied), sigpolicy.KindUnavailable},
+		{errors.New("reading manifest 1 in r/x: manifest unknown"), sigpolicy.KindNotFound},
+		{errors.New("dial tcp 127.0.0.1:1: connect: connection refused"), sigpolicy.KindUnavailable},
+	} {
+		var he *sigpolicy.HelperError
+		if err := fetchError("r/x:1", c.err); !errors.As(err, &he) || he.Kind != c.kind {
+			t.Errorf("fetchError(%v) = %v, want kind %s", c.err, err, c.kind)
+		}
+	}
 }
