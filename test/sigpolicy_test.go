@@ -397,8 +397,19 @@ func TestSignaturePolicyCredentials(t *testing.T) {
 		t.Fatalf("ImageStatus(%s) = %v, want %s", tag, img, id)
 	}
 	mu.Lock()
-	defer mu.Unlock()
 	if sigReads["alice:secret"] == 0 {
 		t.Errorf("the signature was never read with the pull's credentials: signature reads by credentials %v", sigReads)
+	}
+	mu.Unlock()
+
+	// The bearer-token flow of the big registries, for the signature too.
+	imgRemove(t, e.d, tag)
+	tr := newTokenRegistry("alice", "secret")
+	e.reg.Intercept(tr.front(e.reg.Addr))
+	if ref, err := pull(nil); status.Code(err) != codes.Unauthenticated {
+		t.Errorf("pull without credentials from a token registry = %q, %v; want Unauthenticated", ref, err)
+	}
+	if got, err := pull(good); err != nil || got != id {
+		t.Fatalf("pull with good credentials from a token registry = %q, %v; want %s", got, err, id)
 	}
 }
