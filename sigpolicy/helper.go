@@ -35,6 +35,7 @@ var kindClasses = map[string]error{
 	KindNotFound:           errdefs.ErrNotFound,
 	KindDataLoss:           errdefs.ErrDataLoss,
 	KindUnauthenticated:    errdefs.ErrUnauthenticated,
+	KindPermissionDenied:   errdefs.ErrPermissionDenied,
 }
 
 // run executes the helper for req and returns its answer. A HelperError

@@ -86,6 +86,10 @@ const (
 	// KindUnauthenticated is a registry that refused the pull's
 	// credentials (or their absence) while the signatures were read.
 	KindUnauthenticated = "unauthenticated"
+	// KindPermissionDenied is a registry that denied the pull (a
+	// DENIED error, GHCR's and Harbor's 403) while the signatures were
+	// read.
+	KindPermissionDenied = "permission_denied"
 )
 
 // HelperError is an answer other than acceptance.

@@ -133,6 +133,7 @@ func TestVerifyHelperErrors(t *testing.T) {
 		{KindNotFound, errdefs.IsNotFound},
 		{KindDataLoss, errdefs.IsDataLoss},
 		{KindUnauthenticated, errdefs.IsUnauthorized},
+		{KindPermissionDenied, errdefs.IsPermissionDenied},
 		{"no-such-kind", errdefs.IsInternal},
 	}
 	for _, c := range cases {

@@ -609,22 +609,11 @@ func TestImagePullCredentials(t *testing.T) {
 	good := &runtimeapi.AuthConfig{Username: "alice", Password: "secret"}
 	bad := &runtimeapi.AuthConfig{Username: "alice", Password: "wrong"}
 	g := &credGate{}
-	reg.Intercept(func(next http.Handler) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			user, pass, ok := r.BasicAuth()
-			if ok && strings.Contains(r.URL.Path, "/manifests/") {
-				g.arrive(user + ":" + pass)
-			}
-			if !ok || user != good.Username || pass != good.Password {
-				w.Header().Set("WWW-Authenticate", `Basic realm="pinrt-e2e"`)
-				w.Header().Set("Content-Type", "application/json")
-				w.WriteHeader(http.StatusUnauthorized)
-				_, _ = w.Write([]byte(`{"errors":[{"code":"UNAUTHORIZED","message":"authentication required"}]}`))
-				return
-			}
-			next.ServeHTTP(w, r)
-		})
-	})
+	reg.Intercept(testimage.BasicAuth(good.Username, good.Password, func(r *http.Request) {
+		if user, pass, ok := r.BasicAuth(); ok && strings.Contains(r.URL.Path, "/manifests/") {
+			g.arrive(user + ":" + pass)
+		}
+	}))
 
 	pull := func(ref string, auth *runtimeapi.AuthConfig) (string, error) {
 		resp, err := d.Image.PullImage(Ctx(t), &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: ref}, Auth: auth})

@@ -53,9 +53,7 @@ func (tr *tokenRegistry) front(addr string) func(http.Handler) http.Handler {
 					scope = fmt.Sprintf(`,scope="repository:%s:pull"`, name)
 				}
 				w.Header().Set("WWW-Authenticate", fmt.Sprintf(`Bearer realm="http://%s/token",service="pinrt-e2e"%s`, addr, scope))
-				w.Header().Set("Content-Type", "application/json")
-				w.WriteHeader(http.StatusUnauthorized)
-				_, _ = w.Write([]byte(`{"errors":[{"code":"UNAUTHORIZED","message":"authentication required"}]}`))
+				testimage.WriteRegistryError(w, http.StatusUnauthorized, "UNAUTHORIZED", "authentication required")
 				return
 			}
 			next.ServeHTTP(w, r)
@@ -127,8 +125,17 @@ func TestImagePullBearerToken(t *testing.T) {
 		t.Fatalf("pull with auth %q = %q, %v; want %s", "YWxpY2U6c2VjcmV0", got, err, id)
 	}
 	tr.mu.Lock()
-	defer tr.mu.Unlock()
 	if tr.asked["anonymous"] == 0 || tr.asked["alice:secret"] < 2 {
 		t.Errorf("token requests %v: want anonymous ones and two with the pull's credentials", tr.asked)
 	}
+	tr.mu.Unlock()
+
+	// Credentials the registry knows but may not pull with.
+	imgRemove(t, d, reg.Ref("private/busybox:1"))
+	before = storeEntries(t, d)
+	reg.Intercept(testimage.Denied)
+	if got, err := pull(reg.Ref("private/busybox:1"), &runtimeapi.AuthConfig{Username: "alice", Password: "secret"}); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("pull denied by the registry = %q, %v; want PermissionDenied", got, err)
+	}
+	checkStoreAsBefore(t, d, before)
 }

@@ -337,9 +337,10 @@ func copyFile(t *testing.T, from, to string, mode os.FileMode) {
 }
 
 // TestSignaturePolicyCredentials: a verified image in a registry that
-// wants credentials. The policy's check reads the signature with the
-// pull's own credentials, and a pull without them, or with wrong ones,
-// is refused as unauthenticated before anything is stored.
+// wants credentials, Basic or through a token realm. The policy's check
+// reads the signature with the pull's own credentials; a pull without
+// them, or with wrong ones, is refused as unauthenticated before
+// anything is stored, and one the registry denies as permission denied.
 func TestSignaturePolicyCredentials(t *testing.T) {
 	e := newSigPolicyEnv(t)
 	tag := e.reg.Ref("signed/private:1")
@@ -350,24 +351,14 @@ func TestSignaturePolicyCredentials(t *testing.T) {
 	good := &runtimeapi.AuthConfig{Username: "alice", Password: "secret"}
 	var mu sync.Mutex
 	sigReads := map[string]int{} // signature manifest requests by "user:password"
-	e.reg.Intercept(func(next http.Handler) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			user, pass, ok := r.BasicAuth()
-			if strings.Contains(r.URL.Path, "/manifests/sha256-") && strings.HasSuffix(r.URL.Path, ".sig") {
-				mu.Lock()
-				sigReads[user+":"+pass]++
-				mu.Unlock()
-			}
-			if !ok || user != good.Username || pass != good.Password {
-				w.Header().Set("WWW-Authenticate", `Basic realm="pinrt-e2e"`)
-				w.Header().Set("Content-Type", "application/json")
-				w.WriteHeader(http.StatusUnauthorized)
-				_, _ = w.Write([]byte(`{"errors":[{"code":"UNAUTHORIZED","message":"authentication required"}]}`))
-				return
-			}
-			next.ServeHTTP(w, r)
-		})
-	})
+	e.reg.Intercept(testimage.BasicAuth(good.Username, good.Password, func(r *http.Request) {
+		if strings.Contains(r.URL.Path, "/manifests/sha256-") && strings.HasSuffix(r.URL.Path, ".sig") {
+			user, pass, _ := r.BasicAuth()
+			mu.Lock()
+			sigReads[user+":"+pass]++
+			mu.Unlock()
+		}
+	}))
 	pull := func(auth *runtimeapi.AuthConfig) (string, error) {
 		resp, err := e.d.Image.PullImage(Ctx(t), &runtimeapi.PullImageRequest{
 			Image: &runtimeapi.ImageSpec{Image: tag}, Auth: auth,
@@ -411,5 +402,13 @@ func TestSignaturePolicyCredentials(t *testing.T) {
 	}
 	if got, err := pull(good); err != nil || got != id {
 		t.Fatalf("pull with good credentials from a token registry = %q, %v; want %s", got, err, id)
+	}
+
+	// A registry that denies the pull while the signatures are read:
+	// PermissionDenied, as an unverified pull's 403 is.
+	imgRemove(t, e.d, tag)
+	e.reg.Intercept(testimage.Denied)
+	if ref, err := pull(good); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("pull denied by the registry = %q, %v; want PermissionDenied", ref, err)
 	}
 }

@@ -107,28 +107,27 @@ func rejection(err error) bool {
 // fetchError classifies a failure to read the manifest or signatures:
 // the policy could not be checked, which fails the pull as the
 // registry's fault, or as the credentials' when the registry refused
-// them (a 401, as the pull itself reports it).
+// them (a 401 or a denial, as the pull itself reports them).
 func fetchError(ref string, err error) error {
 	kind := sigpolicy.KindUnavailable
+	var u docker.ErrUnauthorizedForCredentials
 	switch {
 	case strings.Contains(err.Error(), "manifest unknown") || strings.Contains(err.Error(), "name unknown"):
 		kind = sigpolicy.KindNotFound
-	case unauthorized(err):
+	case errors.As(err, &u) || hasCode(err, errcode.ErrorCodeUnauthorized):
 		kind = sigpolicy.KindUnauthenticated
+	case hasCode(err, errcode.ErrorCodeDenied):
+		kind = sigpolicy.KindPermissionDenied
 	}
 	return fail(kind, "verifying the signatures of %s: %v", ref, err)
 }
 
-// unauthorized is a 401 from the registry: the library's own error for
-// it, or the registry's UNAUTHORIZED error code (a bare code when the
-// registry's answer had no message of its own).
-func unauthorized(err error) bool {
-	var u docker.ErrUnauthorizedForCredentials
+// hasCode is the registry's error code want in err: a bare code when the
+// registry's answer had no message of its own, else a coded error.
+func hasCode(err error, want errcode.ErrorCode) bool {
 	var code errcode.ErrorCode
 	var coded errcode.Error
-	return errors.As(err, &u) ||
-		errors.As(err, &code) && code == errcode.ErrorCodeUnauthorized ||
-		errors.As(err, &coded) && coded.Code == errcode.ErrorCodeUnauthorized
+	return errors.As(err, &code) && code == want || errors.As(err, &coded) && coded.Code == want
 }
 
 // describe names the policy section that governs ref and the types of

@@ -5,7 +5,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -337,18 +336,7 @@ func writeKey(t *testing.T, dir, name string, k *cosign.Key) string {
 // own 401 is, not a registry that is down.
 func TestVerifyCredentials(t *testing.T) {
 	f := setup(t)
-	f.reg.Intercept(func(next http.Handler) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if user, pass, ok := r.BasicAuth(); !ok || user != "alice" || pass != "secret" {
-				w.Header().Set("WWW-Authenticate", `Basic realm="pinrt-sigpolicy"`)
-				w.Header().Set("Content-Type", "application/json")
-				w.WriteHeader(http.StatusUnauthorized)
-				_, _ = w.Write([]byte(`{"errors":[{"code":"UNAUTHORIZED","message":"authentication required"}]}`))
-				return
-			}
-			next.ServeHTTP(w, r)
-		})
-	})
+	f.reg.Intercept(testimage.BasicAuth("alice", "secret", nil))
 	policy := writePolicy(t, filepath.Join(f.dir, "policy.json"), sigstore(f.reg.Addr+"/app", f.keyPath, matchRepository))
 	v := f.verifier(t, sigpolicy.Config{Policy: policy})
 	verify := func(auth *sigpolicy.Auth) (string, error) {
@@ -377,7 +365,9 @@ func TestFetchErrorKinds(t *testing.T) {
 		{docker.ErrUnauthorizedForCredentials{Err: errors.New("401")}, sigpolicy.KindUnauthenticated},
 		{fmt.Errorf("reading manifest 1 in r/x: %w", errcode.ErrorCodeUnauthorized), sigpolicy.KindUnauthenticated},
 		{fmt.Errorf("reading manifest 1 in r/x: %w", errcode.ErrorCodeUnauthorized.WithMessage("token expired")), sigpolicy.KindUnauthenticated},
-		{fmt.Errorf("reading manifest 1 in r/x: %w", errcode.ErrorCodeDenied), sigpolicy.KindUnavailable},
+		{fmt.Errorf("reading manifest 1 in r/x: %w", errcode.ErrorCodeDenied), sigpolicy.KindPermissionDenied},
+		{fmt.Errorf("reading manifest 1 in r/x: %w", errcode.ErrorCodeDenied.WithMessage("requested access to the resource is denied")), sigpolicy.KindPermissionDenied},
+		{fmt.Errorf("reading manifest 1 in r/x: %w", errcode.ErrorCodeUnknown), sigpolicy.KindUnavailable},
 		{errors.New("reading manifest 1 in r/x: manifest unknown"), sigpolicy.KindNotFound},
 		{errors.New("dial tcp 127.0.0.1:1: connect: connection refused"), sigpolicy.KindUnavailable},
 	} {
