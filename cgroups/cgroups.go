@@ -83,8 +83,8 @@ func Detect(root string) Mode {
 }
 
 // Stats are one sample of a cgroup. Stat fills in Timestamp,
-// CPUUsageNanos, Pids and the Memory fields up to HasSwap; StatAll all of
-// it.
+// CPUUsageNanos and the Memory fields up to HasSwap, StatPod those and
+// Pids, StatAll all of it.
 type Stats struct {
 	// Timestamp is when the sample was read.
 	Timestamp time.Time

@@ -49,6 +49,9 @@ func v1Tree(group string, limit string, memsw bool) map[string]string {
 		"unified/cgroup.procs": "",
 	}
 	if memsw {
+		// With swap accounting the kernel adds the swap in use to
+		// memory.stat, which is what Stat reads of it.
+		f["memory/"+group+"/memory.stat"] += "swap 0\ntotal_swap 524288\n"
 		f["memory/memory.memsw.usage_in_bytes"] = "1\n"
 		for k, v := range map[string]string{"usage_in_bytes": "3670016", "max_usage_in_bytes": "0", "failcnt": "0", "limit_in_bytes": "9223372036854771712"} {
 			f["memory/"+group+"/memory.memsw."+k] = v + "\n"
@@ -113,7 +116,7 @@ func TestStat(t *testing.T) {
 			name: "v1 limited with memsw", files: v1Tree(group, "10485760", true), mode: Legacy,
 			want: Stats{CPUUsageNanos: 123456789, Pids: 3, Memory: Memory{
 				Usage: 3145728, WorkingSet: 3145728 - 524288, RSS: 2097152, PageFaults: 1234, MajorPageFaults: 5,
-				Limit: 10485760, Swap: 3670016 - 3145728, HasSwap: true,
+				Limit: 10485760, Swap: 524288, HasSwap: true,
 			}},
 		},
 		{
@@ -172,16 +175,25 @@ func TestStat(t *testing.T) {
 			if r.Mode() != tc.mode {
 				t.Fatalf("mode = %v, want %v", r.Mode(), tc.mode)
 			}
-			got, err := r.Stat(group)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got.Timestamp.IsZero() {
-				t.Error("no timestamp")
-			}
-			got.Timestamp = time.Time{}
-			if !reflect.DeepEqual(*got, tc.want) {
-				t.Errorf("Stat =\n%+v\nwant\n%+v", *got, tc.want)
+			// Stat leaves the task count to StatPod.
+			container := tc.want
+			container.Pids = 0
+			for _, read := range []struct {
+				name string
+				stat func(string) (*Stats, error)
+				want Stats
+			}{{"Stat", r.Stat, container}, {"StatPod", r.StatPod, tc.want}} {
+				got, err := read.stat(group)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got.Timestamp.IsZero() {
+					t.Error("no timestamp")
+				}
+				got.Timestamp = time.Time{}
+				if !reflect.DeepEqual(*got, read.want) {
+					t.Errorf("%s =\n%+v\nwant\n%+v", read.name, *got, read.want)
+				}
 			}
 		})
 	}
@@ -392,10 +404,10 @@ func TestStatKeepsFilesOpen(t *testing.T) {
 	if _, err := r.Stat(a); err != nil {
 		t.Fatal(err)
 	}
-	// cpu.stat, memory.current, memory.max, memory.stat, pids.current;
+	// cpu.stat, memory.current, memory.max, memory.stat;
 	// memory.swap.current is absent.
-	if got := openFDs(t) - before; got != 5 {
-		t.Errorf("%d files open after one Stat, want 5", got)
+	if got := openFDs(t) - before; got != 4 {
+		t.Errorf("%d files open after one Stat, want 4", got)
 	}
 	writeTree(t, root, map[string]string{a + "/memory.current": "4194304\n"})
 	st, err := r.Stat(a)
@@ -405,8 +417,8 @@ func TestStatKeepsFilesOpen(t *testing.T) {
 	if st.Memory.Usage != 4194304 {
 		t.Errorf("usage after the file changed = %d, want 4194304", st.Memory.Usage)
 	}
-	if got := openFDs(t) - before; got != 5 {
-		t.Errorf("%d files open after a second Stat of the same cgroup, want 5", got)
+	if got := openFDs(t) - before; got != 4 {
+		t.Errorf("%d files open after a second Stat of the same cgroup, want 4", got)
 	}
 
 	// a idles; reading b past idleClose closes a's files.
@@ -417,8 +429,8 @@ func TestStatKeepsFilesOpen(t *testing.T) {
 	if _, err := r.Stat(b); err != nil {
 		t.Fatal(err)
 	}
-	if got := openFDs(t) - before; got != 5 {
-		t.Errorf("%d files open after a idled and b was read, want b's 5", got)
+	if got := openFDs(t) - before; got != 4 {
+		t.Errorf("%d files open after a idled and b was read, want b's 4", got)
 	}
 	if _, ok := r.open[a]; ok {
 		t.Error("the idle cgroup is still held")

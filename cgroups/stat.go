@@ -22,12 +22,12 @@ type cgroupFile struct {
 	optional         bool
 }
 
-// Stat reads the first statFiles files of its mode, StatAll all of them.
+// Stat reads the files before the pids one of its mode, StatPod those and
+// the pids one, StatAll all of them.
 const (
 	v1Usage = iota
 	v1Limit
 	v1MemStat
-	v1Memsw
 	v1CPU
 	v1Pids
 
@@ -48,15 +48,14 @@ const (
 	numV1Files
 )
 
-const statFiles = v1Pids + 1
-
 var v1Files = [numFiles]cgroupFile{
-	v1Usage:   {"memory", "memory.usage_in_bytes", false},
-	v1Limit:   {"memory", "memory.limit_in_bytes", false},
+	v1Usage: {"memory", "memory.usage_in_bytes", false},
+	v1Limit: {"memory", "memory.limit_in_bytes", false},
+	// memory.stat also has the swap in use, total_swap, where the host
+	// accounts swap: memory.memsw.usage_in_bytes less the usage, without
+	// reading it.
 	v1MemStat: {"memory", "memory.stat", false},
-	// memsw counts memory plus swap, without swap accounting it is absent.
-	v1Memsw: {"memory", "memory.memsw.usage_in_bytes", true},
-	v1CPU:   {"cpuacct", "cpuacct.usage", false},
+	v1CPU:     {"cpuacct", "cpuacct.usage", false},
 	// runc joins every controller it finds, but a cgroup made by someone
 	// else may lack pids: no count then, as on a host without it.
 	v1Pids: {"pids", "pids.current", true},
@@ -130,7 +129,7 @@ var v2Files = [numFiles]cgroupFile{
 // The keyed-file keys read, in the order readFields returns them. The
 // StatAll lists begin with the Stat ones.
 var (
-	v1MemoryStat    = []string{"total_rss", "total_inactive_file", "total_pgfault", "total_pgmajfault"}
+	v1MemoryStat    = []string{"total_rss", "total_inactive_file", "total_pgfault", "total_pgmajfault", "total_swap"}
 	v1MemoryStatAll = append(v1MemoryStat[:len(v1MemoryStat):len(v1MemoryStat)], "total_cache", "total_mapped_file", "pgfault", "pgmajfault")
 	v1CPUAcct       = []string{"user", "system"}
 	v1CPUStatKeys   = []string{"nr_periods", "nr_throttled", "throttled_time"}
@@ -149,11 +148,28 @@ var (
 // Linux runs containers on.
 const userHZ = 100
 
+// detail is how much of a cgroup a read takes.
+type detail int
+
+const (
+	// statUsage is CPU usage, memory and swap: what CRI's container stats
+	// report.
+	statUsage detail = iota
+	// statTasks adds the task count, which CRI's pod stats report.
+	statTasks
+	// statAll is everything the metrics report.
+	statAll
+)
+
 // Stat reads the cgroup named group (a cgroupfs path such as
-// "/pinrt/<pod>/pinrt-<ctr>"): CPU usage, memory and the task count, what
-// the CRI stats report. A cgroup that does not exist (a container never
-// started, or already deleted, also while it is being read) is
-// ErrNotFound.
+// "/pinrt/<pod>/pinrt-<ctr>"): CPU usage, memory and swap, what CRI's
+// container stats report. It leaves Pids 0. A cgroup that does not exist
+// (a container never started, or already deleted, also while it is being
+// read) is ErrNotFound.
+//
+// A node's containers are read every 10 seconds, and on this kernel's
+// interface a read is a syscall that prints the file anew: Stat reads 4
+// files on v1 and 5 on v2, memory.stat by far the costliest.
 //
 // The files stay open for the next Stat of the same cgroup: a cgroupfs
 // file is generated anew by every read from offset 0, and one pread costs
@@ -161,7 +177,13 @@ const userHZ = 100
 // ENODEV, which closes them; a cgroup not read for idleClose has its files
 // closed too.
 func (r *Reader) Stat(group string) (*Stats, error) {
-	return r.stat(group, false)
+	return r.stat(group, statUsage)
+}
+
+// StatPod reads what Stat does and the task count, Pids: what CRI's pod
+// stats report.
+func (r *Reader) StatPod(group string) (*Stats, error) {
+	return r.stat(group, statTasks)
 }
 
 // StatAll reads what Stat does and everything else the cAdvisor metrics
@@ -170,10 +192,10 @@ func (r *Reader) Stat(group string) (*Stats, error) {
 // processes' file descriptors. It reads some 20 files on v1 and 14 on
 // v2, each once, and one /proc directory per process in the cgroup.
 func (r *Reader) StatAll(group string) (*Stats, error) {
-	return r.stat(group, true)
+	return r.stat(group, statAll)
 }
 
-func (r *Reader) stat(group string, all bool) (*Stats, error) {
+func (r *Reader) stat(group string, d detail) (*Stats, error) {
 	if !validGroup(group) {
 		return nil, fmt.Errorf("cgroup %q: must be absolute without '..': %w", group, errdefs.ErrInvalidArgument)
 	}
@@ -192,12 +214,12 @@ func (r *Reader) stat(group string, all bool) (*Stats, error) {
 		}
 		var err error
 		if r.mode == Unified {
-			err = r.statV2(g, bp, st, all)
+			err = r.statV2(g, bp, st, d)
 		} else {
-			err = r.statV1(g, bp, st, all)
+			err = r.statV1(g, bp, st, d)
 		}
 		var procs []byte
-		if err == nil && all {
+		if err == nil && d == statAll {
 			procs, err = r.readProcs(g, bp)
 		}
 		if err != nil {
@@ -208,7 +230,7 @@ func (r *Reader) stat(group string, all bool) (*Stats, error) {
 			r.drop(g)
 			return nil, statError(group, err)
 		}
-		if all {
+		if d == statAll {
 			// Outside the lock: /proc is not the cgroup's.
 			st.Processes = r.processes(procs)
 		}
@@ -216,7 +238,7 @@ func (r *Reader) stat(group string, all bool) (*Stats, error) {
 	}
 }
 
-func (r *Reader) statV1(g *openGroup, bp *[]byte, st *Stats, all bool) error {
+func (r *Reader) statV1(g *openGroup, bp *[]byte, st *Stats, d detail) error {
 	usage, _, err := r.readUint(g, v1Usage, bp)
 	if err != nil {
 		return err
@@ -228,33 +250,25 @@ func (r *Reader) statV1(g *openGroup, bp *[]byte, st *Stats, all bool) error {
 	// The total_* counters include descendants: a pod cgroup's numbers
 	// are its containers' sum, and a leaf's equal its own.
 	keys := v1MemoryStat
-	if all {
+	if d == statAll {
 		keys = v1MemoryStatAll
 	}
-	var ms [8]uint64
+	var ms [9]uint64
 	if _, err := r.readFields(g, v1MemStat, bp, keys, ms[:]); err != nil {
 		return err
 	}
 	st.Memory = Memory{
 		Usage: usage, RSS: ms[0], PageFaults: ms[2], MajorPageFaults: ms[3],
 		WorkingSet: workingSet(usage, ms[1]),
-		Cache:      ms[4], MappedFile: ms[5], LocalPageFaults: ms[6], LocalMajorPageFaults: ms[7],
+		// Without swap accounting the kernel prints no total_swap.
+		Swap: ms[4], HasSwap: r.memsw,
+		Cache: ms[5], MappedFile: ms[6], LocalPageFaults: ms[7], LocalMajorPageFaults: ms[8],
 	}
 	st.Memory.Limit = limitOrZero(limit)
-	sw, ok, err := r.readUint(g, v1Memsw, bp)
-	if err != nil {
+	if st.CPUUsageNanos, _, err = r.readUint(g, v1CPU, bp); err != nil || d == statUsage {
 		return err
 	}
-	if ok {
-		st.Memory.HasSwap = true
-		if sw > usage {
-			st.Memory.Swap = sw - usage
-		}
-	}
-	if st.CPUUsageNanos, _, err = r.readUint(g, v1CPU, bp); err != nil {
-		return err
-	}
-	if st.Pids, _, err = r.readUint(g, v1Pids, bp); err != nil || !all {
+	if st.Pids, _, err = r.readUint(g, v1Pids, bp); err != nil || d == statTasks {
 		return err
 	}
 	return r.statV1All(g, bp, st)
@@ -333,9 +347,9 @@ func (r *Reader) statV1All(g *openGroup, bp *[]byte, st *Stats) error {
 	return nil
 }
 
-func (r *Reader) statV2(g *openGroup, bp *[]byte, st *Stats, all bool) error {
+func (r *Reader) statV2(g *openGroup, bp *[]byte, st *Stats, d detail) error {
 	keys := v2CPUStat
-	if all {
+	if d == statAll {
 		keys = v2CPUStatAll
 	}
 	var cpu [6]uint64
@@ -357,7 +371,7 @@ func (r *Reader) statV2(g *openGroup, bp *[]byte, st *Stats, all bool) error {
 			return err
 		}
 		keys := v2MemoryStat
-		if all {
+		if d == statAll {
 			keys = v2MemoryStatAll
 		}
 		var ms [13]uint64
@@ -369,7 +383,7 @@ func (r *Reader) statV2(g *openGroup, bp *[]byte, st *Stats, all bool) error {
 			WorkingSet: workingSet(usage, ms[1]),
 			Cache:      ms[4], MappedFile: ms[5], Kernel: ms[6],
 		}
-		if all {
+		if d == statAll {
 			// v2 has no local counters: memory.stat is hierarchical.
 			st.Memory.LocalPageFaults, st.Memory.LocalMajorPageFaults = ms[2], ms[3]
 		}
@@ -383,7 +397,10 @@ func (r *Reader) statV2(g *openGroup, bp *[]byte, st *Stats, all bool) error {
 			return err
 		}
 	}
-	if st.Pids, _, err = r.readUint(g, v2Pids, bp); err != nil || !all {
+	if d == statUsage {
+		return nil
+	}
+	if st.Pids, _, err = r.readUint(g, v2Pids, bp); err != nil || d == statTasks {
 		return err
 	}
 	return r.statV2All(g, bp, st)
@@ -519,7 +536,7 @@ func (r *Reader) lookup(group string, now time.Time) *openGroup {
 		}
 		// Files the host cannot have are never tried.
 		if r.mode != Unified && !r.memsw {
-			g.fds[v1Memsw], g.fds[v1MemswLimit] = fdAbsent, fdAbsent
+			g.fds[v1MemswLimit] = fdAbsent
 		}
 		if r.mode != Unified && !r.pids {
 			g.fds[v1Pids], g.fds[v1PidsMax] = fdAbsent, fdAbsent

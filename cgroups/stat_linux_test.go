@@ -130,6 +130,20 @@ func TestStatAllHost(t *testing.T) {
 	if st.Pids != 1 || st.PidsLimit != 0 {
 		t.Errorf("tasks %d, limit %d; want 1, unlimited", st.Pids, st.PidsLimit)
 	}
+	if pod, err := r.StatPod(group); err != nil || pod.Pids != 1 {
+		t.Errorf("StatPod = %+v, %v; want 1 task", pod, err)
+	}
+	// v1's swap in use is memory.stat's total_swap, which the kernel
+	// prints exactly where it accounts swap (memory.memsw.* exist).
+	if r.Mode() != Unified {
+		b, err := os.ReadFile(filepath.Join(dirs[0], "memory.stat"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if printed := strings.Contains("\n"+string(b), "\ntotal_swap "); printed != r.memsw || st.Memory.HasSwap != r.memsw {
+			t.Errorf("swap accounting %v, total_swap printed %v, HasSwap %v", r.memsw, printed, st.Memory.HasSwap)
+		}
+	}
 	// A new cgroup has the defaults: shares 1024 (weight 100 on v2, which
 	// reads back as 2597), a 100ms period and no quota.
 	want := CPUSpec{Period: 100000, Shares: 1024, Known: true}

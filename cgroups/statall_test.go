@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"testing"
 )
@@ -16,7 +17,7 @@ func v1TreeAll(group string) map[string]string {
 	for name, content := range map[string]string{
 		"memory/" + group + "/memory.stat": "cache 8192\nrss 4096\nmapped_file 4096\npgfault 100\npgmajfault 2\n" +
 			"total_cache 1048576\ntotal_rss 2097152\ntotal_mapped_file 65536\ntotal_inactive_file 524288\ntotal_active_file 524288\n" +
-			"total_pgfault 1234\ntotal_pgmajfault 5\n",
+			"total_pgfault 1234\ntotal_pgmajfault 5\nswap 0\ntotal_swap 262144\n",
 		"memory/" + group + "/memory.failcnt":              "7\n",
 		"memory/" + group + "/memory.kmem.usage_in_bytes":  "262144\n",
 		"memory/" + group + "/memory.oom_control":          "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n",
@@ -85,7 +86,7 @@ func fakeSysBlock(t *testing.T, dir string) {
 	writeTree(t, dir, map[string]string{"254:0/uevent": "MAJOR=254\nMINOR=0\nDEVNAME=vda\nDEVTYPE=disk\n"})
 }
 
-func statAll(t *testing.T, files map[string]string, group string) *Stats {
+func readAll(t *testing.T, files map[string]string, group string) *Stats {
 	t.Helper()
 	root := t.TempDir()
 	writeTree(t, filepath.Join(root, "cgroup"), files)
@@ -132,6 +133,7 @@ func TestStatAll(t *testing.T) {
 			expect(t, "Memory.MaxUsage", st.Memory.MaxUsage, 4194304)
 			expect(t, "Memory.Failcnt", st.Memory.Failcnt, 7)
 			expect(t, "Memory.SwapLimit", st.Memory.SwapLimit, 134217728)
+			expect(t, "Memory.Swap", st.Memory.Swap, 262144)
 			expect(t, "Memory.PageFaults", st.Memory.PageFaults, 1234)
 			expect(t, "Memory.MajorPageFaults", st.Memory.MajorPageFaults, 5)
 			expect(t, "Memory.LocalPageFaults", st.Memory.LocalPageFaults, 100)
@@ -224,7 +226,7 @@ func TestStatAll(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			tc.check(t, statAll(t, tc.files, group))
+			tc.check(t, readAll(t, tc.files, group))
 		})
 	}
 }
@@ -252,16 +254,37 @@ func TestStatLeavesMetricsOut(t *testing.T) {
 		if st.CPU != (CPU{}) || st.OOMKills != 0 || st.IO != nil || st.PidsLimit != 0 || st.Memory.Cache != 0 || st.Memory.Failcnt != 0 {
 			t.Errorf("%v: Stat read metrics files: %+v", r.Mode(), st)
 		}
-		r.mu.Lock()
-		g := r.open[group]
-		r.mu.Unlock()
-		for i := statFiles; i < numFiles; i++ {
-			if g.fds[i] >= 0 {
-				t.Errorf("%v: Stat opened %s", r.Mode(), r.files[i].name)
-			}
+		// Only the files of Stat's figures are opened, and StatPod's add
+		// the task count.
+		want := map[Mode][]string{
+			Legacy:  {"memory.usage_in_bytes", "memory.limit_in_bytes", "memory.stat", "cpuacct.usage"},
+			Unified: {"cpu.stat", "memory.current", "memory.max", "memory.stat", "memory.swap.current"},
+		}[r.Mode()]
+		if got := r.opened(group); !slices.Equal(got, want) {
+			t.Errorf("%v: Stat opened %q, want %q", r.Mode(), got, want)
+		}
+		if _, err := r.StatPod(group); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := r.opened(group), append(want, "pids.current"); !slices.Equal(got, want) {
+			t.Errorf("%v: StatPod opened %q, want %q", r.Mode(), got, want)
 		}
 		r.Close()
 	}
+}
+
+// opened names the files r holds open for group, in r's order.
+func (r *Reader) opened(group string) []string {
+	r.mu.Lock()
+	g := r.open[group]
+	r.mu.Unlock()
+	var out []string
+	for i, fd := range g.fds {
+		if fd >= 0 {
+			out = append(out, r.files[i].name)
+		}
+	}
+	return out
 }
 
 func TestStatAllErrors(t *testing.T) {

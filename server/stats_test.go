@@ -46,7 +46,17 @@ func (f *fakeCgroups) setOOMKills(group string, n uint64) {
 	f.ooms[group] = n
 }
 
+// Stat leaves the task count out, as cgroups.Reader's does.
 func (f *fakeCgroups) Stat(group string) (*cgroups.Stats, error) {
+	st, err := f.StatPod(group)
+	if err != nil {
+		return nil, err
+	}
+	st.Pids = 0
+	return st, nil
+}
+
+func (f *fakeCgroups) StatPod(group string) (*cgroups.Stats, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	st, ok := f.groups[group]
@@ -58,7 +68,7 @@ func (f *fakeCgroups) Stat(group string) (*cgroups.Stats, error) {
 
 // StatAll serves the same stats: the fake's carry every field.
 func (f *fakeCgroups) StatAll(group string) (*cgroups.Stats, error) {
-	return f.Stat(group)
+	return f.StatPod(group)
 }
 
 func (f *fakeCgroups) set(group string, st cgroups.Stats) {

@@ -16,8 +16,8 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
-// The floor of the read calls is what ContainerStatus, ListContainers and
-// ListPodSandbox cost through this gRPC transport and client when the
+// The floor of the read calls is what ContainerStatus, ListContainers,
+// ListPodSandbox and ListContainerStats cost through this gRPC transport and client when the
 // runtime's handlers cost nothing. The status scenario captures the
 // runtime's own replies, serves them again from a server that does
 // nothing but marshal them (pinrt-bench floor-server, a process of its
@@ -33,12 +33,14 @@ const (
 	OpContainerStatusVFloor = OpContainerStatusV + floorSuffix
 	OpListContainersFloor   = OpListContainers + floorSuffix
 	OpListPodSandboxFloor   = OpListPodSandbox + floorSuffix
+	OpListCtrStatsFloor     = OpListCtrStats + floorSuffix
 )
 
 // FloorReplies are a runtime's replies, as it marshalled them.
 type FloorReplies struct {
 	ListContainers []byte            `json:"list_containers"`
 	ListPodSandbox []byte            `json:"list_pod_sandbox"`
+	ListCtrStats   []byte            `json:"list_container_stats"`
 	Status         map[string][]byte `json:"status"`         // container ID → ContainerStatusResponse
 	StatusVerbose  map[string][]byte `json:"status_verbose"` // the same with Verbose
 }
@@ -47,8 +49,8 @@ type FloorReplies struct {
 // and a function that stops it.
 type StartFloor func(ctx context.Context, replies *FloorReplies) (endpoint string, stop func(), err error)
 
-// CaptureFloor asks c for the replies the status scenario times: both
-// lists and every container's status, plain and verbose.
+// CaptureFloor asks c for the replies the status scenario times: the
+// three lists and every container's status, plain and verbose.
 func CaptureFloor(ctx context.Context, c *Client, ids []string) (*FloorReplies, error) {
 	rep := &FloorReplies{Status: map[string][]byte{}, StatusVerbose: map[string][]byte{}}
 	call := func(dst *[]byte, rpc func(context.Context) (proto.Message, error)) error {
@@ -70,6 +72,11 @@ func CaptureFloor(ctx context.Context, c *Client, ids []string) (*FloorReplies, 
 		return c.Runtime.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
 	}); err != nil {
 		return nil, fmt.Errorf("ListPodSandbox: %w", err)
+	}
+	if err := call(&rep.ListCtrStats, func(ctx context.Context) (proto.Message, error) {
+		return c.Runtime.ListContainerStats(ctx, &runtimeapi.ListContainerStatsRequest{})
+	}); err != nil {
+		return nil, fmt.Errorf("ListContainerStats: %w", err)
 	}
 	for _, id := range ids {
 		for _, verbose := range []bool{false, true} {
@@ -96,6 +103,7 @@ type floorServer struct {
 	runtimeapi.UnimplementedRuntimeServiceServer
 	containers      *runtimeapi.ListContainersResponse
 	sandboxes       *runtimeapi.ListPodSandboxResponse
+	stats           *runtimeapi.ListContainerStatsResponse
 	status, verbose map[string]*runtimeapi.ContainerStatusResponse
 }
 
@@ -103,6 +111,7 @@ func newFloorServer(rep *FloorReplies) (*floorServer, error) {
 	s := &floorServer{
 		containers: &runtimeapi.ListContainersResponse{},
 		sandboxes:  &runtimeapi.ListPodSandboxResponse{},
+		stats:      &runtimeapi.ListContainerStatsResponse{},
 		status:     map[string]*runtimeapi.ContainerStatusResponse{},
 		verbose:    map[string]*runtimeapi.ContainerStatusResponse{},
 	}
@@ -111,6 +120,9 @@ func newFloorServer(rep *FloorReplies) (*floorServer, error) {
 	}
 	if err := proto.Unmarshal(rep.ListPodSandbox, s.sandboxes); err != nil {
 		return nil, fmt.Errorf("ListPodSandbox reply: %w", err)
+	}
+	if err := proto.Unmarshal(rep.ListCtrStats, s.stats); err != nil {
+		return nil, fmt.Errorf("ListContainerStats reply: %w", err)
 	}
 	for _, set := range []struct {
 		from map[string][]byte
@@ -133,6 +145,10 @@ func (s *floorServer) ListContainers(context.Context, *runtimeapi.ListContainers
 
 func (s *floorServer) ListPodSandbox(context.Context, *runtimeapi.ListPodSandboxRequest) (*runtimeapi.ListPodSandboxResponse, error) {
 	return s.sandboxes, nil
+}
+
+func (s *floorServer) ListContainerStats(context.Context, *runtimeapi.ListContainerStatsRequest) (*runtimeapi.ListContainerStatsResponse, error) {
+	return s.stats, nil
 }
 
 func (s *floorServer) ContainerStatus(_ context.Context, req *runtimeapi.ContainerStatusRequest) (*runtimeapi.ContainerStatusResponse, error) {

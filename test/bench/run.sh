@@ -548,7 +548,7 @@ run_compare() {
 		NF >= 5 && $(NF-3) == "ms" && ($(NF-4) == "p50" || $(NF-4) == "p99") {
 			op = $1
 			for (i = 2; i <= NF - 5; i++) op = op "_" $i
-			if (op ~ /^(pod_end_to_end|sandbox_end_to_end|RunPodSandbox|CreateContainer|StartContainer|RemoveContainer|StopPodSandbox|ContainerStatus|ListContainers|ListPodSandbox|ListContainerStats|PullImage|ContainerStatus_floor|ListContainers_floor)$/)
+			if (op ~ /^(pod_end_to_end|sandbox_end_to_end|RunPodSandbox|CreateContainer|StartContainer|RemoveContainer|StopPodSandbox|ContainerStatus|ListContainers|ListPodSandbox|ListContainerStats|PullImage|ContainerStatus_floor|ListContainers_floor|ListContainerStats_floor)$/)
 				k = k " " op "-" $(NF-4) "=" $NF
 		}
 		NF == 4 && $1 ~ /^(cpu_ms_per_pod|runtime_pss_kib|daemon_rss_kib|teardown_wall_ms)$/ { k = k " " $1 "=" $NF }

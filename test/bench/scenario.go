@@ -947,7 +947,7 @@ func (r *runner) status(ctx context.Context) time.Duration {
 		OpContainerStatus, OpContainerStatusV, OpListContainers, OpListPodSandbox, OpListCtrStats,
 		OpStopContainer, OpRemoveContainer, OpStopPodSandbox, OpRemovePodSandbox)
 	if r.cfg.Floor != nil {
-		r.rec.Declare(OpContainerStatusFloor, OpContainerStatusVFloor, OpListContainersFloor, OpListPodSandboxFloor)
+		r.rec.Declare(OpContainerStatusFloor, OpContainerStatusVFloor, OpListContainersFloor, OpListPodSandboxFloor, OpListCtrStatsFloor)
 	}
 	r.rec.DeclareAggregate(OpPodRunning)
 	r.ensureImage(ctx)
@@ -972,7 +972,7 @@ func (r *runner) status(ctx context.Context) time.Duration {
 		wall += time.Since(start)
 		if floor != nil {
 			start = time.Now()
-			r.readRound(ctx, floor, pods, floorSuffix, false)
+			r.readRound(ctx, floor, pods, floorSuffix, true)
 			floorWall += time.Since(start)
 		}
 	}
@@ -982,7 +982,7 @@ func (r *runner) status(ctx context.Context) time.Duration {
 		r.setMetric("status_procs_started", float64(d.Forks))
 	}
 	r.setWalls(wall, OpContainerStatus, OpContainerStatusV, OpListContainers, OpListPodSandbox, OpListCtrStats)
-	r.setWalls(floorWall, OpContainerStatusFloor, OpContainerStatusVFloor, OpListContainersFloor, OpListPodSandboxFloor)
+	r.setWalls(floorWall, OpContainerStatusFloor, OpContainerStatusVFloor, OpListContainersFloor, OpListPodSandboxFloor, OpListCtrStatsFloor)
 	stopFloor()
 	r.teardownAll(ctx, pods)
 	return wall
@@ -1059,6 +1059,7 @@ func (r *runner) startFloor(ctx context.Context, pods []*benchPod) (*Client, fun
 		return nil, func() {}
 	}
 	r.setMetric("list_containers_reply_bytes", float64(len(rep.ListContainers)))
+	r.setMetric("list_container_stats_reply_bytes", float64(len(rep.ListCtrStats)))
 	if b, ok := rep.Status[firstOf(ids)]; ok {
 		r.setMetric("container_status_reply_bytes", float64(len(b)))
 	}

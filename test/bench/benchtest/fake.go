@@ -343,6 +343,20 @@ func (s *Server) ListContainers(_ context.Context, req *runtimeapi.ListContainer
 	return resp, nil
 }
 
+// ListContainerStats reports every container, with no usage figures.
+func (s *Server) ListContainerStats(context.Context, *runtimeapi.ListContainerStatsRequest) (*runtimeapi.ListContainerStatsResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.containerRPC("ListContainerStats"); err != nil {
+		return nil, err
+	}
+	resp := &runtimeapi.ListContainerStatsResponse{}
+	for id, c := range s.containers {
+		resp.Stats = append(resp.Stats, &runtimeapi.ContainerStats{Attributes: &runtimeapi.ContainerAttributes{Id: id, Labels: c.labels}})
+	}
+	return resp, nil
+}
+
 func (s *Server) ImageStatus(_ context.Context, req *runtimeapi.ImageStatusRequest) (*runtimeapi.ImageStatusResponse, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
