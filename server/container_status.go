@@ -9,7 +9,6 @@ import (
 	"strings"
 
 	"github.com/containerd/errdefs"
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pinrt/pinrt/sandbox"
@@ -137,20 +136,24 @@ func containerStatus(c *sandbox.Container) *runtimeapi.ContainerStatus {
 }
 
 // containerInfo is the verbose ContainerStatus info: the pid and the OCI
-// spec the runtime was given.
+// spec the runtime was given. The spec goes out as config.json has it,
+// compacted, rather than decoded and encoded again: that round trip (most
+// of it the seccomp profile) was half of the garbage of a node's status
+// reads, and its collections the tail of every other call.
 func containerInfo(c *sandbox.Container) (map[string]string, error) {
-	var spec *specs.Spec
-	if b, err := os.ReadFile(filepath.Join(c.Dir, "config.json")); err == nil {
-		spec = &specs.Spec{}
-		if err := json.Unmarshal(b, spec); err != nil {
-			spec = nil
-		}
+	spec := json.RawMessage("null")
+	if b, err := os.ReadFile(filepath.Join(c.Dir, "config.json")); err == nil && json.Valid(b) {
+		spec = b
 	}
 	st := c.Status()
-	b, err := json.Marshal(map[string]any{
-		"pid": st.Pid, "sandboxID": c.SandboxID, "runtimeHandler": c.Handler,
-		"runtimeSpec": spec, "status": st,
-	})
+	// The keys in the order json.Marshal sorts a map's.
+	b, err := json.Marshal(struct {
+		Pid            int                     `json:"pid"`
+		RuntimeHandler string                  `json:"runtimeHandler"`
+		RuntimeSpec    json.RawMessage         `json:"runtimeSpec"`
+		SandboxID      string                  `json:"sandboxID"`
+		Status         sandbox.ContainerStatus `json:"status"`
+	}{st.Pid, c.Handler, spec, c.SandboxID, st})
 	if err != nil {
 		return nil, fmt.Errorf("encoding container info: %w", errdefs.ErrInternal)
 	}

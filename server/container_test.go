@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/containerd/errdefs"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pinrt/pinrt/cgroups"
@@ -613,4 +615,81 @@ func newTestServer(t testing.TB, cfg *conf.Config, deps Deps) *Server {
 	s := New(cfg, deps)
 	t.Cleanup(func() { _ = s.Close(context.Background()) })
 	return s
+}
+
+// The verbose info carries config.json as written, compacted: the same
+// bytes that decoding it and encoding it again gave, and null for a spec
+// that is gone or broken.
+func TestContainerInfoSpec(t *testing.T) {
+	f := newCtrFixture(t)
+	ctx := context.Background()
+	pod, podCfg := f.pod(t, false)
+	resp, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr("info"), SandboxConfig: podCfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := f.srv.containers.Get(resp.ContainerId)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := func() string {
+		t.Helper()
+		st, err := f.srv.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: c.ID, Verbose: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Info["info"]
+	}
+	// What the info was when the spec was decoded and encoded again.
+	roundTrip := func(spec *specs.Spec) string {
+		t.Helper()
+		st := c.Status()
+		b, err := json.Marshal(map[string]any{
+			"pid": st.Pid, "sandboxID": c.SandboxID, "runtimeHandler": c.Handler,
+			"runtimeSpec": spec, "status": st,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	path := filepath.Join(c.Dir, "config.json")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var spec specs.Spec
+	if err := json.Unmarshal(b, &spec); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := info(), roundTrip(&spec); got != want {
+		t.Errorf("info =\n%s\nwant\n%s", got, want)
+	}
+	// Indented, and with what JSON escapes for HTML: compacted and
+	// escaped as encoding it gives.
+	spec.Annotations = map[string]string{"note": "<a & b>"}
+	indented, err := json.MarshalIndent(&spec, "", "\t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, indented, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := info(), roundTrip(&spec); got != want {
+		t.Errorf("info of an indented spec =\n%s\nwant\n%s", got, want)
+	}
+	for name, content := range map[string]string{"broken": `{"ociVersion":`, "empty": ""} {
+		if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := info(), roundTrip(nil); got != want {
+			t.Errorf("%s spec: info =\n%s\nwant\n%s", name, got, want)
+		}
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := info(), roundTrip(nil); got != want {
+		t.Errorf("no spec: info =\n%s\nwant\n%s", got, want)
+	}
 }
