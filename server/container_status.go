@@ -1,12 +1,14 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"github.com/containerd/errdefs"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -139,23 +141,37 @@ func containerStatus(c *sandbox.Container) *runtimeapi.ContainerStatus {
 // spec the runtime was given. The spec goes out as config.json has it,
 // compacted, rather than decoded and encoded again: that round trip (most
 // of it the seccomp profile) was half of the garbage of a node's status
-// reads, and its collections the tail of every other call.
+// reads, and its collections the tail of every other call. The file is
+// read into a pooled buffer and the info encoded straight into its
+// string, so that the spec's bytes are allocated once per call.
 func containerInfo(c *sandbox.Container) (map[string]string, error) {
+	bp := specBufs.Get().(*bytes.Buffer)
+	defer specBufs.Put(bp)
+	bp.Reset()
 	spec := json.RawMessage("null")
-	if b, err := os.ReadFile(filepath.Join(c.Dir, "config.json")); err == nil && json.Valid(b) {
-		spec = b
+	if f, err := os.Open(filepath.Join(c.Dir, "config.json")); err == nil {
+		_, err := bp.ReadFrom(f)
+		_ = f.Close()
+		if err == nil && json.Valid(bp.Bytes()) {
+			spec = bp.Bytes()
+		}
 	}
 	st := c.Status()
-	// The keys in the order json.Marshal sorts a map's.
-	b, err := json.Marshal(struct {
+	var sb strings.Builder
+	sb.Grow(len(spec) + 512)
+	// The keys in the order json.Marshal sorts a map's; Encode escapes as
+	// Marshal does, and ends with a newline.
+	if err := json.NewEncoder(&sb).Encode(struct {
 		Pid            int                     `json:"pid"`
 		RuntimeHandler string                  `json:"runtimeHandler"`
 		RuntimeSpec    json.RawMessage         `json:"runtimeSpec"`
 		SandboxID      string                  `json:"sandboxID"`
 		Status         sandbox.ContainerStatus `json:"status"`
-	}{st.Pid, c.Handler, spec, c.SandboxID, st})
-	if err != nil {
+	}{st.Pid, c.Handler, spec, c.SandboxID, st}); err != nil {
 		return nil, fmt.Errorf("encoding container info: %w", errdefs.ErrInternal)
 	}
-	return map[string]string{"info": string(b)}, nil
+	return map[string]string{"info": strings.TrimSuffix(sb.String(), "\n")}, nil
 }
+
+// specBufs are the buffers containerInfo reads config.json into.
+var specBufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}

@@ -108,6 +108,14 @@ func TestMetricsEndpoint(t *testing.T) {
 	if !strings.Contains(scrape(t, url+"/debug/pprof/"), "goroutine") {
 		t.Error("pprof index has no goroutine profile")
 	}
+	// With pprof on, allocations are sampled for the heap profile (off,
+	// they are not, to save the daemon's memory): its first line,
+	// "heap profile: live: bytes [allocated: bytes] @ heap/rate".
+	heap := scrape(t, url+"/debug/pprof/heap?debug=1")
+	var live, liveBytes, allocs, allocBytes, rate int
+	if _, err := fmt.Sscanf(heap, "heap profile: %d: %d [%d: %d] @ heap/%d", &live, &liveBytes, &allocs, &allocBytes, &rate); err != nil || allocs == 0 || rate == 0 {
+		t.Errorf("the heap profile sampled nothing (%v): %.200s", err, heap)
+	}
 }
 
 func TestMetricsOffByDefault(t *testing.T) {
