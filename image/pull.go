@@ -174,6 +174,10 @@ func classify(err error) error {
 			return withClass(err, errdefs.ErrUnauthenticated)
 		case http.StatusForbidden:
 			return withClass(err, errdefs.ErrPermissionDenied)
+		case http.StatusTooManyRequests:
+			// A rate limit (Docker Hub's pulls per six hours) that the
+			// retries did not outlast.
+			return withClass(err, errdefs.ErrResourceExhausted)
 		}
 		for _, d := range terr.Errors {
 			if d.Code == transport.ManifestUnknownErrorCode || d.Code == transport.NameUnknownErrorCode {

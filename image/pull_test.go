@@ -37,6 +37,7 @@ func TestClassifyResolves(t *testing.T) {
 		{"404", classify(&transport.Error{StatusCode: http.StatusNotFound}), errdefs.ErrNotFound, ""},
 		{"401", classify(&transport.Error{StatusCode: http.StatusUnauthorized}), errdefs.ErrUnauthenticated, ""},
 		{"403", classify(&transport.Error{StatusCode: http.StatusForbidden}), errdefs.ErrPermissionDenied, ""},
+		{"429", classify(&transport.Error{StatusCode: http.StatusTooManyRequests, Errors: []transport.Diagnostic{{Code: transport.TooManyRequestsErrorCode}}}), errdefs.ErrResourceExhausted, ""},
 		{"manifest unknown", classify(&transport.Error{StatusCode: http.StatusBadRequest, Errors: []transport.Diagnostic{{Code: transport.ManifestUnknownErrorCode}}}), errdefs.ErrNotFound, ""},
 		{"500", classify(&transport.Error{StatusCode: http.StatusInternalServerError}), errdefs.ErrUnavailable, ""},
 		{"mirror 404 then origin down", withClass(errors.Join(notFound, unreachable), errdefs.ErrUnavailable), errdefs.ErrUnavailable, ""},

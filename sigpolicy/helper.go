@@ -36,6 +36,7 @@ var kindClasses = map[string]error{
 	KindDataLoss:           errdefs.ErrDataLoss,
 	KindUnauthenticated:    errdefs.ErrUnauthenticated,
 	KindPermissionDenied:   errdefs.ErrPermissionDenied,
+	KindResourceExhausted:  errdefs.ErrResourceExhausted,
 }
 
 // run executes the helper for req and returns its answer. A HelperError

@@ -90,6 +90,10 @@ const (
 	// DENIED error, GHCR's and Harbor's 403) while the signatures were
 	// read.
 	KindPermissionDenied = "permission_denied"
+	// KindResourceExhausted is a registry that limits the pull's rate
+	// (429 TOOMANYREQUESTS, Docker Hub's pull limit) and still did after
+	// the retries its Retry-After allowed.
+	KindResourceExhausted = "resource_exhausted"
 )
 
 // HelperError is an answer other than acceptance.

@@ -134,6 +134,7 @@ func TestVerifyHelperErrors(t *testing.T) {
 		{KindDataLoss, errdefs.IsDataLoss},
 		{KindUnauthenticated, errdefs.IsUnauthorized},
 		{KindPermissionDenied, errdefs.IsPermissionDenied},
+		{KindResourceExhausted, errdefs.IsResourceExhausted},
 		{"no-such-kind", errdefs.IsInternal},
 	}
 	for _, c := range cases {

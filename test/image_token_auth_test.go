@@ -138,4 +138,11 @@ func TestImagePullBearerToken(t *testing.T) {
 		t.Errorf("pull denied by the registry = %q, %v; want PermissionDenied", got, err)
 	}
 	checkStoreAsBefore(t, d, before)
+
+	// A registry's rate limit that outlasts the retries.
+	reg.Intercept(testimage.TooManyRequests)
+	if got, err := pull(reg.Ref("private/busybox:1"), &runtimeapi.AuthConfig{Username: "alice", Password: "secret"}); status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("pull over the registry's rate limit = %q, %v; want ResourceExhausted", got, err)
+	}
+	checkStoreAsBefore(t, d, before)
 }

@@ -411,4 +411,9 @@ func TestSignaturePolicyCredentials(t *testing.T) {
 	if ref, err := pull(good); status.Code(err) != codes.PermissionDenied {
 		t.Errorf("pull denied by the registry = %q, %v; want PermissionDenied", ref, err)
 	}
+	// And one over its rate limit: ResourceExhausted, on both paths.
+	e.reg.Intercept(testimage.TooManyRequests)
+	if ref, err := pull(good); status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("pull over the registry's rate limit = %q, %v; want ResourceExhausted", ref, err)
+	}
 }

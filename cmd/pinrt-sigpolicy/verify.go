@@ -118,6 +118,8 @@ func fetchError(ref string, err error) error {
 		kind = sigpolicy.KindUnauthenticated
 	case hasCode(err, errcode.ErrorCodeDenied):
 		kind = sigpolicy.KindPermissionDenied
+	case errors.Is(err, docker.ErrTooManyRequests) || hasCode(err, errcode.ErrorCodeTooManyRequests):
+		kind = sigpolicy.KindResourceExhausted
 	}
 	return fail(kind, "verifying the signatures of %s: %v", ref, err)
 }

@@ -369,6 +369,8 @@ func TestFetchErrorKinds(t *testing.T) {
 		{fmt.Errorf("reading manifest 1 in r/x: %w", errcode.ErrorCodeDenied.WithMessage("requested access to the resource is denied")), sigpolicy.KindPermissionDenied},
 		{fmt.Errorf("reading manifest 1 in r/x: %w", errcode.ErrorCodeUnknown), sigpolicy.KindUnavailable},
 		{errors.New("reading manifest 1 in r/x: manifest unknown"), sigpolicy.KindNotFound},
+		{fmt.Errorf("reading manifest 1 in r/x: %w", docker.ErrTooManyRequests), sigpolicy.KindResourceExhausted},
+		{fmt.Errorf("reading manifest 1 in r/x: %w", errcode.ErrorCodeTooManyRequests.WithMessage("pull rate limit")), sigpolicy.KindResourceExhausted},
 		{errors.New("dial tcp 127.0.0.1:1: connect: connection refused"), sigpolicy.KindUnavailable},
 	} {
 		var he *sigpolicy.HelperError

@@ -40,3 +40,14 @@ func Denied(http.Handler) http.Handler {
 		WriteRegistryError(w, http.StatusForbidden, "DENIED", "requested access to the resource is denied")
 	})
 }
+
+// TooManyRequests answers every request as Docker Hub answers a pull over
+// its rate limit: 429 TOOMANYREQUESTS, here with a Retry-After of 0 so
+// that a client's retries end at once.
+func TooManyRequests(http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Retry-After", "0")
+		WriteRegistryError(w, http.StatusTooManyRequests, "TOOMANYREQUESTS",
+			"You have reached your pull rate limit. You may increase the limit by authenticating and upgrading")
+	})
+}
