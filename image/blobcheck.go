@@ -42,6 +42,20 @@ func (b *blobChecks) expect(d v1.Descriptor) {
 	}
 }
 
+// has says whether the blob digest is checked on the wire.
+func (b *blobChecks) has(digest string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	_, ok := b.blobs[digest]
+	return ok
+}
+
+// wireChecked is a layer whose download blobChecks verifies: its size
+// and digest are checked as it arrives, and go-containerregistry checks
+// them again. Unpacking it need not hash the compressed stream a third
+// time, on the goroutine that inflates it.
+type wireChecked struct{ v1.Layer }
+
 // forRequest finds the descriptor of the blob req fetches. Registries
 // often redirect blob GETs to a CDN, so it is the first request of the
 // redirect chain that names the blob.

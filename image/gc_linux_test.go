@@ -1,6 +1,8 @@
 package image
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
 	"errors"
 	"net/http"
@@ -298,5 +300,52 @@ func TestPullSharesLayersBetweenImages(t *testing.T) {
 	checkFiles("rootfs of B mounted after removing A", mount("cb", b.ID), map[string]string{"base": "shared base", "b": "only in B"})
 	if _, err := os.Stat(filepath.Join(rootfsA, "b")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("B's file in A's rootfs: %v", err)
+	}
+}
+
+// A blob unpacked again from the store, on another parent, is checked
+// against its compressed digest even where the download was checked on
+// the wire, and its damage is DataLoss, not the registry's failure.
+func TestPullChecksAStoredBlob(t *testing.T) {
+	requireRoot(t)
+	var emptyGzip bytes.Buffer
+	zw := gzip.NewWriter(&emptyGzip)
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for name, tc := range map[string]struct {
+		appended []byte
+		want     string
+	}{
+		// A second, empty gzip member: the inflate and the diffID are
+		// as before, the compressed digest is not.
+		"an empty gzip member appended": {emptyGzip.Bytes(), "compressed digest"},
+		// A byte that starts no gzip member: the inflate fails at the
+		// end of the file.
+		"a stray byte appended": {[]byte{0}, "unexpected EOF"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			reg := startTestRegistry(t)
+			shared := fileLayer(t, "shared", []byte("on two parents"))
+			reg.push(t, "a:1", imageOf(t, types.OCIManifestSchema1, types.OCIConfigJSON, fileLayer(t, "a", []byte("base of A")), shared))
+			reg.push(t, "b:1", imageOf(t, types.OCIManifestSchema1, types.OCIConfigJSON, fileLayer(t, "b", []byte("base of B")), shared))
+			s := newTestStore(t, Options{})
+			ctx := context.Background()
+			if _, err := s.Pull(ctx, reg.ref("a:1"), nil); err != nil {
+				t.Fatal(err)
+			}
+			f, err := os.OpenFile(s.blobPath(digestOf(t, shared)), os.O_WRONLY|os.O_APPEND, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.Write(tc.appended); err != nil {
+				t.Fatal(err)
+			}
+			f.Close()
+			_, err = s.Pull(ctx, reg.ref("b:1"), nil)
+			if !errdefs.IsDataLoss(err) || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "unreachable") {
+				t.Fatalf("pull unpacking the damaged stored blob: %v, want DataLoss naming %q", err, tc.want)
+			}
+		})
 	}
 }

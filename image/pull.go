@@ -471,6 +471,11 @@ func (s *Store) fetch(ctx context.Context, desc *remote.Descriptor, blobs *blobC
 	if err != nil {
 		return nil, err
 	}
+	for i, lr := range f.rec.Layers {
+		if blobs.has(lr.Digest) {
+			layers[i] = wireChecked{layers[i]}
+		}
+	}
 	if err := s.pin(ctx, pins, f.rec); err != nil {
 		return nil, err
 	}
@@ -695,6 +700,10 @@ func (s *Store) stageLayer(ctx context.Context, layer v1.Layer, lr layerRecord) 
 	var (
 		src     io.Reader
 		blobTmp *os.File
+		// A stored blob's compressed digest is checked as it is
+		// unpacked, and so is a download's that is not checked on the
+		// wire.
+		checkCompressed = true
 	)
 	if f, err := os.Open(s.blobPath(lr.Digest)); err == nil {
 		defer f.Close()
@@ -720,8 +729,16 @@ func (s *Store) stageLayer(ctx context.Context, layer v1.Layer, lr layerRecord) 
 			ra.wait()
 		}()
 		src = ra
+		_, onWire := layer.(wireChecked)
+		checkCompressed = !onWire
 	}
-	if _, err := UnpackLayer(src, tmpDir, lr.Digest, lr.DiffID); err != nil {
+	if _, err := unpackLayer(src, tmpDir, lr.Digest, lr.DiffID, checkCompressed); err != nil {
+		if blobTmp == nil && errdefs.IsDataLoss(err) {
+			// The stored blob is damaged. Its truncation is no network
+			// failure: the message stays, the unexpected EOF that
+			// classify would take for one does not.
+			return nil, fmt.Errorf("stored blob: %s: %w", err.Error(), errdefs.ErrDataLoss)
+		}
 		return nil, err
 	}
 	// The unpacked files must be durable before the rename publishes the

@@ -42,8 +42,17 @@ const (
 // errdefs.ErrInvalidArgument. OCI whiteouts become overlayfs whiteouts.
 // Owners, modes and device nodes need root.
 func UnpackLayer(r io.Reader, dir, compressedDigest, diffID string) (size int64, retErr error) {
+	return unpackLayer(r, dir, compressedDigest, diffID, true)
+}
+
+// unpackLayer is UnpackLayer, with the compressed digest checked only if
+// checkCompressed (it still names the layer in errors).
+func unpackLayer(r io.Reader, dir, compressedDigest, diffID string, checkCompressed bool) (size int64, retErr error) {
 	ch := sha256.New()
-	counted := &countingReader{r: io.TeeReader(r, ch)}
+	if checkCompressed {
+		r = io.TeeReader(r, ch)
+	}
+	counted := &countingReader{r: r}
 	br := bufio.NewReaderSize(counted, 64<<10)
 	plain, closeFn, err := decompress(br)
 	if err != nil {
@@ -69,8 +78,10 @@ func UnpackLayer(r io.Reader, dir, compressedDigest, diffID string) (size int64,
 	if _, err := io.Copy(io.Discard, br); err != nil {
 		return 0, fmt.Errorf("layer %s: %w: %w", compressedDigest, err, errdefs.ErrDataLoss)
 	}
-	if err := checkDigest("compressed digest", ch, compressedDigest); err != nil {
-		return 0, err
+	if checkCompressed {
+		if err := checkDigest("compressed digest", ch, compressedDigest); err != nil {
+			return 0, err
+		}
 	}
 	if err := checkDigest("diffID", uh, diffID); err != nil {
 		return 0, err
