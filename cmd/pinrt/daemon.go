@@ -17,6 +17,8 @@ import (
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/experimental"
+	"google.golang.org/grpc/mem"
 
 	"github.com/pinrt/pinrt/cgroups"
 	"github.com/pinrt/pinrt/cni"
@@ -83,6 +85,33 @@ func listen(cfg *conf.Config) (net.Listener, error) {
 }
 
 // runDaemon runs the daemon until a signal stops it or serving fails.
+// maxMsgSize bounds the CRI messages both ways, as containerd's 16 MiB.
+const maxMsgSize = 16 << 20
+
+// gRPC's proto codec marshals into the default pool whatever a server's
+// own pool, and that default can only be set at initialization.
+func init() { experimental.SetDefaultBufferPool(messageBuffers()) }
+
+// messageBuffers is the pool gRPC marshals replies into, with a size
+// class for every power of two up to maxMsgSize. gRPC's default pool
+// has none between 32 KiB and 1 MiB, so each of kubelet's relists of a
+// full node (ListContainers is 96 KB at 220 containers, ListPodSandbox
+// and ListContainerStats tens of KB) took a 1 MiB buffer; the pool, a
+// sync.Pool, rarely kept it from one relist to the next, and those
+// buffers were an eighth of the daemon's garbage during the status
+// reads.
+func messageBuffers() mem.BufferPool {
+	var exps []uint8
+	for e := uint8(8); 1<<e <= maxMsgSize; e++ {
+		exps = append(exps, e)
+	}
+	pool, err := mem.NewBinaryTieredBufferPool(exps...)
+	if err != nil {
+		panic(fmt.Sprintf("gRPC buffer pool: %v", err))
+	}
+	return pool
+}
+
 func runDaemon(o *options, cfg *conf.Config) error {
 	sd := takeNotifySocket()
 	if !cfg.Metrics.EnablePprof {
@@ -139,7 +168,7 @@ func runDaemon(o *options, cfg *conf.Config) error {
 	g := grpc.NewServer(
 		grpc.ChainUnaryInterceptor(m.UnaryInterceptor, server.UnaryInterceptor),
 		grpc.ChainStreamInterceptor(m.StreamInterceptor, server.StreamInterceptor),
-		grpc.MaxRecvMsgSize(16<<20), grpc.MaxSendMsgSize(16<<20),
+		grpc.MaxRecvMsgSize(maxMsgSize), grpc.MaxSendMsgSize(maxMsgSize),
 	)
 	srv.Register(g)
 	return serveCRI(ctx, o, cfg, sd, srv, g, l)

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/mem"
 )
 
 // A second lock on a held directory fails naming the directory; flock
@@ -122,5 +124,21 @@ func TestLockDirNamesHolder(t *testing.T) {
 	_, err = lockDir(dir, "run dir")
 	if err == nil || !strings.Contains(err.Error(), "another pinrt (pid "+strconv.Itoa(holder.Process.Pid)+") is already running") {
 		t.Fatalf("lock held by the recorded pid = %v, want 'already running'", err)
+	}
+}
+
+// A reply is marshalled into a buffer of at most twice its size: a full
+// node's ListContainers (96 KB at 220 containers) no longer takes gRPC's
+// next size class, 1 MiB.
+// It is gRPC's default pool, which its proto codec marshals into.
+func TestMessageBuffers(t *testing.T) {
+	for name, pool := range map[string]mem.BufferPool{"messageBuffers": messageBuffers(), "gRPC's default": mem.DefaultBufferPool()} {
+		for _, n := range []int{100, 506, 62 << 10, 96 << 10, 300 << 10, 3 << 20, maxMsgSize} {
+			b := pool.Get(n)
+			if len(*b) != n || cap(*b) < n || cap(*b) >= 2*max(n, 256) {
+				t.Errorf("%s: Get(%d): len %d, cap %d; want the length and a capacity below %d", name, n, len(*b), cap(*b), 2*max(n, 256))
+			}
+			pool.Put(b)
+		}
 	}
 }
