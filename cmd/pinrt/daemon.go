@@ -84,7 +84,6 @@ func listen(cfg *conf.Config) (net.Listener, error) {
 	return l, nil
 }
 
-// runDaemon runs the daemon until a signal stops it or serving fails.
 // maxMsgSize bounds the CRI messages both ways, as containerd's 16 MiB.
 const maxMsgSize = 16 << 20
 
@@ -112,6 +111,7 @@ func messageBuffers() mem.BufferPool {
 	return pool
 }
 
+// runDaemon runs the daemon until a signal stops it or serving fails.
 func runDaemon(o *options, cfg *conf.Config) error {
 	sd := takeNotifySocket()
 	if !cfg.Metrics.EnablePprof {
