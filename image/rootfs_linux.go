@@ -594,15 +594,7 @@ func mountedChainIDs(target string) []string {
 	if err != nil || len(ms) == 0 || ms[len(ms)-1].FSType != "overlay" {
 		return nil
 	}
-	var lowers []string
-	for _, opt := range strings.Split(ms[len(ms)-1].VFSOptions, ",") {
-		// "lowerdir+=" with the new mount API, "lowerdir=a:b" with mount(2).
-		if l, ok := strings.CutPrefix(opt, "lowerdir+="); ok {
-			lowers = append(lowers, l)
-		} else if l, ok := strings.CutPrefix(opt, "lowerdir="); ok {
-			lowers = append(lowers, strings.Split(l, ":")...)
-		}
-	}
+	lowers := lowerDirs(ms[len(ms)-1].VFSOptions)
 	var ids []string
 	for i := len(lowers) - 1; i >= 0; i-- {
 		if m := fullIDRe.FindStringSubmatch(filepath.Base(lowers[i])); m != nil {
@@ -610,4 +602,41 @@ func mountedChainIDs(target string) []string {
 		}
 	}
 	return ids
+}
+
+// lowerDirs are the lower dirs, top first, in an overlay's options.
+func lowerDirs(vfsOptions string) []string {
+	var lowers []string
+	for _, opt := range strings.Split(vfsOptions, ",") {
+		// "lowerdir+=" with the new mount API, "lowerdir=a:b" with mount(2).
+		if l, ok := strings.CutPrefix(opt, "lowerdir+="); ok {
+			lowers = append(lowers, l)
+		} else if l, ok := strings.CutPrefix(opt, "lowerdir="); ok {
+			lowers = append(lowers, strings.Split(l, ":")...)
+		}
+	}
+	return lowers
+}
+
+// mountedLayers names, as layers/ does, every layer of the store that is
+// a lower dir of an overlay mounted on this host: from layers/ itself or
+// from a pod's idmapped view of it. The kernel's mount table knows the
+// rootfs and image volumes of every container, also those no MountRootfs
+// has reported since the daemon started (a container of a stopped pod).
+func (s *Store) mountedLayers() (map[string]bool, error) {
+	mounts, err := mountinfo.GetMounts(mountinfo.FSTypeFilter("overlay"))
+	if err != nil {
+		return nil, fmt.Errorf("reading the mount table: %w", err)
+	}
+	layers, idmapped := s.path("layers"), s.path("idmapped")
+	used := map[string]bool{}
+	for _, m := range mounts {
+		for _, l := range lowerDirs(m.VFSOptions) {
+			dir := filepath.Dir(l)
+			if dir == layers || filepath.Dir(dir) == idmapped {
+				used[filepath.Base(l)] = true
+			}
+		}
+	}
+	return used, nil
 }

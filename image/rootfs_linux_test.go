@@ -230,3 +230,61 @@ func TestMountRootfsNoUserns(t *testing.T) {
 		t.Fatal("bad container ID accepted")
 	}
 }
+
+// After a restart nothing has told the store which containers of a
+// stopped pod still have their rootfs mounted: the kernel's mount table
+// does. A collection (at start, or a Remove of the image) keeps their
+// layers, read through layers/ or a pod's idmapped view, and collects
+// them once the last overlay is gone.
+func TestCollectKeepsMountedLayersAfterRestart(t *testing.T) {
+	requireRoot(t)
+	for _, userns := range []bool{false, true} {
+		t.Run(fmt.Sprintf("userns=%v", userns), func(t *testing.T) {
+			s := newTestStore(t, Options{})
+			img := pullTestImage(t, s)
+			ctx := context.Background()
+			dir := t.TempDir()
+			req := MountRequest{ContainerID: "c", PodID: "p", ImageID: img.ID, Dir: dir}
+			if userns {
+				req.UsernsPath, req.RootUID, req.RootGID = pinUserns(t, 310000), 310000, 310000
+			}
+			t.Cleanup(func() {
+				s.UnmountRootfs(ctx, "c", "p", dir)
+				s.ReleasePod(ctx, "p")
+			})
+			rootfs, err := s.MountRootfs(ctx, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s2 := newTestStore(t, Options{Root: s.Root()})
+			if err := s2.Remove(ctx, img.ID); err != nil {
+				t.Fatal(err)
+			}
+			if err := s2.Collect(ctx); err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range img.ChainIDs {
+				if _, err := os.Stat(s2.layerPath(c)); err != nil {
+					t.Errorf("layer %s under a mounted rootfs, after the image's removal and a collection: %v", c, err)
+				}
+			}
+			if b, err := os.ReadFile(filepath.Join(rootfs, "srv/data")); err != nil || string(b) != "d" {
+				t.Errorf("the rootfs after a collection: %q, %v", b, err)
+			}
+			if err := s2.UnmountRootfs(ctx, "c", "p", dir); err != nil {
+				t.Fatal(err)
+			}
+			if err := s2.ReleasePod(ctx, "p"); err != nil {
+				t.Fatal(err)
+			}
+			if err := s2.Collect(ctx); err != nil {
+				t.Fatal(err)
+			}
+			for _, sub := range []string{"layers", "blobs/sha256", "tmp"} {
+				if names, err := dirNames(s2.path(sub)); err != nil || len(names) != 0 {
+					t.Errorf("%s after the last unmount and a collection: %v, %v", sub, names, err)
+				}
+			}
+		})
+	}
+}

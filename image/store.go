@@ -404,10 +404,22 @@ func (s *Store) sweepOrphans(ctx context.Context) {
 	}
 }
 
-// collect runs gc under gcLock, then deletes what it moved away.
+// Collect deletes every blob and layer of the store that no image
+// references, no mounted overlay uses and no running pull has pinned.
+// A daemon killed in the middle of a pull leaves the layers it had
+// published, and one killed in the middle of a RemoveImage the image's
+// layers; the daemon calls Collect once at start, after the containers
+// are restored, so that nothing is left of either.
+func (s *Store) Collect(ctx context.Context) error { return s.collect(ctx, nil) }
+
+// collect runs gc under gcLock, then deletes what it moved away. With no
+// candidates it collects the whole store, orphans included.
 func (s *Store) collect(ctx context.Context, cand *gcCandidates) error {
 	if err := s.lockGC(ctx); err != nil {
 		return err
+	}
+	if cand == nil {
+		s.orphans.take()
 	}
 	trash, err := s.gc(cand)
 	s.unlockGC()
@@ -443,7 +455,13 @@ func (s *Store) gc(cand *gcCandidates) (trash string, _ error) {
 			layers[strings.TrimPrefix(c, "sha256:")] = true
 		}
 	}
+	// Read under mountMu, so no rootfs is being mounted meanwhile.
+	mounted, mountErr := s.mountedLayers()
 	s.mountMu.Unlock()
+	if mountErr != nil {
+		return "", fmt.Errorf("image garbage collection: %w", mountErr)
+	}
+	maps.Copy(layers, mounted)
 
 	var errs []error
 	var layerNames, blobNames []string

@@ -401,5 +401,14 @@ func newServer(ctx context.Context, cfg *conf.Config, m *metrics.Metrics) (*serv
 	}
 	srv := server.New(cfg, server.Deps{Network: network, Namespaces: nsm, IDs: ids, Images: images, Runtimes: runtimes, Metrics: m, CgroupDriver: cg, CDI: cdi})
 	srv.Restore(ctx)
+	// A pull or an image removal the last run died in left layers and
+	// blobs no image owns. Collected once the containers are restored,
+	// so the store knows which layers their rootfs use, and in the
+	// background: pulls and removals wait only for its renames.
+	go func() {
+		if err := images.Collect(ctx); err != nil {
+			log.G(ctx).WithError(err).Warn("collecting what an interrupted image pull or removal left")
+		}
+	}()
 	return srv, nil
 }
