@@ -126,6 +126,9 @@ func NewStore(opts Options) (*Store, error) {
 			return nil, fmt.Errorf("create image store: %w", err)
 		}
 	}
+	// Nothing writes yet: what a crash left of an atomic write goes.
+	atomicfile.RemoveTemps(s.root)
+	atomicfile.RemoveTemps(s.path("blobs", "sha256"))
 	if err := markTopDir(s.path("tmp")); err != nil {
 		log.L.WithError(err).Warn("could not mark the image staging dir as a top directory (chattr +T); pulls right after removals may be slower on ext4 without a journal")
 	}
@@ -497,7 +500,9 @@ func (s *Store) gc(cand *gcCandidates) (trash string, _ error) {
 		}
 	}
 	for _, name := range blobNames {
-		if blobs[name] {
+		// A temp file is a pull's write in progress (NewStore removed
+		// those a crash left).
+		if blobs[name] || atomicfile.IsTemp(name) {
 			continue
 		}
 		if s.pinned.blobs[name] > 0 {

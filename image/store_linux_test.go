@@ -351,3 +351,35 @@ func TestNormalizeRef(t *testing.T) {
 }
 
 func hex64() string { return strings.Repeat("ab", 32) }
+
+// The temp files of atomic writes a crash cut short (index.json's, a
+// blob's) go at start; a collection leaves a temp file alone, since it
+// is a pull's write in progress whose rename would fail.
+func TestStoreTempFiles(t *testing.T) {
+	s := newTestStore(t, Options{})
+	stale := []string{
+		filepath.Join(s.Root(), ".index.json.tmp123"),
+		s.path("blobs", "sha256", "."+hex64()+".tmp456"),
+	}
+	for _, p := range stale {
+		if err := os.WriteFile(p, []byte("cut short"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s = newTestStore(t, Options{Root: s.Root()})
+	for _, p := range stale {
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s after a restart: %v, want it gone", p, err)
+		}
+	}
+	inFlight := s.path("blobs", "sha256", "."+hex64()+".tmp789")
+	if err := os.WriteFile(inFlight, []byte("being written"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Collect(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(inFlight); err != nil {
+		t.Errorf("a blob write in progress, after a collection: %v", err)
+	}
+}

@@ -8,6 +8,8 @@ import (
 	"sync"
 
 	"github.com/containerd/errdefs"
+
+	"github.com/pinrt/pinrt/internal/atomicfile"
 )
 
 // versioned is the on-disk envelope of an object's state: a format version
@@ -111,7 +113,7 @@ func (r *record[M, S]) Lock() func() {
 // refused with ErrDataLoss rather than read as a state it never had.
 func loadRecord[M any, S comparable](dir string, idOf func(*M) string) (*M, S, error) {
 	var zero S
-	removeStaleTemps(dir)
+	atomicfile.RemoveTemps(dir)
 	var rec versioned[M, S]
 	err := readJSON(filepath.Join(dir, stateFile), &rec)
 	if errdefs.IsNotFound(err) {
@@ -154,11 +156,3 @@ func checkID(dir, id string) error {
 	return nil
 }
 
-// removeStaleTemps deletes the temp files of writes a crash interrupted
-// before their rename: they were never part of the state.
-func removeStaleTemps(dir string) {
-	temps, _ := filepath.Glob(filepath.Join(dir, ".*.tmp*"))
-	for _, t := range temps {
-		_ = os.Remove(t)
-	}
-}

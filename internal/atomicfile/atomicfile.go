@@ -6,6 +6,7 @@ package atomicfile
 import (
 	"os"
 	"path/filepath"
+	"strings"
 )
 
 // WriteFile replaces path with data durably: temp file, fsync, rename,
@@ -43,8 +44,24 @@ func SyncDir(dir string) error {
 	return d.Sync()
 }
 
+// IsTemp reports whether name is the temp file of a write: one in
+// progress, or one a crash interrupted before its rename.
+func IsTemp(name string) bool {
+	return strings.HasPrefix(name, ".") && strings.Contains(name, ".tmp")
+}
+
+// RemoveTemps deletes the temp files in dir of writes a crash interrupted
+// before their rename: they were never part of the state. Call it only
+// when no write into dir can be in progress.
+func RemoveTemps(dir string) {
+	temps, _ := filepath.Glob(filepath.Join(dir, ".*.tmp*"))
+	for _, t := range temps {
+		_ = os.Remove(t)
+	}
+}
+
 func writeTemp(dir, name string, data []byte, mode os.FileMode, durable bool) (retErr error) {
-	f, err := os.CreateTemp(dir, "."+name+".tmp*")
+	f, err := os.CreateTemp(dir, "."+name+".tmp*") // see IsTemp
 	if err != nil {
 		return err
 	}
