@@ -155,4 +155,3 @@ func checkID(dir, id string) error {
 	}
 	return nil
 }
-
