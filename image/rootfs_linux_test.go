@@ -213,6 +213,13 @@ func TestMountRootfsNoUserns(t *testing.T) {
 	if got := owner(t, filepath.Join(rootfs, "home/user1002")); got != "1002:1002" {
 		t.Fatalf("owner %s", got)
 	}
+	// Volatile: unmounting it commits no journal (see mountOverlay). The
+	// kernel shows "volatile", or "fsync=volatile" since 6.x.
+	if ms, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(rootfs)); err != nil || len(ms) != 1 {
+		t.Errorf("the rootfs mount: %v, %v", ms, err)
+	} else if o := "," + ms[0].VFSOptions + ","; !strings.Contains(o, ",volatile,") && !strings.Contains(o, ",fsync=volatile,") {
+		t.Errorf("the rootfs is mounted %s, want a volatile upper", ms[0].VFSOptions)
+	}
 	if ms := idmappedMounts(t, s.Root()); len(ms) != 0 {
 		t.Fatalf("idmapped mounts %v without userns", ms)
 	}

@@ -25,6 +25,18 @@ func TestIntentRecord(t *testing.T) {
 	if in, _ := ReadIntent(dir, &md); in != IntentRemoving {
 		t.Errorf("ReadIntent with both = %q, want removing", in)
 	}
+	// Marked again (a removal retried), the record is replaced whole:
+	// written in place, a shorter one must not keep the longer's tail.
+	if err := MarkIntent(dir, IntentRemoving, Metadata{ID: "p1", Name: "a-much-longer-name-than-the-first"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := MarkIntent(dir, IntentRemoving, Metadata{ID: "p2"}); err != nil {
+		t.Fatal(err)
+	}
+	md = Metadata{}
+	if in, err := ReadIntent(dir, &md); in != IntentRemoving || err != nil || md.ID != "p2" || md.Name != "" {
+		t.Errorf("ReadIntent after marking twice = %q, %+v, %v; want removing p2", in, md, err)
+	}
 	for _, in := range []Intent{IntentCreating, IntentRemoving} {
 		if err := ClearIntent(dir, in); err != nil {
 			t.Fatal(err)
