@@ -30,9 +30,11 @@ all: build
 
 # pinrt is built static, so the pause process of shared-PID pods runs from
 # a rootfs holding only this binary.
-# pinrt-sigpolicy goes beside it: the daemon looks for it there first.
+# pinrt-exec (the streaming exec helper) and pinrt-sigpolicy go beside
+# it: the daemon looks for them there first.
 build:
 	CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o bin/pinrt ./cmd/pinrt
+	CGO_ENABLED=0 $(GO) build -o bin/pinrt-exec ./cmd/pinrt-exec
 	cd $(SIGPOLICY_DIR) && CGO_ENABLED=0 $(GO) build -tags $(SIGPOLICY_TAGS) -o $(CURDIR)/bin/pinrt-sigpolicy .
 	$(GO) build -o bin/pinrt-bench ./test/bench/cmd/pinrt-bench
 
@@ -184,6 +186,7 @@ run: build
 
 install: build
 	install -D -m 0755 bin/pinrt $(BINDIR)/pinrt
+	install -D -m 0755 bin/pinrt-exec $(BINDIR)/pinrt-exec
 	install -D -m 0755 bin/pinrt-sigpolicy $(BINDIR)/pinrt-sigpolicy
 
 clean:

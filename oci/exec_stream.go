@@ -17,6 +17,8 @@ import (
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
+
+	"github.com/pinrt/pinrt/internal/exechelper"
 )
 
 // TerminalSize is a terminal's size in characters.
@@ -36,9 +38,6 @@ type ExecOptions struct {
 	// Resize carries terminal size changes (Tty only); nil means none.
 	Resize <-chan TerminalSize
 }
-
-// execHelperPath is the binary that runs ExecHelperMain: the daemon itself.
-var execHelperPath = "/proc/self/exe"
 
 // execWaitDelay is how long output may stand still after the exec'd
 // process exited before the stream is cut, and only when the pipes hold
@@ -96,10 +95,10 @@ func (r *Runtime) ExecStream(ctx context.Context, id string, o ExecOptions) (int
 		c = exec.Command(r.binary, append(args, o.Cmd...)...)
 	} else {
 		// Detached under the helper, so that only the exec'd process's
-		// own exit ends the exec (see ExecHelperCommand).
-		args := append([]string{ExecHelperCommand, pidFile, r.binary}, r.globalArgs()...)
+		// own exit ends the exec (see package exechelper).
+		args := append([]string{exechelper.Command, pidFile, r.binary}, r.globalArgs()...)
 		args = append(args, "exec", "--detach", "--pid-file", pidFile, id)
-		c = exec.Command(execHelperPath, append(args, o.Cmd...)...)
+		c = exec.Command(r.execHelper, append(args, o.Cmd...)...)
 	}
 	c.WaitDelay = execWaitDelay
 

@@ -35,6 +35,9 @@ type Handler struct {
 	// ExtraArgs are global flags on every runtime call, from the cgroup
 	// driver (runc's --systemd-cgroup).
 	ExtraArgs []string
+	// ExecHelper runs package exechelper for streaming execs: pinrt-exec;
+	// empty means the daemon's own binary (/proc/self/exe).
+	ExecHelper string
 }
 
 // Runtime drives one OCI runtime binary through its CLI, with conmon as the
@@ -42,10 +45,11 @@ type Handler struct {
 // State needs is on disk, so a fresh Runtime after a daemon restart sees
 // the same containers.
 type Runtime struct {
-	h        Handler
-	binary   string
-	monitor  string
-	stateDir string
+	h          Handler
+	binary     string
+	monitor    string
+	execHelper string
+	stateDir   string
 	// reaped holds the containers Reap deleted from the OCI runtime in
 	// this process: their Delete is pinrt's records alone. After a
 	// restart it is empty, and Delete asks the runtime again.
@@ -154,7 +158,11 @@ func NewRuntime(h Handler, stateDir string) (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Runtime{h: h, binary: abs, monitor: mon, stateDir: stateDir}, nil
+	helper := h.ExecHelper
+	if helper == "" {
+		helper = "/proc/self/exe"
+	}
+	return &Runtime{h: h, binary: abs, monitor: mon, execHelper: helper, stateDir: stateDir}, nil
 }
 
 // Binary is the resolved runtime path.

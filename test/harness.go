@@ -60,9 +60,10 @@ func RepoRoot() string {
 
 // Binary builds bin/pinrt once per test process and returns its path. It
 // is built static, so the pause process can run from a rootfs holding only
-// this one file. pinrt-sigpolicy, the signature policy helper (a module
-// of its own, cmd/pinrt-sigpolicy), is built beside it, where the daemon
-// looks for it. PINRT_E2E_BINARY names a prebuilt binary instead, for a
+// this one file. pinrt-exec, the streaming exec helper, and
+// pinrt-sigpolicy, the signature policy helper (a module of its own,
+// cmd/pinrt-sigpolicy), are built beside it, where the daemon looks for
+// them. PINRT_E2E_BINARY names a prebuilt binary instead, for a
 // test binary run where there is no Go toolchain (test/vm); a helper is
 // then expected beside it.
 func Binary(t testing.TB) string {
@@ -81,6 +82,7 @@ func Binary(t testing.TB) string {
 		// not from gpgme.
 		for _, b := range []struct{ out, dir, tags string }{
 			{binPath, "cmd/pinrt", ""},
+			{filepath.Join(dir, "pinrt-exec"), "cmd/pinrt-exec", ""},
 			{filepath.Join(dir, "pinrt-sigpolicy"), "cmd/pinrt-sigpolicy", "containers_image_openpgp"},
 		} {
 			cmd := exec.Command("go", "build", "-tags", b.tags, "-o", b.out, ".")

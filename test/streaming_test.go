@@ -29,7 +29,7 @@ import (
 	utilexec "k8s.io/client-go/util/exec"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/pinrt/pinrt/oci"
+	"github.com/pinrt/pinrt/internal/exechelper"
 	"github.com/pinrt/pinrt/test/testimage"
 )
 
@@ -669,6 +669,10 @@ func (s *streamEnv) testClientGone(t *testing.T) {
 	waitFor(t, 15*time.Second, "the exec'd sleep and both streams", func() bool {
 		return len(runcExecs(id)) == 1 && s.streamsOpen() == before+2
 	})
+	// The helper is its own small binary, beside the daemon's.
+	if helper := runcExecs(id); len(helper) != 1 || filepath.Base(strings.Fields(helper[0])[0]) != "pinrt-exec" {
+		t.Errorf("the exec helper runs as %q, want pinrt-exec", helper)
+	}
 	// Let the attach reach conmon's socket: only its stream start shows.
 	time.Sleep(time.Second)
 
@@ -818,7 +822,7 @@ func runcExecs(ids ...string) []string {
 			continue
 		}
 		args := strings.Split(string(b), "\x00")
-		isExec := containsArg(args, oci.ExecHelperCommand) || (filepath.Base(args[0]) == "runc" && containsArg(args, "exec"))
+		isExec := containsArg(args, exechelper.Command) || (filepath.Base(args[0]) == "runc" && containsArg(args, "exec"))
 		if !isExec {
 			continue
 		}

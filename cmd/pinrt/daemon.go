@@ -330,6 +330,27 @@ func reloadLogLevel(ctx context.Context, o *options) {
 	log.G(ctx).Infof("SIGHUP: log level is now %s", cfg.LogLevel)
 }
 
+// newRuntimes drives each configured runtime handler the node has.
+func newRuntimes(ctx context.Context, cfg *conf.Config, cg cgroups.Driver) map[string]server.ContainerRuntime {
+	runtimes := map[string]server.ContainerRuntime{}
+	exe, _ := os.Executable() // "" leaves the exec helper to pinrt itself
+	helper := execHelper(ctx, exe)
+	for name, h := range cfg.Runtime.Runtimes {
+		rt, err := oci.NewRuntime(oci.Handler{
+			Name: name, Binary: h.Binary, Root: cfg.RuntimeRoot(name), Type: h.Type, MonitorPath: cfg.Runtime.Conmon,
+			ExtraArgs: cg.RuntimeArgs(), ExecHelper: helper,
+		}, filepath.Join(cfg.RunRoot, "oci", name))
+		if err != nil {
+			// A handler may name a runtime this node lacks (crun by
+			// default); only pods that use it fail.
+			log.G(ctx).WithError(err).Warnf("runtime handler %q is not available", name)
+			continue
+		}
+		runtimes[name] = rt
+	}
+	return runtimes
+}
+
 // newServer builds the domain packages, the CRI server on top, and
 // restores the pods and containers recorded on disk.
 func newServer(ctx context.Context, cfg *conf.Config, m *metrics.Metrics) (*server.Server, error) {
@@ -381,20 +402,7 @@ func newServer(ctx context.Context, cfg *conf.Config, m *metrics.Metrics) (*serv
 	if err := oci.CheckMonitor(ctx, cfg.Runtime.Conmon); err != nil && !errdefs.IsNotFound(err) {
 		return nil, err
 	}
-	runtimes := map[string]server.ContainerRuntime{}
-	for name, h := range cfg.Runtime.Runtimes {
-		rt, err := oci.NewRuntime(oci.Handler{
-			Name: name, Binary: h.Binary, Root: cfg.RuntimeRoot(name), Type: h.Type, MonitorPath: cfg.Runtime.Conmon,
-			ExtraArgs: cg.RuntimeArgs(),
-		}, filepath.Join(cfg.RunRoot, "oci", name))
-		if err != nil {
-			// A handler may name a runtime this node lacks (crun by
-			// default); only pods that use it fail.
-			log.G(ctx).WithError(err).Warnf("runtime handler %q is not available", name)
-			continue
-		}
-		runtimes[name] = rt
-	}
+	runtimes := newRuntimes(ctx, cfg, cg)
 	cdi, err := oci.NewCDIRegistry(cfg.CDI.SpecDirs)
 	if err != nil {
 		return nil, err

@@ -15,16 +15,16 @@ import (
 	"strings"
 
 	"github.com/pinrt/pinrt/conf"
-	"github.com/pinrt/pinrt/oci"
+	"github.com/pinrt/pinrt/internal/exechelper"
 	"github.com/pinrt/pinrt/version"
 )
 
 func main() {
 	// The exec helper, the subreaper that waits for a detached runc exec,
-	// is this binary re-executed; it must not parse flags or start
-	// anything else.
-	if len(os.Args) > 1 && os.Args[1] == oci.ExecHelperCommand {
-		os.Exit(oci.ExecHelperMain(os.Args[2:]))
+	// is this binary re-executed when pinrt-exec is not beside it; it must
+	// not parse flags or start anything else.
+	if len(os.Args) > 1 && os.Args[1] == exechelper.Command {
+		os.Exit(exechelper.Main(os.Args[2:]))
 	}
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }

@@ -54,7 +54,7 @@
 # its own socket, root and state directories (in the same filesystem as
 # pinrt's), its own bridge, the same runc and CNI plugins and the same
 # images, in a cgroup of its own. The compare-* scenarios run the sandbox,
-# pod, node (kubelet's 110 pods with two containers) and pull scenarios
+# pod, node (kubelet's 110 pods with two containers), exec and pull scenarios
 # on both, containerd then pinrt, alternately, and print pinrt/containerd.
 set -uo pipefail
 
@@ -548,7 +548,7 @@ run_compare() {
 		NF >= 5 && $(NF-3) == "ms" && ($(NF-4) == "p50" || $(NF-4) == "p99") {
 			op = $1
 			for (i = 2; i <= NF - 5; i++) op = op "_" $i
-			if (op ~ /^(pod_end_to_end|sandbox_end_to_end|RunPodSandbox|CreateContainer|StartContainer|RemoveContainer|StopPodSandbox|ContainerStatus|ListContainers|ListPodSandbox|ListContainerStats|PullImage|ContainerStatus_floor|ListContainers_floor|ListContainerStats_floor)$/)
+			if (op ~ /^(pod_end_to_end|sandbox_end_to_end|RunPodSandbox|CreateContainer|StartContainer|RemoveContainer|StopPodSandbox|ContainerStatus|ListContainers|ListPodSandbox|ListContainerStats|PullImage|ContainerStatus_floor|ListContainers_floor|ListContainerStats_floor|ExecSync|Exec\(stream\))$/)
 				k = k " " op "-" $(NF-4) "=" $NF
 		}
 		NF == 4 && $1 ~ /^(cpu_ms_per_pod|runtime_pss_kib|daemon_rss_kib|teardown_wall_ms)$/ { k = k " " $1 "=" $NF }
@@ -582,6 +582,9 @@ run_compare compare-pod pod -n "$N" -p 1 --image "$IMAGE"
 # statuses and lists read one call at a time, memory of the daemon and
 # its monitors, then everything removed (teardown_wall_ms).
 run_compare compare-node status -n "$NODE_PODS" --containers "$NODE_CONTAINERS" -p "$PAR" --image "$IMAGE" --stats-rounds 20
+# ExecSync and streaming Exec in one pod, as kubelet's probes and
+# kubectl exec make them.
+run_compare compare-exec exec -n "$EXEC_N" --streams "$EXEC_STREAMS" --image "$IMAGE"
 run_compare compare-pull pull -n "$PULL_N" --limit-mbps "$PULL_MBPS" --scale "$PULL_SCALE" --pull-settle "$PULL_SETTLE"
 
 echo

@@ -55,6 +55,8 @@ trap cleanup EXIT
 out=${PINRT_NODE_E2E_OUT:-$work/out}
 
 (cd "$repo" && CGO_ENABLED=0 go build -o "$work/pinrt" ./cmd/pinrt)
+# The streaming exec helper goes beside pinrt, where the daemon looks for it.
+(cd "$repo" && CGO_ENABLED=0 go build -o "$work/pinrt-exec" ./cmd/pinrt-exec)
 # The signature policy helper (mode sigpolicy), a module of its own, goes
 # beside pinrt, where the daemon looks for it.
 (cd "$repo/cmd/pinrt-sigpolicy" && CGO_ENABLED=0 go build -tags containers_image_openpgp -o "$work/pinrt-sigpolicy" .)

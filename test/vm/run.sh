@@ -99,6 +99,8 @@ share=$(mktemp -d /var/tmp/pinrt-vm-share.XXXXXX)
 trap 'rm -rf "$share"' EXIT
 mkdir -p "$share/bin" "$share/cni" "$share/out"
 (cd "$repo" && CGO_ENABLED=0 go build -o "$share/bin/pinrt" ./cmd/pinrt)
+# The streaming exec helper goes beside pinrt, where the daemon looks for it.
+(cd "$repo" && CGO_ENABLED=0 go build -o "$share/bin/pinrt-exec" ./cmd/pinrt-exec)
 # The signature policy helper, a module of its own, goes beside pinrt.
 (cd "$repo/cmd/pinrt-sigpolicy" && CGO_ENABLED=0 go build -tags containers_image_openpgp -o "$share/bin/pinrt-sigpolicy" .)
 cp "$(command -v runc)" "$share/bin/runc"

@@ -87,6 +87,7 @@ run)
 
 	# pinrt runs from the unit as shipped; only its configuration is ours.
 	install -m 0755 "$share/bin/pinrt" /usr/local/bin/pinrt
+	install -m 0755 "$share/bin/pinrt-exec" /usr/local/bin/pinrt-exec
 	install -m 0644 "$share/critest/pinrt.service" /etc/systemd/system/pinrt.service
 	mkdir -p /etc/pinrt
 	{
