@@ -141,9 +141,8 @@ func TestImageStoreKilled(t *testing.T) {
 }
 
 // settled waits until the image store holds exactly want, and checks
-// that ListImages lists the image exactly when listed, and that
-// ImageFsInfo has the store's usage. The restarted daemon may collect
-// what a crash left after its socket opens.
+// that ListImages lists the image exactly when listed. The restarted
+// daemon may collect what a crash left after its socket opens.
 func settled(t *testing.T, d *Daemon, want []string, listed bool) {
 	t.Helper()
 	var got []string
@@ -153,17 +152,7 @@ func settled(t *testing.T, d *Daemon, want []string, listed bool) {
 		}
 	}
 	if !slices.Equal(got, want) {
-		var extra, missing []string
-		for _, e := range got {
-			if !slices.Contains(want, e) {
-				extra = append(extra, e)
-			}
-		}
-		for _, e := range want {
-			if !slices.Contains(got, e) {
-				missing = append(missing, e)
-			}
-		}
+		extra, missing := entriesDiff(want, got)
 		t.Fatalf("the image store (image listed: %v) has %d entries no image owns: %v; and lacks %v", listed, len(extra), extra, missing)
 	}
 	if n := len(imgList(t, d, "")); (n == 1) != listed {

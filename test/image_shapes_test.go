@@ -342,8 +342,15 @@ func storeEntries(t *testing.T, d *Daemon) []string {
 // every blob and layer it wrote, even the ones that checked out.
 func checkStoreAsBefore(t *testing.T, d *Daemon, before []string) {
 	t.Helper()
-	after := storeEntries(t, d)
-	var left, lost []string
+	left, lost := entriesDiff(before, storeEntries(t, d))
+	if len(left) > 0 || len(lost) > 0 {
+		t.Errorf("the failed pull left in images/: %v; and removed: %v", left, lost)
+	}
+}
+
+// entriesDiff lists the store entries in after and not in before
+// (left), and those in before and not in after (lost).
+func entriesDiff(before, after []string) (left, lost []string) {
 	for _, e := range after {
 		if !slices.Contains(before, e) {
 			left = append(left, e)
@@ -354,9 +361,7 @@ func checkStoreAsBefore(t *testing.T, d *Daemon, before []string) {
 			lost = append(lost, e)
 		}
 	}
-	if len(left) > 0 || len(lost) > 0 {
-		t.Errorf("the failed pull left in images/: %v; and removed: %v", left, lost)
-	}
+	return left, lost
 }
 
 // onBlob serves GETs of the blob digest with serve and passes every other
