@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 
 	"github.com/containerd/errdefs"
-	"github.com/containerd/log"
 
 	"github.com/pinrt/pinrt/conf"
 	"github.com/pinrt/pinrt/image"
@@ -59,15 +58,12 @@ func newVerifier(cfg *conf.Config) (image.Verifier, error) {
 // the helper of its own build, else on PATH. A file beside exe that
 // cannot run is an error, not a reason to run another one from PATH.
 func findHelper(exe string) (string, error) {
-	beside := filepath.Join(filepath.Dir(exe), helperName)
-	fi, err := os.Stat(beside)
+	beside, err := besideExe(exe, helperName)
 	switch {
-	case err == nil && (!fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0):
-		return "", fmt.Errorf("signature policy helper %s is not an executable file (mode %s): %w", beside, fi.Mode(), errdefs.ErrFailedPrecondition)
 	case err == nil:
 		return beside, nil
 	case !errors.Is(err, fs.ErrNotExist):
-		return "", fmt.Errorf("signature policy helper: %w: %w", err, errdefs.ErrFailedPrecondition)
+		return "", fmt.Errorf("signature policy helper: %w", err)
 	}
 	p, err := exec.LookPath(helperName)
 	if err != nil {
@@ -76,24 +72,6 @@ func findHelper(exe string) (string, error) {
 			helperName, beside, os.Getenv("PATH"), helperName, errdefs.ErrFailedPrecondition)
 	}
 	return p, nil
-}
-
-// execHelperName is the exec helper's own binary (cmd/pinrt-exec).
-const execHelperName = "pinrt-exec"
-
-// execHelper is pinrt-exec beside the daemon's binary, or "" when it is
-// not there: the daemon's own binary then runs the helper, 10 ms slower
-// to start, so a lone pinrt binary still works.
-func execHelper(ctx context.Context, exe string) string {
-	if !filepath.IsAbs(exe) {
-		return ""
-	}
-	p := filepath.Join(filepath.Dir(exe), execHelperName)
-	if fi, err := os.Stat(p); err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
-		log.G(ctx).Infof("%s is not beside %s: streaming execs run pinrt itself as their helper", execHelperName, exe)
-		return ""
-	}
-	return p
 }
 
 // verifier adapts sigpolicy to the image store's Verifier, marking the
