@@ -19,6 +19,8 @@ import (
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+
+	"github.com/pinrt/pinrt/internal/atomicfile"
 )
 
 // Handler is one configured runtime handler.
@@ -644,17 +646,79 @@ func (r *Runtime) Update(ctx context.Context, id string, res *specs.LinuxResourc
 	}
 	// Prepared and never created: the limits go into config.json, which
 	// the runtime creates the cgroup from.
-	if rec, err := r.loadRecord(id); err == nil && !prepared(rec.Bundle) {
-		return UpdateBundleResources(rec.Bundle, res)
-	}
-	if _, err := r.run(ctx, b, "update", "--resources", "-", id); err != nil {
-		return r.failure(ctx, id, err, nil, func(st Status) bool { return st == StatusStopped })
-	}
 	rec, err := r.loadRecord(id)
 	if err != nil {
 		return err
 	}
-	return UpdateBundleResources(rec.Bundle, res)
+	if !prepared(rec.Bundle) {
+		return UpdateBundleResources(rec.Bundle, res)
+	}
+	// The cgroup and config.json change one after the other. A crash
+	// between them would leave ContainerStatus reporting limits the
+	// cgroup does not have, so the update is marked as pending first and
+	// FinishUpdate completes it at the next start.
+	pending := filepath.Join(rec.Bundle, pendingUpdateFile)
+	if err := atomicfile.WriteFiles(rec.Bundle, map[string][]byte{pendingUpdateFile: b}, 0o600, false); err != nil {
+		return err
+	}
+	if _, err := r.run(ctx, b, "update", "--resources", "-", id); err != nil {
+		_ = os.Remove(pending)
+		return r.failure(ctx, id, err, nil, func(st Status) bool { return st == StatusStopped })
+	}
+	if err := UpdateBundleResources(rec.Bundle, res); err != nil {
+		return err // pending stays: FinishUpdate records the limits
+	}
+	return os.Remove(pending)
+}
+
+// pendingUpdateFile, in a bundle, holds the resources of an Update that
+// has not yet reached both the cgroup and config.json. It lives in the
+// bundle, not with the runtime's records under /run: the bundle's
+// config.json is what it must agree with, and a reboot, which empties
+// /run, also takes the cgroup it was applied to.
+const pendingUpdateFile = "update.pending"
+
+// FinishUpdate completes an Update that a crash cut short, before the
+// container is reported again: the limits of the pending update are
+// applied to the cgroup and recorded in config.json, so the two agree
+// whichever step the crash came before. The update was never
+// acknowledged, so applying it is as right as dropping it; applying it
+// is what works from either side. A container with no pending update is
+// left alone, and so is the cgroup of one that has stopped.
+func (r *Runtime) FinishUpdate(ctx context.Context, id string) error {
+	if err := validateID(id); err != nil {
+		return err
+	}
+	rec, err := r.loadRecord(id)
+	if errdefs.IsNotFound(err) {
+		return nil // never created in the runtime: config.json is all there is
+	}
+	if err != nil {
+		return err
+	}
+	pending := filepath.Join(rec.Bundle, pendingUpdateFile)
+	b, err := os.ReadFile(pending)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var res specs.LinuxResources
+	if err := json.Unmarshal(b, &res); err != nil {
+		// Written by rename, so never torn: a file that does not parse
+		// was not written by pinrt.
+		return fmt.Errorf("pending update of %s: %w: %w", id, err, errdefs.ErrDataLoss)
+	}
+	if _, err := r.run(ctx, b, "update", "--resources", "-", id); err != nil {
+		if err := r.failure(ctx, id, err, func(st Status) bool { return st == StatusStopped }, nil); err != nil && !errdefs.IsNotFound(err) {
+			return err
+		}
+	}
+	if err := UpdateBundleResources(rec.Bundle, &res); err != nil {
+		return err
+	}
+	return os.Remove(pending)
 }
 
 var (

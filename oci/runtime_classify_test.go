@@ -2,6 +2,7 @@ package oci
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -40,6 +41,25 @@ esac
 	return rt
 }
 
+// recordCreated writes what Create leaves of a container created in the
+// runtime: its record, and a bundle with config.json and conmon's pid.
+func recordCreated(rt *Runtime, id string) error {
+	bundle := filepath.Join(filepath.Dir(rt.stateDir), "bundles", id)
+	if err := os.MkdirAll(bundle, 0o700); err != nil {
+		return err
+	}
+	for name, data := range map[string]string{"config.json": "{}", "conmon.pid": "1"} {
+		if err := os.WriteFile(filepath.Join(bundle, name), []byte(data), 0o600); err != nil {
+			return err
+		}
+	}
+	if err := os.MkdirAll(filepath.Dir(rt.recordPath(id)), 0o700); err != nil {
+		return err
+	}
+	rec, _ := json.Marshal(record{Version: recordVersion, ID: id, Bundle: bundle, ExitDir: bundle})
+	return os.WriteFile(rt.recordPath(id), rec, 0o600)
+}
+
 func TestRuntimeErrorsFollowState(t *testing.T) {
 	const id = "c1"
 	running := `{"id":"c1","pid":42,"status":"running"}`
@@ -47,6 +67,9 @@ func TestRuntimeErrorsFollowState(t *testing.T) {
 	listed, empty := `[{"id":"c1","status":"running"}]`, "null"
 	kill := func(rt *Runtime) error { return rt.Kill(context.Background(), id, syscall.SIGTERM, false) }
 	update := func(rt *Runtime) error {
+		if err := recordCreated(rt, id); err != nil {
+			return err
+		}
 		return rt.Update(context.Background(), id, &specs.LinuxResources{})
 	}
 	tests := []struct {
@@ -79,6 +102,10 @@ func TestRuntimeErrorsFollowState(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			rt := scriptedRuntime(t, tc.failing, tc.stderr, tc.state, tc.list)
 			err := tc.op(rt)
+			// A failed update is not pending: nothing would finish it.
+			if _, err := os.Stat(filepath.Join(filepath.Dir(rt.stateDir), "bundles", id, pendingUpdateFile)); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("update pending after the call: %v", err)
+			}
 			if tc.want == nil {
 				if err != nil {
 					t.Fatalf("err = %v, want success", err)

@@ -787,3 +787,145 @@ func readSpecResources(bundle string) (*specs.LinuxResources, error) {
 	}
 	return sp.Linux.Resources, nil
 }
+
+// TestFinishUpdate: an Update cut short between the cgroup and
+// config.json is completed from its pending file, whichever step the
+// crash came before; without a pending update nothing runs, and a
+// stopped container's limits are only recorded.
+func TestFinishUpdate(t *testing.T) {
+	e := newTestEnv(t)
+	ctx := context.Background()
+	id := "fin-" + randID(t)
+	e.create(id, true, "sleep", "1000")
+	bundle := filepath.Join(e.dir, "bundles", id)
+	calls := e.recordRuntimeCalls("update")
+
+	// A successful Update leaves no pending file.
+	first := int64(64 << 20)
+	if err := e.rt.Update(ctx, id, &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &first}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(bundle, pendingUpdateFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("pending file after a finished Update: %v", err)
+	}
+	calls()
+	if err := e.rt.FinishUpdate(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if c := calls(); len(c) != 0 {
+		t.Fatalf("FinishUpdate without a pending update ran %q", c)
+	}
+
+	// Killed after the pending file, before runc update.
+	second := int64(96 << 20)
+	writePending(t, bundle, &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &second}})
+	if err := e.rt.FinishUpdate(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	checkLimits(t, e, id, second)
+
+	// Killed after runc update, before config.json.
+	third := int64(128 << 20)
+	res := &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &third}}
+	writePending(t, bundle, res)
+	upd := exec.Command(testRunc, "--root", e.h.Root, "update", "--resources", filepath.Join(bundle, pendingUpdateFile), id)
+	if out, err := upd.CombinedOutput(); err != nil {
+		t.Fatalf("runc update: %v: %s", err, out)
+	}
+	if err := e.rt.FinishUpdate(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	checkLimits(t, e, id, third)
+
+	// A stopped container: the limits are recorded, the pending file goes.
+	if err := e.rt.Stop(ctx, id, syscall.SIGKILL, 0); err != nil {
+		t.Fatal(err)
+	}
+	e.waitStopped(id)
+	fourth := int64(160 << 20)
+	writePending(t, bundle, &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &fourth}})
+	if err := e.rt.FinishUpdate(ctx, id); err != nil {
+		t.Fatalf("FinishUpdate of a stopped container: %v", err)
+	}
+	if got := recordedLimit(t, bundle); got != fourth {
+		t.Errorf("config.json memory limit %d, want %d", got, fourth)
+	}
+	if _, err := os.Stat(filepath.Join(bundle, pendingUpdateFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("pending file after FinishUpdate of a stopped container: %v", err)
+	}
+}
+
+func writePending(t *testing.T, bundle string, res *specs.LinuxResources) {
+	t.Helper()
+	b, err := json.Marshal(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(bundle, pendingUpdateFile), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// checkLimits: the cgroup and config.json both hold limit, and no update
+// is pending.
+func checkLimits(t *testing.T, e *testEnv, id string, limit int64) {
+	t.Helper()
+	bundle := filepath.Join(e.dir, "bundles", id)
+	if got := recordedLimit(t, bundle); got != limit {
+		t.Errorf("config.json memory limit %d, want %d", got, limit)
+	}
+	st, err := e.rt.State(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cgroupMemoryLimit(t, st.Pid); got != limit {
+		t.Errorf("cgroup memory limit %d, want %d", got, limit)
+	}
+	if _, err := os.Stat(filepath.Join(bundle, pendingUpdateFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("pending file after FinishUpdate: %v", err)
+	}
+}
+
+func recordedLimit(t *testing.T, bundle string) int64 {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(bundle, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s specs.Spec
+	if err := json.Unmarshal(b, &s); err != nil {
+		t.Fatal(err)
+	}
+	if r := s.Linux.Resources; r != nil && r.Memory != nil && r.Memory.Limit != nil {
+		return *r.Memory.Limit
+	}
+	return -1
+}
+
+// cgroupMemoryLimit reads the memory limit of pid's cgroup, v1 or v2.
+func cgroupMemoryLimit(t *testing.T, pid int) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var file string
+	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		f := strings.SplitN(l, ":", 3)
+		switch {
+		case len(f) == 3 && slices.Contains(strings.Split(f[1], ","), "memory"):
+			file = filepath.Join("/sys/fs/cgroup/memory", f[2], "memory.limit_in_bytes")
+		case len(f) == 3 && f[0] == "0" && f[1] == "" && file == "":
+			file = filepath.Join("/sys/fs/cgroup", f[2], "memory.max")
+		}
+	}
+	v, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(v)), 10, 64)
+	if err != nil {
+		t.Fatalf("%s: %v", file, err)
+	}
+	return n
+}

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -504,6 +505,40 @@ func TestCheckStatic(t *testing.T) {
 		err := checkStatic(tc.bin)
 		if tc.want == nil && err != nil || tc.want != nil && (!errors.Is(err, tc.want) || !strings.Contains(err.Error(), "CGO_ENABLED=0")) {
 			t.Errorf("checkStatic(%s) = %v, want %v", tc.bin, err, tc.want)
+		}
+	}
+}
+
+// TestPauseRootfs: the pause rootfs holds a copy of Deps.Pause (the small
+// pinrt-exec), which must be static like any binary run from it.
+func TestPauseRootfs(t *testing.T) {
+	for _, tc := range []struct {
+		pause, want string
+	}{
+		{"/bin/busybox", ""},
+		{"/bin/ls", "runs /bin/ls from a rootfs without libc, but it is dynamically linked"},
+	} {
+		cfg := conf.Default()
+		cfg.Root = t.TempDir()
+		s := New(cfg, Deps{Pause: tc.pause})
+		root, err := s.pauseRootfsDir()
+		_ = s.Close(context.Background())
+		if tc.want != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("pause %s: %v, want an error with %q", tc.pause, err, tc.want)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("pause %s: %v", tc.pause, err)
+		}
+		got, err := os.ReadFile(filepath.Join(root, "pause"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, _ := os.ReadFile(tc.pause)
+		if !bytes.Equal(got, want) {
+			t.Errorf("pause rootfs holds %d bytes, want a copy of %s (%d)", len(got), tc.pause, len(want))
 		}
 	}
 }

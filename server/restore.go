@@ -234,6 +234,7 @@ func (s *Server) restoreContainer(ctx context.Context, id string) error {
 		}
 	}
 	s.resetPending(ctx, c)
+	s.finishUpdate(ctx, c)
 	s.refreshContainer(ctx, c, false)
 	s.containers.Add(c.ID, c)
 	s.watchExit(ctx, c)
@@ -270,6 +271,19 @@ func (s *Server) resetPending(ctx context.Context, c *sandbox.Container) {
 		if err := killCgroup(ctx, cg); err != nil {
 			log.G(ctx).WithError(err).WithField("container", c.ID).Warn("restore: removing the cgroup of an interrupted runtime create")
 		}
+	}
+}
+
+// finishUpdate completes an UpdateContainerResources a crash cut short
+// between the cgroup and config.json, before ContainerStatus reports the
+// limits from config.json again.
+func (s *Server) finishUpdate(ctx context.Context, c *sandbox.Container) {
+	rt, err := s.runtimeFor(c.Handler)
+	if err != nil {
+		return
+	}
+	if err := rt.FinishUpdate(ctx, c.ID); err != nil {
+		log.G(ctx).WithError(err).WithField("container", c.ID).Warn("restore: finishing an interrupted resources update")
 	}
 }
 

@@ -19,10 +19,11 @@ import (
 	"github.com/pinrt/pinrt/sandbox"
 )
 
-// The infra process of a shared-PID pod is pinrt itself, re-executed as
-// `pinrt pause` from a rootfs holding nothing but a copy of the binary. It
-// is PID 1 of the pod's PID namespace, which the pod's containers join; it
-// needs no image and no pull.
+// The infra process of a shared-PID pod is pinrt's small helper binary
+// (Deps.Pause, pinrt-exec) or, without it, pinrt itself, run as `pause`
+// from a rootfs holding nothing but a copy of the binary (package
+// internal/pause). It is PID 1 of the pod's PID namespace, which the
+// pod's containers join; it needs no image and no pull.
 
 // pauseRootfs guards the one-time preparation of the pause rootfs.
 type pauseRootfs struct {
@@ -31,7 +32,7 @@ type pauseRootfs struct {
 }
 
 // pauseRootfsDir prepares <root>/pause/rootfs once per daemon run: a
-// fresh copy of the running binary, so an upgraded pinrt runs its own
+// fresh copy of the pause binary, so an upgraded pinrt runs its own
 // pause. The binary must be static, since the rootfs has no libc. It
 // lives under the root, not the runroot: /run is noexec where an
 // initramfs mounted it (Debian's does), and a bind mount keeps noexec
@@ -43,9 +44,12 @@ func (s *Server) pauseRootfsDir() (string, error) {
 	if s.pause.path != "" {
 		return s.pause.path, nil
 	}
-	exe, err := os.Executable()
-	if err != nil {
-		return "", err
+	exe := s.deps.Pause
+	if exe == "" {
+		var err error
+		if exe, err = os.Executable(); err != nil {
+			return "", err
+		}
 	}
 	if err := checkStatic(exe); err != nil {
 		return "", err
@@ -78,8 +82,8 @@ func checkStatic(exe string) error {
 	defer func() { _ = f.Close() }()
 	for _, p := range f.Progs {
 		if p.Type == elf.PT_INTERP {
-			return fmt.Errorf("a shared PID namespace (pid POD) needs the pause process, which runs the pinrt binary itself, "+
-				"but %s is dynamically linked; build pinrt with CGO_ENABLED=0: %w", exe, errdefs.ErrFailedPrecondition)
+			return fmt.Errorf("a shared PID namespace (pid POD) needs the pause process, which runs %s from a rootfs without libc, "+
+				"but it is dynamically linked; build it with CGO_ENABLED=0: %w", exe, errdefs.ErrFailedPrecondition)
 		}
 	}
 	return nil

@@ -95,6 +95,9 @@ type ContainerRuntime interface {
 	ExitState(id string) (st *oci.State, ok bool)
 	ExecSync(ctx context.Context, id string, cmd []string, timeout time.Duration) ([]byte, []byte, int32, error)
 	Update(ctx context.Context, id string, res *specs.LinuxResources) error
+	// FinishUpdate completes an Update a crash cut short, so that the
+	// cgroup and config.json agree again; a no-op without one.
+	FinishUpdate(ctx context.Context, id string) error
 	ReopenLog(ctx context.Context, id string) error
 	Features(ctx context.Context) (*oci.Features, error)
 	CheckIDMap(ctx context.Context) error
@@ -134,6 +137,9 @@ type Deps struct {
 	CgroupDriver cgroups.Driver
 	// CDI resolves CDI devices; nil refuses containers that ask for one.
 	CDI *oci.CDIRegistry
+	// Pause is the static binary the pause process of shared-PID pods
+	// runs as `<Pause> pause` (pinrt-exec); "" runs the daemon's own.
+	Pause string
 }
 
 // Server serves CRI. RPCs not built yet answer Unimplemented through the

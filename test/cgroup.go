@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -54,4 +55,30 @@ func ReadCgroupFile(t testing.TB, dir, file string) string {
 		t.Fatal(err)
 	}
 	return strings.TrimSpace(string(b))
+}
+
+// MemoryLimit is the memory limit of pid's cgroup as the kernel shows it
+// (v1 memory.limit_in_bytes, v2 memory.max), or an error once pid is gone.
+func MemoryLimit(pid int) (string, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return "", err
+	}
+	v2 := CgroupV2()
+	file := ""
+	for _, l := range strings.Split(string(b), "\n") {
+		parts := strings.SplitN(l, ":", 3)
+		switch {
+		case len(parts) != 3:
+		case v2 && parts[0] == "0":
+			file = filepath.Join("/sys/fs/cgroup", parts[2], "memory.max")
+		case !v2 && slices.Contains(strings.Split(parts[1], ","), "memory"):
+			file = filepath.Join("/sys/fs/cgroup/memory", parts[2], "memory.limit_in_bytes")
+		}
+	}
+	if file == "" {
+		return "", fmt.Errorf("pid %d has no memory cgroup", pid)
+	}
+	v, err := os.ReadFile(file)
+	return strings.TrimSpace(string(v)), err
 }

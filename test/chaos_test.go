@@ -299,6 +299,18 @@ func (c *chaos) worker(ctx context.Context, rt runtimeapi.RuntimeServiceClient, 
 			_, err := rt.ExecSync(ctx, &runtimeapi.ExecSyncRequest{ContainerId: ctrID, Cmd: []string{"true"}, Timeout: 10})
 			return err
 		})
+		// kubelet resizes running containers in place; a kill in the
+		// middle of one must not leave ContainerStatus reporting limits
+		// the cgroup does not have (checkLimits).
+		if rng.Intn(2) == 0 {
+			limit := int64(64+rng.Intn(64)) << 20
+			ok = ok && call(func(ctx context.Context) error {
+				_, err := rt.UpdateContainerResources(ctx, &runtimeapi.UpdateContainerResourcesRequest{
+					ContainerId: ctrID, Linux: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: limit},
+				})
+				return err
+			})
+		}
 		// Some lifecycles stop early, so kills also land on pods whose
 		// containers are still running.
 		if rng.Intn(4) == 0 {
@@ -401,6 +413,34 @@ func (c *chaos) checkInvariants(round int) {
 			c.violate("round %d: container %s is %v (%s), runc says %v", round, ct.Id, got, st.Status.Reason, want)
 		}
 		c.checkAdjusted(round, ct, podNames[ct.PodSandboxId])
+		if got == runtimeapi.ContainerState_CONTAINER_RUNNING {
+			c.checkLimits(round, ct.Id)
+		}
+	}
+}
+
+// checkLimits: the memory limit ContainerStatus reports for a running
+// container is its cgroup's.
+func (c *chaos) checkLimits(round int, id string) {
+	st, err := c.d.Runtime.ContainerStatus(context.Background(), &runtimeapi.ContainerStatusRequest{ContainerId: id, Verbose: true})
+	if err != nil {
+		c.violate("round %d: ContainerStatus(%s): %v", round, id, err)
+		return
+	}
+	var info struct {
+		Pid int `json:"pid"`
+	}
+	_ = json.Unmarshal([]byte(st.Info["info"]), &info)
+	cg, err := MemoryLimit(info.Pid)
+	if err != nil {
+		return // exited since
+	}
+	want := "max"
+	if l := st.Status.GetResources().GetLinux().GetMemoryLimitInBytes(); l > 0 {
+		want = strconv.FormatInt(l, 10)
+	}
+	if cg != want && (want != "max" || CgroupV2()) {
+		c.violate("round %d: container %s: ContainerStatus says memory limit %s, its cgroup has %s", round, id, want, cg)
 	}
 }
 

@@ -1,6 +1,7 @@
 package test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -745,6 +746,18 @@ func (e *ctrEnv) testSharedPID(t *testing.T) {
 	}
 	if out := e.mustExec(t, aID, "hostname"); strings.TrimSpace(out) != "sharedpid" {
 		t.Errorf("hostname = %q", out)
+	}
+	// The pause process is the small pinrt-exec, not the daemon's binary.
+	got, err := os.ReadFile(filepath.Join(e.d.Root, "pause", "rootfs", "pause"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := os.ReadFile(filepath.Join(filepath.Dir(Binary(t)), "pinrt-exec"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("the pause rootfs holds a %d-byte binary, not pinrt-exec (%d bytes)", len(got), len(want))
 	}
 }
 

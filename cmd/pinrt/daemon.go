@@ -331,10 +331,9 @@ func reloadLogLevel(ctx context.Context, o *options) {
 }
 
 // newRuntimes drives each configured runtime handler the node has.
-func newRuntimes(ctx context.Context, cfg *conf.Config, cg cgroups.Driver) map[string]server.ContainerRuntime {
+// helper is pinrt-exec, or "" for pinrt itself.
+func newRuntimes(ctx context.Context, cfg *conf.Config, cg cgroups.Driver, helper string) map[string]server.ContainerRuntime {
 	runtimes := map[string]server.ContainerRuntime{}
-	exe, _ := os.Executable() // "" leaves the exec helper to pinrt itself
-	helper := execHelper(ctx, exe)
 	for name, h := range cfg.Runtime.Runtimes {
 		rt, err := oci.NewRuntime(oci.Handler{
 			Name: name, Binary: h.Binary, Root: cfg.RuntimeRoot(name), Type: h.Type, MonitorPath: cfg.Runtime.Conmon,
@@ -402,12 +401,14 @@ func newServer(ctx context.Context, cfg *conf.Config, m *metrics.Metrics) (*serv
 	if err := oci.CheckMonitor(ctx, cfg.Runtime.Conmon); err != nil && !errdefs.IsNotFound(err) {
 		return nil, err
 	}
-	runtimes := newRuntimes(ctx, cfg, cg)
+	exe, _ := os.Executable() // "" leaves the helper's work to pinrt itself
+	helper := execHelper(ctx, exe)
+	runtimes := newRuntimes(ctx, cfg, cg, helper)
 	cdi, err := oci.NewCDIRegistry(cfg.CDI.SpecDirs)
 	if err != nil {
 		return nil, err
 	}
-	srv := server.New(cfg, server.Deps{Network: network, Namespaces: nsm, IDs: ids, Images: images, Runtimes: runtimes, Metrics: m, CgroupDriver: cg, CDI: cdi})
+	srv := server.New(cfg, server.Deps{Network: network, Namespaces: nsm, IDs: ids, Images: images, Runtimes: runtimes, Metrics: m, CgroupDriver: cg, CDI: cdi, Pause: helper})
 	srv.Restore(ctx)
 	// A pull or an image removal the last run died in left layers and
 	// blobs no image owns. Collected once the containers are restored,

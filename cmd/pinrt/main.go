@@ -16,6 +16,7 @@ import (
 
 	"github.com/pinrt/pinrt/conf"
 	"github.com/pinrt/pinrt/internal/exechelper"
+	"github.com/pinrt/pinrt/internal/pause"
 	"github.com/pinrt/pinrt/version"
 )
 
@@ -98,8 +99,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 			printVersion(stdout)
 		}
 		return exitOK
-	case "pause":
-		return pause()
+	case pause.Command:
+		return pause.Main()
 	default:
 		fmt.Fprintf(stderr, "pinrt: unknown command %q\n\n", cmd)
 		usage(stderr)

@@ -392,6 +392,14 @@ func (r *Runtime) Update(_ context.Context, id string, res *specs.LinuxResources
 	return nil
 }
 
+// FinishUpdate records the call: the fake's updates are never cut short.
+func (r *Runtime) FinishUpdate(_ context.Context, id string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.record("finish-update", id)
+	return nil
+}
+
 // ReopenLog records the call.
 func (r *Runtime) ReopenLog(_ context.Context, id string) error {
 	r.mu.Lock()
