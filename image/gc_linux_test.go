@@ -209,8 +209,8 @@ func TestRemoveKeepsWhatPullsUse(t *testing.T) {
 		}
 	}
 	// Once the pull is recorded, the next collection keeps it whole.
-	if err := s.collect(ctx, nil); err != nil {
-		t.Fatal(err)
+	if n, err := s.collect(ctx, nil); err != nil || n != (gcCount{}) {
+		t.Fatalf("collection after the pull: deleted %+v, %v", n, err)
 	}
 	for _, c := range r.img.ChainIDs {
 		if _, err := os.Stat(s.layerPath(c)); err != nil {

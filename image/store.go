@@ -275,7 +275,8 @@ func (s *Store) removeLocked(ref string) (trash string, err error) {
 	}
 	s.mu.Unlock()
 	s.orphans.take() // the whole store is collected now
-	return s.gc(nil)
+	trash, _, err = s.gc(nil)
+	return trash, err
 }
 
 // lockGC takes gcLock, or fails with ctx's cause if ctx ends first.
@@ -402,7 +403,7 @@ func (s *Store) sweepOrphans(ctx context.Context) {
 	// Not ctx: a failed pull's is often cancelled, and the wait is
 	// bounded by another collection's renames, as nothing under gcLock
 	// waits for a pull.
-	if err := s.collect(context.Background(), &gcCandidates{layers: layers, blobs: blobs}); err != nil {
+	if _, err := s.collect(context.Background(), &gcCandidates{layers: layers, blobs: blobs}); err != nil {
 		log.G(ctx).WithError(err).Warn("removing what a failed image pull left")
 	}
 }
@@ -413,21 +414,31 @@ func (s *Store) sweepOrphans(ctx context.Context) {
 // published, and one killed in the middle of a RemoveImage the image's
 // layers; the daemon calls Collect once at start, after the containers
 // are restored, so that nothing is left of either.
-func (s *Store) Collect(ctx context.Context) error { return s.collect(ctx, nil) }
+// It logs what it deleted.
+func (s *Store) Collect(ctx context.Context) error {
+	n, err := s.collect(ctx, nil)
+	if n.layers+n.blobs > 0 {
+		log.G(ctx).WithField("layers", n.layers).WithField("blobs", n.blobs).Info("image store: deleted what no image uses (left by an interrupted pull or removal)")
+	}
+	return err
+}
 
 // collect runs gc under gcLock, then deletes what it moved away. With no
 // candidates it collects the whole store, orphans included.
-func (s *Store) collect(ctx context.Context, cand *gcCandidates) error {
+func (s *Store) collect(ctx context.Context, cand *gcCandidates) (gcCount, error) {
 	if err := s.lockGC(ctx); err != nil {
-		return err
+		return gcCount{}, err
 	}
 	if cand == nil {
 		s.orphans.take()
 	}
-	trash, err := s.gc(cand)
+	trash, n, err := s.gc(cand)
 	s.unlockGC()
-	return firstErr(err, removeTrash(trash))
+	return n, firstErr(err, removeTrash(trash))
 }
+
+// gcCount is what a gc deleted.
+type gcCount struct{ layers, blobs int }
 
 // gcCandidates limits gc to these layers and blobs, named as in
 // storeItems.
@@ -440,7 +451,7 @@ type gcCandidates struct{ layers, blobs map[string]bool }
 // a directory under tmp/ that the caller removes (removeTrash) after
 // releasing gcLock, which callers hold: deleting a large layer is slow
 // and pulls pin under that lock.
-func (s *Store) gc(cand *gcCandidates) (trash string, _ error) {
+func (s *Store) gc(cand *gcCandidates) (trash string, n gcCount, _ error) {
 	blobs, layers := map[string]bool{}, map[string]bool{}
 	s.mu.RLock()
 	for _, r := range s.images {
@@ -462,7 +473,7 @@ func (s *Store) gc(cand *gcCandidates) (trash string, _ error) {
 	mounted, mountErr := s.mountedLayers()
 	s.mountMu.Unlock()
 	if mountErr != nil {
-		return "", fmt.Errorf("image garbage collection: %w", mountErr)
+		return "", n, fmt.Errorf("image garbage collection: %w", mountErr)
 	}
 	maps.Copy(layers, mounted)
 
@@ -473,10 +484,10 @@ func (s *Store) gc(cand *gcCandidates) (trash string, _ error) {
 	} else {
 		var err error
 		if layerNames, err = dirNames(s.path("layers")); err != nil {
-			return "", err
+			return "", n, err
 		}
 		if blobNames, err = dirNames(s.path("blobs", "sha256")); err != nil {
-			return "", err
+			return "", n, err
 		}
 	}
 	for _, name := range layerNames {
@@ -492,10 +503,13 @@ func (s *Store) gc(cand *gcCandidates) (trash string, _ error) {
 		if trash == "" {
 			var err error
 			if trash, err = os.MkdirTemp(s.path("tmp"), "gc-"); err != nil {
-				return "", err
+				return "", n, err
 			}
 		}
-		if err := os.Rename(s.path("layers", name), filepath.Join(trash, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		switch err := os.Rename(s.path("layers", name), filepath.Join(trash, name)); {
+		case err == nil:
+			n.layers++
+		case !errors.Is(err, fs.ErrNotExist):
 			errs = append(errs, err)
 		}
 	}
@@ -509,14 +523,17 @@ func (s *Store) gc(cand *gcCandidates) (trash string, _ error) {
 			s.orphans.addBlob(name)
 			continue
 		}
-		if err := os.Remove(s.path("blobs", "sha256", name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		switch err := os.Remove(s.path("blobs", "sha256", name)); {
+		case err == nil:
+			n.blobs++
+		case !errors.Is(err, fs.ErrNotExist):
 			errs = append(errs, err)
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return trash, fmt.Errorf("image garbage collection: %w", err)
+		return trash, n, fmt.Errorf("image garbage collection: %w", err)
 	}
-	return trash, nil
+	return trash, n, nil
 }
 
 // firstErr returns the first non-nil error. Trash left by a failed

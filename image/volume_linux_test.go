@@ -129,7 +129,7 @@ func TestMountImageVolume(t *testing.T) {
 		t.Errorf("bookkeeping left: %v", s.mounted)
 	}
 	// Unused now, a second Remove's GC drops the layers.
-	if err := s.collect(ctx, nil); err != nil {
+	if _, err := s.collect(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range img.ChainIDs {
@@ -202,7 +202,7 @@ func TestRemountAfterRestartWithoutImage(t *testing.T) {
 	if err != nil || src != filepath.Join(dir, "volumes/0/mnt/data") {
 		t.Fatalf("remount volume of a removed image = %q, %v", src, err)
 	}
-	if err := s2.collect(ctx, nil); err != nil {
+	if _, err := s2.collect(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range append(append([]string(nil), img.ChainIDs...), other.ChainIDs...) {
@@ -216,10 +216,16 @@ func TestRemountAfterRestartWithoutImage(t *testing.T) {
 	if err := s2.UnmountRootfs(ctx, "c", "p", dir); err != nil {
 		t.Fatal(err)
 	}
-	if err := s2.collect(ctx, nil); err != nil {
+	n, err := s2.collect(ctx, nil)
+	if err != nil {
 		t.Fatal(err)
 	}
 	if ents, _ := os.ReadDir(s2.path("layers")); len(ents) != 0 {
 		t.Errorf("%d layers left once nothing uses them", len(ents))
+	}
+	// What Collect logs: the layers of both removed images, which the
+	// mounts kept; their blobs went with the removals.
+	if want := (gcCount{layers: len(img.ChainIDs) + len(other.ChainIDs)}); n != want {
+		t.Errorf("collected %+v, want %+v", n, want)
 	}
 }
