@@ -452,37 +452,15 @@ type gcCandidates struct{ layers, blobs map[string]bool }
 // releasing gcLock, which callers hold: deleting a large layer is slow
 // and pulls pin under that lock.
 func (s *Store) gc(cand *gcCandidates) (trash string, n gcCount, _ error) {
-	blobs, layers := map[string]bool{}, map[string]bool{}
-	s.mu.RLock()
-	for _, r := range s.images {
-		blobs[strings.TrimPrefix(r.ManifestDigest, "sha256:")] = true
-		blobs[strings.TrimPrefix(r.ID, "sha256:")] = true
-		for _, l := range r.Layers {
-			blobs[strings.TrimPrefix(l.Digest, "sha256:")] = true
-			layers[strings.TrimPrefix(l.ChainID, "sha256:")] = true
-		}
+	blobs, layers, err := s.inUse()
+	if err != nil {
+		return "", n, err
 	}
-	s.mu.RUnlock()
-	s.mountMu.Lock()
-	for _, m := range s.mounted {
-		for _, c := range m.chainIDs {
-			layers[strings.TrimPrefix(c, "sha256:")] = true
-		}
-	}
-	// Read under mountMu, so no rootfs is being mounted meanwhile.
-	mounted, mountErr := s.mountedLayers()
-	s.mountMu.Unlock()
-	if mountErr != nil {
-		return "", n, fmt.Errorf("image garbage collection: %w", mountErr)
-	}
-	maps.Copy(layers, mounted)
-
 	var errs []error
 	var layerNames, blobNames []string
 	if cand != nil {
 		layerNames, blobNames = slices.Collect(maps.Keys(cand.layers)), slices.Collect(maps.Keys(cand.blobs))
 	} else {
-		var err error
 		if layerNames, err = dirNames(s.path("layers")); err != nil {
 			return "", n, err
 		}
@@ -534,6 +512,37 @@ func (s *Store) gc(cand *gcCandidates) (trash string, n gcCount, _ error) {
 		return trash, n, fmt.Errorf("image garbage collection: %w", err)
 	}
 	return trash, n, nil
+}
+
+// inUse are the blobs and layers gc keeps: those of recorded images, and
+// the layers of mounted rootfs, by the store's bookkeeping and by the
+// kernel's mount table.
+func (s *Store) inUse() (blobs, layers map[string]bool, _ error) {
+	blobs, layers = map[string]bool{}, map[string]bool{}
+	s.mu.RLock()
+	for _, r := range s.images {
+		blobs[strings.TrimPrefix(r.ManifestDigest, "sha256:")] = true
+		blobs[strings.TrimPrefix(r.ID, "sha256:")] = true
+		for _, l := range r.Layers {
+			blobs[strings.TrimPrefix(l.Digest, "sha256:")] = true
+			layers[strings.TrimPrefix(l.ChainID, "sha256:")] = true
+		}
+	}
+	s.mu.RUnlock()
+	s.mountMu.Lock()
+	for _, m := range s.mounted {
+		for _, c := range m.chainIDs {
+			layers[strings.TrimPrefix(c, "sha256:")] = true
+		}
+	}
+	// Read under mountMu, so no rootfs is being mounted meanwhile.
+	mounted, mountErr := s.mountedLayers()
+	s.mountMu.Unlock()
+	if mountErr != nil {
+		return nil, nil, fmt.Errorf("image garbage collection: %w", mountErr)
+	}
+	maps.Copy(layers, mounted)
+	return blobs, layers, nil
 }
 
 // firstErr returns the first non-nil error. Trash left by a failed
