@@ -474,6 +474,7 @@ func (s *Server) createRuntimeContainer(rt ContainerRuntime, md *sandbox.Contain
 		return nil, fmt.Errorf("creating container %q: %w", md.Name, err)
 	}
 	undo.add("delete runtime container", func(ctx context.Context) error { return rt.Delete(ctx, md.ID, true) })
+	s.resources.prime(dir, spec)
 	return c, nil
 }
 

@@ -78,6 +78,18 @@ func (rc *resourcesCache) get(dir string) *runtimeapi.ContainerResources {
 	return proto.CloneOf(res)
 }
 
+// prime fills the entry of a bundle just written from spec, its
+// config.json, so a new container's first ContainerStatus does not decode
+// the file it was written from.
+func (rc *resourcesCache) prime(dir string, spec *specs.Spec) {
+	p := filepath.Join(dir, "config.json")
+	var st unix.Stat_t
+	if err := unix.Stat(p, &st); err != nil {
+		return
+	}
+	rc.m.Store(dir, &cachedResources{path: p, mtime: st.Mtim, size: st.Size, ino: st.Ino, res: specResources(spec)})
+}
+
 // forget drops a removed container's entry.
 func (rc *resourcesCache) forget(dir string) { rc.m.Delete(dir) }
 
@@ -94,6 +106,11 @@ func containerResources(dir string) *runtimeapi.ContainerResources {
 	if err := json.Unmarshal(b, &spec); err != nil {
 		return nil
 	}
+	return specResources(&spec)
+}
+
+// specResources are the limits a spec sets, as CRI reports them.
+func specResources(spec *specs.Spec) *runtimeapi.ContainerResources {
 	out := &runtimeapi.LinuxContainerResources{}
 	if spec.Process != nil && spec.Process.OOMScoreAdj != nil {
 		out.OomScoreAdj = int64(*spec.Process.OOMScoreAdj)

@@ -60,3 +60,35 @@ func TestResourcesCache(t *testing.T) {
 		t.Error("entry of a removed config.json kept")
 	}
 }
+
+// TestResourcesCachePrimed: a bundle primed from the spec it was written
+// from is answered from the spec, until config.json changes.
+func TestResourcesCachePrimed(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "config.json")
+	spec := func(limit int64) *specs.Spec {
+		return &specs.Spec{Process: &specs.Process{}, Linux: &specs.Linux{Resources: &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit}}}}
+	}
+	if err := os.WriteFile(p, []byte(`{"linux": {"resources": {"memory": {"limit": 1000}}}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var rc resourcesCache
+	// Another limit than the file's, to tell a primed answer from a read.
+	rc.prime(dir, spec(7000))
+	if got := rc.get(dir).GetLinux().GetMemoryLimitInBytes(); got != 7000 {
+		t.Errorf("primed: %d, want 7000 (from the spec, not a read of the file)", got)
+	}
+	if err := os.WriteFile(p, []byte(`{"linux": {"resources": {"memory": {"limit": 20000}}}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := rc.get(dir).GetLinux().GetMemoryLimitInBytes(); got != 20000 {
+		t.Errorf("after a rewrite: %d, want 20000", got)
+	}
+	// Priming a bundle without config.json leaves no entry.
+	rc.prime(t.TempDir(), spec(1))
+	n := 0
+	rc.m.Range(func(any, any) bool { n++; return true })
+	if n != 1 {
+		t.Errorf("%d entries, want 1", n)
+	}
+}
