@@ -122,11 +122,31 @@ func (s *Store) MountRootfs(ctx context.Context, req MountRequest) (_ string, re
 		lowers = append(lowers, filepath.Join(lowerBase, strings.TrimPrefix(img.ChainIDs[i], "sha256:")))
 	}
 	if err := mountOverlay(lowers, upper, work, rootfs); err != nil {
-		return "", fmt.Errorf("mount rootfs of container %s: %w", req.ContainerID, err)
+		if !clearVolatile(work) {
+			return "", fmt.Errorf("mount rootfs of container %s: %w", req.ContainerID, err)
+		}
+		if err := mountOverlay(lowers, upper, work, rootfs); err != nil {
+			return "", fmt.Errorf("mount rootfs of container %s again: %w", req.ContainerID, err)
+		}
+		log.G(ctx).WithField("container", req.ContainerID).Info("mounted the rootfs again: it had been unmounted while its pod was ready")
 	}
 	s.mounted[req.ContainerID] = mountedRootfs{podID: req.PodID, chainIDs: img.ChainIDs}
 	log.G(ctx).WithField("container", req.ContainerID).WithField("pod", req.PodID).Debug("mounted rootfs")
 	return rootfs, nil
+}
+
+// clearVolatile removes the marker the kernel left in work when it
+// mounted a volatile writable layer, which makes it refuse a second mount
+// (EINVAL). It reports whether there was one. A rootfs is only mounted a
+// second time while its pod is Ready, and a host crash, the one event
+// after which a volatile layer may be torn, ends every pod (its pins go
+// with /run): a layer unmounted without one is whole.
+func clearVolatile(work string) bool {
+	marker := filepath.Join(work, "work", "incompat", "volatile")
+	if _, err := os.Lstat(marker); err != nil {
+		return false
+	}
+	return os.RemoveAll(marker) == nil
 }
 
 // mountOverlay uses the new mount API: every "lowerdir+" is its own
@@ -152,7 +172,8 @@ func (s *Store) MountRootfs(ctx context.Context, req MountRequest) (_ string, re
 // containers with new layers, and what must survive one goes in
 // volumes, which stay synced. The kernel refuses to mount a volatile
 // layer a second time (incompat/volatile in its work dir); pinrt mounts
-// a rootfs again only while its pod is Ready, which a reboot ends.
+// a rootfs again only while its pod is Ready, which a reboot ends, and
+// then clears the marker (clearVolatile).
 func mountOverlay(lowers []string, upper, work, target string) error {
 	err := fsmountOverlay(lowers, upper, work, target)
 	if err == nil || !errors.Is(err, unix.EINVAL) {

@@ -295,3 +295,41 @@ func TestCollectKeepsMountedLayersAfterRestart(t *testing.T) {
 		})
 	}
 }
+
+// TestMountRootfsAgainAfterUnmount: a rootfs unmounted behind the store's
+// back (by hand, or a mount namespace that lost it) while its pod is
+// Ready is mounted again by the restore with its writable layer whole,
+// although the kernel refuses a volatile layer's second mount until its
+// incompat/volatile marker goes.
+func TestMountRootfsAgainAfterUnmount(t *testing.T) {
+	requireRoot(t)
+	s := newTestStore(t, Options{})
+	img := pullTestImage(t, s)
+	ctx := context.Background()
+	dir := t.TempDir()
+	t.Cleanup(func() { s.UnmountRootfs(ctx, "c", "", dir) })
+	req := MountRequest{ContainerID: "c", ImageID: img.ID, Dir: dir}
+	rootfs, err := s.MountRootfs(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(rootfs, "written"), []byte("by the container"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Unmount(rootfs, 0); err != nil {
+		t.Fatal(err)
+	}
+	s2 := newTestStore(t, Options{Root: s.Root()})
+	if _, err := s2.MountRootfs(ctx, req); err != nil {
+		t.Fatalf("mounting a volatile rootfs again: %v", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(rootfs, "written")); err != nil || string(b) != "by the container" {
+		t.Errorf("the writable layer after the second mount: %q, %v", b, err)
+	}
+	if _, err := os.Stat(filepath.Join(rootfs, "srv/data")); err != nil {
+		t.Errorf("the image's files after the second mount: %v", err)
+	}
+	if err := s2.UnmountRootfs(ctx, "c", "", dir); err != nil {
+		t.Fatal(err)
+	}
+}
