@@ -194,6 +194,17 @@ func (c *chaos) round(i int, seed int64) {
 	cancel()
 	c.d.Kill()
 	wg.Wait()
+	// In one round of three the first start is killed too, most often in
+	// the middle of restoring (tearing down, finishing stops and
+	// updates) what the kill left: the next start must finish that.
+	if c.rng.Intn(3) == 0 {
+		delay := time.Duration(c.rng.Intn(600)) * time.Millisecond
+		if err := c.d.KillDuringStart(delay); err != nil {
+			c.fail("round %d: start killed after %v: %v", i, delay, err)
+			t.FailNow()
+		}
+		t.Logf("round %d: killed the next start after %v", i, delay)
+	}
 	start := time.Now()
 	if err := c.restart(); err != nil {
 		c.fail("round %d: restart: %v", i, err)

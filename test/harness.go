@@ -311,6 +311,30 @@ func (d *Daemon) Args() []string {
 // Start runs the daemon and waits until it answers Version.
 func (d *Daemon) Start() error {
 	d.t.Helper()
+	if err := d.spawn(); err != nil {
+		return err
+	}
+	return d.connect()
+}
+
+// KillDuringStart runs the daemon and SIGKILLs it after delay, whatever
+// it is doing by then: most often restoring what the last run left.
+func (d *Daemon) KillDuringStart(delay time.Duration) error {
+	d.t.Helper()
+	if err := d.spawn(); err != nil {
+		return err
+	}
+	select {
+	case err := <-d.waitErr:
+		d.waitErr <- err // for Kill's Wait
+	case <-time.After(delay):
+	}
+	d.Kill()
+	return nil
+}
+
+// spawn starts the daemon's process.
+func (d *Daemon) spawn() error {
 	logf, err := os.OpenFile(d.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
@@ -330,7 +354,7 @@ func (d *Daemon) Start() error {
 	d.cmd = cmd
 	d.waitErr = make(chan error, 1)
 	go func() { d.waitErr <- cmd.Wait() }()
-	return d.connect()
+	return nil
 }
 
 // startTimeout bounds a daemon's start. On the host pinrt answers within
