@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -28,6 +29,13 @@ func validResources(r *runtimeapi.LinuxContainerResources) error {
 	for _, h := range r.HugepageLimits {
 		if h.PageSize == "" {
 			return invalid("hugepage limit without a page size")
+		}
+	}
+	// runc writes each unified entry to the file of that name in the
+	// container's cgroup: a name, never a path.
+	for k, v := range r.Unified {
+		if k == "" || k == "." || k == ".." || strings.ContainsAny(k, "/\x00") || strings.ContainsRune(v, 0) {
+			return invalid("unified cgroup setting %q=%q: the key must be a file name of the cgroup", k, v)
 		}
 	}
 	return nil

@@ -269,6 +269,10 @@ func TestContainerResourcesUpdateAndStatus(t *testing.T) {
 		{"swap below memory", &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 64 << 20, MemorySwapLimitInBytes: 32 << 20}, "memory_swap_limit_in_bytes 33554432 (memory plus swap) is below memory_limit_in_bytes 67108864: invalid argument"},
 		{"bad cpuset", &runtimeapi.LinuxContainerResources{CpusetCpus: "3-1"}, `cpuset_cpus "3-1": "3-1" is not a valid range: invalid argument`},
 		{"oom score", &runtimeapi.LinuxContainerResources{OomScoreAdj: 2000}, "oom_score_adj 2000 is outside [-1000, 1000]: invalid argument"},
+		{"unified path", &runtimeapi.LinuxContainerResources{Unified: map[string]string{"../../memory.max": "1"}},
+			`unified cgroup setting "../../memory.max"="1": the key must be a file name of the cgroup: invalid argument`},
+		{"unified dot dot", &runtimeapi.LinuxContainerResources{Unified: map[string]string{"..": "1"}},
+			`unified cgroup setting ".."="1": the key must be a file name of the cgroup: invalid argument`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -231,6 +231,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 			}
 			return // every step has had its crash
 		case <-c.hit:
+			playDead(old)
 		case <-time.After(10 * time.Second):
 			t.Fatalf("crash %d: neither finished nor reached", at)
 		}
@@ -251,6 +252,23 @@ func TestCrashAtEveryStep(t *testing.T) {
 			pf := &podFixture{srv: s, ns: f.ns, net: net, shm: shm, ids: ids, cfg: f.cfg}
 			pf.assertNothingLeft(t)
 		})
+	}
+}
+
+// playDead stops what of the crashed server would still write to disk on
+// its own, as a killed daemon does not: its exit watcher, which shares
+// the exit files with the restarted one (the fake runtime is the same),
+// and every status write. Without it the old server recorded the exit the
+// new one's RemoveContainer caused, in the directory being removed.
+func playDead(s *Server) {
+	if s.exits.w != nil {
+		_ = s.exits.w.Close()
+	}
+	for _, c := range s.containers.List() {
+		c.Detach()
+	}
+	for _, sb := range s.sandboxes.List() {
+		sb.Detach()
 	}
 }
 
