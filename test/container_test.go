@@ -747,6 +747,19 @@ func (e *ctrEnv) testSharedPID(t *testing.T) {
 	if out := e.mustExec(t, aID, "hostname"); strings.TrimSpace(out) != "sharedpid" {
 		t.Errorf("hostname = %q", out)
 	}
+	// The pause process reaps what is orphaned in the pod: a background
+	// sleep whose shell exited is re-parented to it.
+	e.mustExec(t, aID, "sh", "-c", "(sleep 0.3 &)")
+	waitFor(t, 10*time.Second, "the orphaned sleep reaped by the pause process", func() bool {
+		out := e.mustExec(t, aID, "ps", "-o", "stat,args")
+		for _, l := range strings.Split(out, "\n") {
+			// A zombie shows as "Z [sleep]".
+			if f := strings.Fields(l); len(f) > 1 && strings.HasPrefix(f[0], "Z") || strings.Contains(l, "sleep 0.3") {
+				return false
+			}
+		}
+		return true
+	})
 	// The pause process is the small pinrt-exec, not the daemon's binary.
 	got, err := os.ReadFile(filepath.Join(e.d.Root, "pause", "rootfs", "pause"))
 	if err != nil {
