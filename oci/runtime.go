@@ -691,7 +691,9 @@ func (r *Runtime) FinishUpdate(ctx context.Context, id string) error {
 	}
 	rec, err := r.loadRecord(id)
 	if errdefs.IsNotFound(err) {
-		return nil // never created in the runtime: config.json is all there is
+		// No record under /run: the host rebooted since, and took the
+		// cgroup with it; the container never runs again.
+		return nil
 	}
 	if err != nil {
 		return err
