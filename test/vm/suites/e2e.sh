@@ -20,7 +20,7 @@ prepare)
 	;;
 run)
 	driver=$2 share=$3
-	tests=${PINRT_VM_TESTS:-'^(TestVersionAndStatus|TestRestore|TestContainers|TestCgroupV2|TestStats|TestSystemdUnit)$'}
+	tests=${PINRT_VM_TESTS:-'^(TestVersionAndStatus|TestRestore|TestContainers|TestCgroupV2|TestStats|TestSystemdUnit|TestUpdateFinishedAfterCrash)$'}
 	skip=${PINRT_VM_SKIP:-'^(TestContainers|TestStats)$/^(ManyPods|ReopenLog|UsernsPod|IDMappedVolume|RuntimeWithoutIDMap|RuntimeHandlers|Stop|ExecSync|Security|Seccomp|SharedPID|List|BadInput)$'}
 	cd /tmp
 	PINRT_E2E_BINARY=$share/bin/pinrt PINRT_E2E_CGROUP_DRIVER=$driver PINRT_E2E_NRIPLUGIN=$share/bin/nriplugin \
