@@ -71,9 +71,14 @@ func TestUpdateFinishedAfterCrash(t *testing.T) {
 			cfg := e.ctr("c", "sleep", "1000")
 			cfg.Linux.Resources = &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 64 << 20}
 			id := e.run(t, pr.PodSandboxId, podCfg, cfg)
-			cgroup, limitFile := CgroupDir(t, e.info(t, id).Pid, "memory"), "memory.limit_in_bytes"
-			if CgroupV2() {
-				limitFile = "memory.max"
+			pid := e.info(t, id).Pid
+			cgroupLimit := func() string {
+				t.Helper()
+				l, err := MemoryLimit(pid)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return l
 			}
 
 			done := make(chan error, 1)
@@ -100,14 +105,14 @@ func TestUpdateFinishedAfterCrash(t *testing.T) {
 			waitFor(t, 20*time.Second, "the held runc update to end", func() bool {
 				return syscall.Kill(held, 0) != nil
 			})
-			if got := ReadCgroupFile(t, cgroup, limitFile); tc.runcDone != (got == strconv.FormatInt(tc.limit, 10)) {
+			if got := cgroupLimit(); tc.runcDone != (got == strconv.FormatInt(tc.limit, 10)) {
 				t.Fatalf("before the restart the cgroup's limit is %s (update %d, runc ran to its end: %v)", got, tc.limit, tc.runcDone)
 			}
 			if err := e.d.Start(); err != nil {
 				t.Fatal(err)
 			}
 			got := e.status(t, id).GetResources().GetLinux().GetMemoryLimitInBytes()
-			cg := ReadCgroupFile(t, cgroup, limitFile)
+			cg := cgroupLimit()
 			if got != tc.limit || cg != strconv.FormatInt(tc.limit, 10) {
 				t.Errorf("after the restart ContainerStatus says %d and the cgroup %s; want both %d", got, cg, tc.limit)
 			}
