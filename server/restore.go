@@ -254,19 +254,21 @@ func (s *Server) resetPending(ctx context.Context, c *sandbox.Container) {
 	if !c.Status().RuntimePending {
 		return
 	}
-	if _, _, recorded := monitorPid(c.Dir, c.ID); !recorded {
-		return
-	}
-	rt, err := s.runtimeFor(c.Handler)
-	if err != nil {
-		return
-	}
-	if err := rt.Reset(ctx, c.ID); err != nil {
-		log.G(ctx).WithError(err).WithField("container", c.ID).Warn("restore: undoing an interrupted runtime create")
-		return
+	if _, _, recorded := monitorPid(c.Dir, c.ID); recorded {
+		rt, err := s.runtimeFor(c.Handler)
+		if err != nil {
+			return
+		}
+		if err := rt.Reset(ctx, c.ID); err != nil {
+			log.G(ctx).WithError(err).WithField("container", c.ID).Warn("restore: undoing an interrupted runtime create")
+			return
+		}
 	}
 	// As in teardownContainer: a create killed before runc recorded its
-	// state leaves a cgroup runc does not know of.
+	// state leaves a cgroup runc does not know of. It is removed even
+	// when no monitor is recorded any more: a start killed between the
+	// Reset above, which drops that record, and this removal left the
+	// cgroup to the next one (the chaos test's killed restarts found it).
 	if cg := specCgroupsPath(c.Dir); cg != "" {
 		if err := killCgroup(ctx, cg); err != nil {
 			log.G(ctx).WithError(err).WithField("container", c.ID).Warn("restore: removing the cgroup of an interrupted runtime create")
