@@ -661,6 +661,12 @@ func (r *Runtime) Update(ctx context.Context, id string, res *specs.LinuxResourc
 	if err := atomicfile.WriteFiles(rec.Bundle, map[string][]byte{pendingUpdateFile: b}, 0o600, false); err != nil {
 		return err
 	}
+	// Once begun, the update runs to its end even if the caller gives up
+	// (kubelet's timeout, a closed connection): runc killed halfway
+	// through the cgroup's files would leave some limits changed and
+	// config.json not.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), updateTimeout)
+	defer cancel()
 	if _, err := r.run(ctx, b, "update", "--resources", "-", id); err != nil {
 		_ = os.Remove(pending)
 		return r.failure(ctx, id, err, nil, func(st Status) bool { return st == StatusStopped })
@@ -677,6 +683,10 @@ func (r *Runtime) Update(ctx context.Context, id string, res *specs.LinuxResourc
 // config.json is what it must agree with, and a reboot, which empties
 // /run, also takes the cgroup it was applied to.
 const pendingUpdateFile = "update.pending"
+
+// updateTimeout bounds a runtime update that its caller no longer waits
+// for.
+const updateTimeout = 2 * time.Minute
 
 // FinishUpdate completes an Update that a crash cut short, before the
 // container is reported again: the limits of the pending update are

@@ -855,6 +855,43 @@ func TestFinishUpdate(t *testing.T) {
 	}
 }
 
+// TestUpdateOutlivesCancel: an Update whose caller gives up while runc
+// update runs still reaches both the cgroup and config.json.
+func TestUpdateOutlivesCancel(t *testing.T) {
+	e := newTestEnv(t)
+	id := "upd-" + randID(t)
+	e.create(id, true, "sleep", "1000")
+	started := filepath.Join(e.dir, "update-started")
+	wrapper := filepath.Join(e.dir, "slow-update")
+	script := fmt.Sprintf("#!/bin/sh\nfor a; do [ \"$a\" = update ] && touch %s && sleep 0.5; done\nexec %s \"$@\"\n", started, testRunc)
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	e.h.Binary = wrapper
+	rt, err := NewRuntime(e.h, filepath.Join(e.dir, "state"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		defer cancel()
+		for range 200 {
+			if _, err := os.Stat(started); err == nil {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	limit := int64(80 << 20)
+	if err := rt.Update(ctx, id, &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit}}); err != nil {
+		t.Fatalf("Update canceled while runc ran: %v", err)
+	}
+	if ctx.Err() == nil {
+		t.Fatal("the caller's context was not canceled during the update")
+	}
+	checkLimits(t, e, id, limit)
+}
+
 func writePending(t *testing.T, bundle string, res *specs.LinuxResources) {
 	t.Helper()
 	b, err := json.Marshal(res)

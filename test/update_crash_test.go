@@ -106,16 +106,12 @@ func TestUpdateFinishedAfterCrash(t *testing.T) {
 			waitFor(t, 20*time.Second, "the held runc update to end", func() bool {
 				return syscall.Kill(held, 0) != nil
 			})
-			// The held update that outlives the daemon leaves the cgroup
-			// changed and config.json not; about 1 run in 8 here its
-			// change does not show (cause not found yet), and the run then
-			// checks the other crash point again. What must hold after
-			// the restart is the same for both.
+			// The held update that outlives the daemon changes the cgroup
+			// and not config.json. The harness closes its connection
+			// before the SIGKILL, so the daemon sees the call canceled
+			// first: the update must not be killed for that.
 			if got := cgroupLimit(); tc.runcDone != (got == strconv.FormatInt(tc.limit, 10)) {
-				if !tc.runcDone {
-					t.Fatalf("before the restart the cgroup's limit is %s: the killed update changed it", got)
-				}
-				t.Logf("before the restart the cgroup's limit is still %s: the held update did not change it (%s)", got, readFile(t, gate+".out"))
+				t.Fatalf("before the restart the cgroup's limit is %s (runc update ran to its end: %v; its output: %q)", got, tc.runcDone, readFile(t, gate+".out"))
 			}
 			if err := e.d.Start(); err != nil {
 				t.Fatal(err)
