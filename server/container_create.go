@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path"
@@ -59,6 +60,9 @@ func (s *Server) containerRequest(sb *sandbox.Sandbox, cfg *runtimeapi.Container
 	if err != nil {
 		return nil, err
 	}
+	if err := validProcess(cfg); err != nil {
+		return nil, err
+	}
 	r := &containerRequest{
 		md: sandbox.ContainerMetadata{
 			SandboxID: sb.ID, Name: m.Name, Attempt: m.Attempt,
@@ -83,6 +87,13 @@ func (s *Server) containerRequest(sb *sandbox.Sandbox, cfg *runtimeapi.Container
 	if err := r.addMounts(cfg.Mounts); err != nil {
 		return nil, err
 	}
+	if sb.Modes.User != sandbox.ModePod {
+		for _, cm := range r.md.Mounts {
+			if len(cm.UIDMappings)+len(cm.GIDMappings) > 0 {
+				return nil, invalid("mount %s has ID mappings, but pod %s has no user namespace", cm.ContainerPath, sb.ID)
+			}
+		}
+	}
 	if err := r.addDevices(cfg.Devices); err != nil {
 		return nil, err
 	}
@@ -104,6 +115,9 @@ func (s *Server) containerRequest(sb *sandbox.Sandbox, cfg *runtimeapi.Container
 	r.pidMode, r.target = podPIDMode(sb), ns.GetTargetId()
 	if ns != nil {
 		r.pidMode = ns.Pid
+	}
+	if _, known := runtimeapi.NamespaceMode_name[int32(r.pidMode)]; !known {
+		return nil, invalid("unknown pid namespace mode %d", r.pidMode)
 	}
 	if r.pidMode == runtimeapi.NamespaceMode_NODE && sb.Modes.User == sandbox.ModePod {
 		return nil, invalid("a container in a pod with its own user namespace cannot use the host's PID namespace")
@@ -145,6 +159,9 @@ func (r *containerRequest) addMounts(mounts []*runtimeapi.Mount) error {
 // addDevices converts the requested host devices.
 func (r *containerRequest) addDevices(devices []*runtimeapi.Device) error {
 	for _, d := range devices {
+		if err := validate.NoNUL("device path", d.HostPath, d.ContainerPath); err != nil {
+			return err
+		}
 		if !filepath.IsAbs(d.HostPath) || !path.IsAbs(d.ContainerPath) {
 			return invalid("device %q -> %q: paths must be absolute", d.HostPath, d.ContainerPath)
 		}
@@ -202,12 +219,48 @@ func containerLogPath(dir, rel string) (string, error) {
 	return p, nil
 }
 
+// validProcess refuses a process the kernel cannot start: a NUL in its
+// command, arguments, environment or working directory. runc would fail
+// only at the start, with a runtime error.
+func validProcess(cfg *runtimeapi.ContainerConfig) error {
+	if err := validate.NoNUL("command", cfg.Command...); err != nil {
+		return err
+	}
+	if err := validate.NoNUL("argument", cfg.Args...); err != nil {
+		return err
+	}
+	for _, kv := range cfg.Envs {
+		if err := validate.NoNUL("environment variable", kv.Key, string(kv.Value)); err != nil {
+			return err
+		}
+	}
+	return validate.NoNUL("working dir", cfg.WorkingDir)
+}
+
+// validContainerPath refuses a mount destination that is not an absolute
+// path below the container's root.
+func validContainerPath(what, p string) error {
+	if err := validate.NoNUL(what, p); err != nil {
+		return err
+	}
+	if !path.IsAbs(p) {
+		return invalid("%s %q is not absolute", what, p)
+	}
+	if path.Clean(p) == "/" {
+		return invalid("%s %q is the container's root", what, p)
+	}
+	return nil
+}
+
 func convertMount(m *runtimeapi.Mount) (sandbox.ContainerMount, oci.Mount, error) {
+	if err := validate.NoNUL("mount host path", m.HostPath); err != nil {
+		return sandbox.ContainerMount{}, oci.Mount{}, err
+	}
 	if !filepath.IsAbs(m.HostPath) {
 		return sandbox.ContainerMount{}, oci.Mount{}, invalid("mount host path %q is not absolute", m.HostPath)
 	}
-	if !path.IsAbs(m.ContainerPath) {
-		return sandbox.ContainerMount{}, oci.Mount{}, invalid("mount container path %q is not absolute", m.ContainerPath)
+	if err := validContainerPath("mount container path", m.ContainerPath); err != nil {
+		return sandbox.ContainerMount{}, oci.Mount{}, err
 	}
 	opts, err := oci.ValidMountOptions(m.ContainerPath, m.MountOptions)
 	if err != nil {
@@ -245,8 +298,8 @@ func convertMount(m *runtimeapi.Mount) (sandbox.ContainerMount, oci.Mount, error
 // applied like a host volume's. The sub path is checked where it is
 // resolved, against the image.
 func imageVolume(m *runtimeapi.Mount) (sandbox.ContainerMount, error) {
-	if !path.IsAbs(m.ContainerPath) {
-		return sandbox.ContainerMount{}, invalid("image volume container path %q is not absolute", m.ContainerPath)
+	if err := validContainerPath("image volume container path", m.ContainerPath); err != nil {
+		return sandbox.ContainerMount{}, err
 	}
 	if m.HostPath != "" {
 		return sandbox.ContainerMount{}, invalid("image volume %s has a host path too", m.ContainerPath)
@@ -383,6 +436,9 @@ func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *run
 	if err := sandbox.MarkIntent(dir, sandbox.IntentCreating, md); err != nil {
 		return nil, err
 	}
+	if err := makeHostPaths(req.spec.Mounts, &undo); err != nil {
+		return nil, err
+	}
 	rootfs, err := s.mountContainerFS(ctx, sb, req, &md, img.ID, dir, &undo)
 	if err != nil {
 		return nil, err
@@ -420,6 +476,50 @@ func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *run
 	nriNotify(ctx, "PostCreateContainer", s.nri.PostCreateContainer(ctx, nriPod(&sb.Metadata), nriContainer(&md, c.Status(), spec)))
 	log.G(ctx).Debug("container created")
 	return c, nil
+}
+
+// makeHostPaths creates the missing host paths of bind mounts as
+// directories (0755, root's), as containerd and CRI-O do: kubelet checks
+// nothing for a hostPath volume of no type, and workloads rely on the
+// runtime making it. The directories it made are removed again (when
+// still empty) if the create fails.
+func makeHostPaths(mounts []oci.Mount, undo *cleanups) error {
+	for _, m := range mounts {
+		made, err := mkdirAllRecorded(m.HostPath)
+		for _, d := range made {
+			undo.add("remove created host path "+d, func(context.Context) error { return os.Remove(d) })
+		}
+		if err != nil {
+			return fmt.Errorf("creating mount host path %s: %w", m.HostPath, err)
+		}
+	}
+	return nil
+}
+
+// mkdirAllRecorded is os.MkdirAll that returns the directories it made,
+// parents first. One made meanwhile by someone else is not counted.
+func mkdirAllRecorded(p string) ([]string, error) {
+	var missing []string
+	for d := filepath.Clean(p); ; d = filepath.Dir(d) {
+		if _, err := os.Stat(d); err == nil {
+			break
+		} else if !errors.Is(err, os.ErrNotExist) {
+			return nil, err
+		}
+		missing = append(missing, d)
+	}
+	var made []string
+	for i := len(missing) - 1; i >= 0; i-- {
+		err := os.Mkdir(missing[i], 0o755)
+		if err == nil {
+			made = append(made, missing[i])
+			continue
+		}
+		if st, serr := os.Stat(missing[i]); serr != nil || !st.IsDir() {
+			return made, err
+		}
+	}
+	return made, nil
 }
 
 // newContainerMetadata is the metadata of a new container for req, with

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -726,5 +727,29 @@ func TestContainerInfoSpec(t *testing.T) {
 	}
 	if got, want := info(), roundTrip(nil); got != want {
 		t.Errorf("no spec: info =\n%s\nwant\n%s", got, want)
+	}
+}
+
+// mkdirAllRecorded makes the missing directories and names them, parents
+// first; what exists is left out, and a file in the way is an error.
+func TestMkdirAllRecorded(t *testing.T) {
+	base := t.TempDir()
+	made, err := mkdirAllRecorded(filepath.Join(base, "a", "b", "c"))
+	want := []string{filepath.Join(base, "a"), filepath.Join(base, "a", "b"), filepath.Join(base, "a", "b", "c")}
+	if err != nil || !slices.Equal(made, want) {
+		t.Fatalf("made %q, %v; want %q", made, err, want)
+	}
+	if made, err := mkdirAllRecorded(filepath.Join(base, "a", "b") + "/"); err != nil || len(made) != 0 {
+		t.Errorf("existing path: made %q, %v; want nothing", made, err)
+	}
+	if made, err := mkdirAllRecorded(filepath.Join(base, "a", "d")); err != nil || !slices.Equal(made, []string{filepath.Join(base, "a", "d")}) {
+		t.Errorf("one missing level: made %q, %v", made, err)
+	}
+	file := filepath.Join(base, "f")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if made, err := mkdirAllRecorded(filepath.Join(file, "x")); err == nil || len(made) != 0 {
+		t.Errorf("below a file: made %q, %v; want an error", made, err)
 	}
 }

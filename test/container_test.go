@@ -228,6 +228,7 @@ func TestContainers(t *testing.T) {
 	t.Run("UpdateResources", e.testUpdateResources)
 	t.Run("List", e.testList)
 	t.Run("BadInput", e.testBadInput)
+	t.Run("MissingHostPath", e.testMissingHostPath)
 	t.Run("MonitorKilled", e.testMonitorKilled)
 	// Restart kills the shared daemon: keep it last.
 	t.Run("Restart", e.testRestart)
@@ -895,6 +896,14 @@ func (e *ctrEnv) testBadInput(t *testing.T) {
 	escaping.LogPath = "../../escape.log"
 	noImage := e.ctr("noimage", "true")
 	noImage.Image.Image = e.reg.Ref("never-pushed:1")
+	with := func(name string, f func(c *runtimeapi.ContainerConfig)) *runtimeapi.ContainerConfig {
+		c := e.ctr(name, "true")
+		f(c)
+		return c
+	}
+	vol := func(m *runtimeapi.Mount) func(c *runtimeapi.ContainerConfig) {
+		return func(c *runtimeapi.ContainerConfig) { c.Mounts = []*runtimeapi.Mount{m} }
+	}
 	for _, tc := range []struct {
 		name string
 		pod  string
@@ -906,6 +915,23 @@ func (e *ctrEnv) testBadInput(t *testing.T) {
 		{"image not present", pod, noImage, codes.NotFound, "never-pushed"},
 		{"log path escapes", pod, escaping, codes.InvalidArgument, "escapes the pod's log directory"},
 		{"relative mount", pod, withMount, codes.InvalidArgument, `mount host path "relative/dir" is not absolute`},
+		// What runc would refuse only at the start, as a runtime error.
+		{"mount on the root", pod, with("onroot", vol(&runtimeapi.Mount{HostPath: "/tmp", ContainerPath: "/./"})), codes.InvalidArgument, `"/./" is the container's root`},
+		{"NUL in a host path", pod, with("nulhost", vol(&runtimeapi.Mount{HostPath: "/tmp/a\x00b", ContainerPath: "/vol"})), codes.InvalidArgument, "contains a NUL byte"},
+		{"NUL in a container path", pod, with("nulctr", vol(&runtimeapi.Mount{HostPath: "/tmp", ContainerPath: "/v\x00l"})), codes.InvalidArgument, "contains a NUL byte"},
+		{"NUL in the command", pod, with("nulcmd", func(c *runtimeapi.ContainerConfig) { c.Command = []string{"tr\x00ue"} }), codes.InvalidArgument, `command "tr\x00ue" contains a NUL byte`},
+		{"NUL in an argument", pod, with("nularg", func(c *runtimeapi.ContainerConfig) { c.Args = []string{"a\x00"} }), codes.InvalidArgument, "argument"},
+		{"NUL in the environment", pod, with("nulenv", func(c *runtimeapi.ContainerConfig) {
+			c.Envs = []*runtimeapi.KeyValue{{Key: "A", Value: []byte("b\x00c")}}
+		}), codes.InvalidArgument, "environment variable"},
+		{"NUL in the working dir", pod, with("nulwd", func(c *runtimeapi.ContainerConfig) { c.WorkingDir = "/tmp\x00" }), codes.InvalidArgument, "working dir"},
+		{"ID mappings without a user namespace", pod, with("idmap", vol(&runtimeapi.Mount{
+			HostPath: "/tmp", ContainerPath: "/vol",
+			UidMappings: []*runtimeapi.IDMapping{{HostId: 0, ContainerId: 0, Length: 1}},
+		})), codes.InvalidArgument, "has no user namespace"},
+		{"unknown pid mode", pod, with("pidmode", func(c *runtimeapi.ContainerConfig) {
+			c.Linux.SecurityContext.NamespaceOptions.Pid = 9
+		}), codes.InvalidArgument, "unknown pid namespace mode 9"},
 	} {
 		_, err := e.d.Runtime.CreateContainer(Ctx(t), &runtimeapi.CreateContainerRequest{PodSandboxId: tc.pod, Config: tc.cfg, SandboxConfig: podCfg})
 		if status.Code(err) != tc.code || !strings.Contains(status.Convert(err).Message(), tc.msg) {
@@ -920,6 +946,49 @@ func (e *ctrEnv) testBadInput(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(e.d.Dir, "escape.log")); err == nil {
 		t.Errorf("the escaping log file was created")
+	}
+}
+
+// testMissingHostPath: a volume whose host path does not exist gets it
+// made as a directory, as containerd and CRI-O do (kubelet checks nothing
+// for a hostPath volume of no type); a create that fails afterwards
+// removes what it made.
+func (e *ctrEnv) testMissingHostPath(t *testing.T) {
+	pod, podCfg := e.pod(t, PodConfig("hostpath"))
+	base := t.TempDir()
+	host := filepath.Join(base, "a", "b")
+	cfg := e.ctr("c", "sh", "-c", "echo hi >/vol/f && sleep 1000")
+	cfg.Mounts = []*runtimeapi.Mount{{HostPath: host, ContainerPath: "/vol"}}
+	e.run(t, pod, podCfg, cfg)
+	waitFor(t, 10*time.Second, "the container's file in the made host path", func() bool {
+		b, err := os.ReadFile(filepath.Join(host, "f"))
+		return err == nil && string(b) == "hi\n"
+	})
+	if st, err := os.Stat(host); err != nil || st.Mode().Perm() != 0o755 {
+		t.Errorf("made host path: %v, mode %v; want a 0755 directory", err, st.Mode())
+	}
+
+	// The user is resolved in the image after the host path was made.
+	gone := filepath.Join(base, "x", "y")
+	bad := e.ctr("bad", "true")
+	bad.Mounts = []*runtimeapi.Mount{{HostPath: gone, ContainerPath: "/vol"}}
+	bad.Linux.SecurityContext.RunAsUsername = "nosuchuser"
+	_, err := e.d.Runtime.CreateContainer(Ctx(t), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: bad, SandboxConfig: podCfg})
+	wantCode(t, err, codes.InvalidArgument, "nosuchuser")
+	if _, err := os.Stat(filepath.Join(base, "x")); !os.IsNotExist(err) {
+		t.Errorf("the failed create left the host path it made: %v", err)
+	}
+
+	// Something in the way that is not a directory fails the create.
+	file := filepath.Join(base, "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	blocked := e.ctr("blocked", "true")
+	blocked.Mounts = []*runtimeapi.Mount{{HostPath: filepath.Join(file, "sub"), ContainerPath: "/vol"}}
+	_, err = e.d.Runtime.CreateContainer(Ctx(t), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: blocked, SandboxConfig: podCfg})
+	if err == nil || !strings.Contains(status.Convert(err).Message(), "creating mount host path") {
+		t.Errorf("host path below a file: %v, want the failure to make it", err)
 	}
 }
 

@@ -182,6 +182,18 @@ func SysctlValue(name, v string) error {
 	return nil
 }
 
+// NoNUL refuses a string with a NUL byte: it cannot reach the kernel as
+// a path, an argument or an environment variable, and the OCI runtime
+// would fail only when it starts the container. what names the value.
+func NoNUL(what string, vs ...string) error {
+	for _, v := range vs {
+		if strings.IndexByte(v, 0) >= 0 {
+			return invalid("%s %q contains a NUL byte", what, v)
+		}
+	}
+	return nil
+}
+
 func hasControl(s string) bool {
 	return strings.IndexFunc(s, unicode.IsControl) >= 0
 }

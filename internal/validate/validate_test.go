@@ -137,3 +137,9 @@ func TestLabelsAndAnnotations(t *testing.T) {
 		})
 	}
 }
+
+func TestNoNUL(t *testing.T) {
+	check(t, NoNUL("argument", "sleep", "1"), true, "")
+	check(t, NoNUL("argument"), true, "")
+	check(t, NoNUL("argument", "sleep", "1\x002"), false, `argument "1\x002" contains a NUL byte`)
+}
