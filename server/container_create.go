@@ -87,12 +87,8 @@ func (s *Server) containerRequest(sb *sandbox.Sandbox, cfg *runtimeapi.Container
 	if err := r.addMounts(cfg.Mounts); err != nil {
 		return nil, err
 	}
-	if sb.Modes.User != sandbox.ModePod {
-		for _, cm := range r.md.Mounts {
-			if len(cm.UIDMappings)+len(cm.GIDMappings) > 0 {
-				return nil, invalid("mount %s has ID mappings, but pod %s has no user namespace", cm.ContainerPath, sb.ID)
-			}
-		}
+	if err := mappingsNeedUserns(sb, r.md.Mounts); err != nil {
+		return nil, err
 	}
 	if err := r.addDevices(cfg.Devices); err != nil {
 		return nil, err
@@ -112,15 +108,9 @@ func (s *Server) containerRequest(sb *sandbox.Sandbox, cfg *runtimeapi.Container
 		return nil, err
 	}
 	ns := linux.GetSecurityContext().GetNamespaceOptions()
-	r.pidMode, r.target = podPIDMode(sb), ns.GetTargetId()
-	if ns != nil {
-		r.pidMode = ns.Pid
-	}
-	if _, known := runtimeapi.NamespaceMode_name[int32(r.pidMode)]; !known {
-		return nil, invalid("unknown pid namespace mode %d", r.pidMode)
-	}
-	if r.pidMode == runtimeapi.NamespaceMode_NODE && sb.Modes.User == sandbox.ModePod {
-		return nil, invalid("a container in a pod with its own user namespace cannot use the host's PID namespace")
+	r.target = ns.GetTargetId()
+	if r.pidMode, err = containerPIDMode(sb, ns); err != nil {
+		return nil, err
 	}
 	r.spec.Annotations = map[string]string{}
 	for k, v := range cfg.Annotations {
@@ -189,6 +179,35 @@ func (s *Server) cdiDevices(c *oci.ContainerSpec, cfg *runtimeapi.ContainerConfi
 	}
 	c.CDIDevices, c.CDI = names, s.deps.CDI
 	return nil
+}
+
+// mappingsNeedUserns refuses ID-mapped volumes in a pod without a user
+// namespace, which runc would refuse at the start.
+func mappingsNeedUserns(sb *sandbox.Sandbox, mounts []sandbox.ContainerMount) error {
+	if sb.Modes.User == sandbox.ModePod {
+		return nil
+	}
+	for _, cm := range mounts {
+		if len(cm.UIDMappings)+len(cm.GIDMappings) > 0 {
+			return invalid("mount %s has ID mappings, but pod %s has no user namespace", cm.ContainerPath, sb.ID)
+		}
+	}
+	return nil
+}
+
+// containerPIDMode is the PID mode the container asks for, else the pod's.
+func containerPIDMode(sb *sandbox.Sandbox, ns *runtimeapi.NamespaceOption) (runtimeapi.NamespaceMode, error) {
+	mode := podPIDMode(sb)
+	if ns != nil {
+		mode = ns.Pid
+	}
+	if _, known := runtimeapi.NamespaceMode_name[int32(mode)]; !known {
+		return mode, invalid("unknown pid namespace mode %d", mode)
+	}
+	if mode == runtimeapi.NamespaceMode_NODE && sb.Modes.User == sandbox.ModePod {
+		return mode, invalid("a container in a pod with its own user namespace cannot use the host's PID namespace")
+	}
+	return mode, nil
 }
 
 // podPIDMode is the PID mode a container gets when it names none: the pod's.
@@ -436,9 +455,6 @@ func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *run
 	if err := sandbox.MarkIntent(dir, sandbox.IntentCreating, md); err != nil {
 		return nil, err
 	}
-	if err := makeHostPaths(req.spec.Mounts, &undo); err != nil {
-		return nil, err
-	}
 	rootfs, err := s.mountContainerFS(ctx, sb, req, &md, img.ID, dir, &undo)
 	if err != nil {
 		return nil, err
@@ -541,9 +557,13 @@ func (s *Server) newContainerMetadata(req *containerRequest) (sandbox.ContainerM
 	return md, img, nil
 }
 
-// mountContainerFS mounts the container's rootfs from image imageID and
-// its image volumes, which go into req's spec; undo unmounts them all.
+// mountContainerFS makes the volumes' missing host paths, mounts the
+// container's rootfs from image imageID and its image volumes, which go
+// into req's spec; undo unmounts them all and removes what it made.
 func (s *Server) mountContainerFS(ctx context.Context, sb *sandbox.Sandbox, req *containerRequest, md *sandbox.ContainerMetadata, imageID, dir string, undo *cleanups) (rootfs string, err error) {
+	if err := makeHostPaths(req.spec.Mounts, undo); err != nil {
+		return "", err
+	}
 	rootfs, err = s.deps.Images.MountRootfs(ctx, s.mountRequest(sb, md.ID, imageID, dir))
 	if err != nil {
 		return "", fmt.Errorf("mounting the rootfs: %w", err)

@@ -353,7 +353,7 @@ func (s *Server) StopContainer(ctx context.Context, req *runtimeapi.StopContaine
 		return &runtimeapi.StopContainerResponse{}, nil
 	}
 	wasLive := c.Status().State != sandbox.ContainerExited // kubelet repeats stops
-	if err := s.stopContainer(ctx, c, time.Duration(req.Timeout)*time.Second); err != nil {
+	if err := s.stopContainer(ctx, c, timeoutSeconds(req.Timeout)); err != nil {
 		return nil, err
 	}
 	if wasLive {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -751,5 +752,21 @@ func TestMkdirAllRecorded(t *testing.T) {
 	}
 	if made, err := mkdirAllRecorded(filepath.Join(file, "x")); err == nil || len(made) != 0 {
 		t.Errorf("below a file: made %q, %v; want an error", made, err)
+	}
+}
+
+// A CRI timeout is never negative nor wrapped into the past, even with
+// the stop's own bound added to it.
+func TestTimeoutSeconds(t *testing.T) {
+	for _, tc := range []struct {
+		in   int64
+		want time.Duration
+	}{{-100, 0}, {0, 0}, {5, 5 * time.Second}} {
+		if got := timeoutSeconds(tc.in); got != tc.want {
+			t.Errorf("timeoutSeconds(%d) = %v, want %v", tc.in, got, tc.want)
+		}
+	}
+	if got := timeoutSeconds(math.MaxInt64); got < 100*365*24*time.Hour || got+stopKillTimeout < got {
+		t.Errorf("timeoutSeconds(MaxInt64) = %v: not the longest, or wraps with the kill's bound", got)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/containerd/errdefs"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pinrt/pinrt/internal/validate"
 	"github.com/pinrt/pinrt/sandbox"
 	"github.com/pinrt/pinrt/streaming"
 )
@@ -38,8 +39,8 @@ func (s *Server) StreamTargets() streaming.Targets { return streamTargets{s} }
 
 // Exec returns the URL of an exec session in a running container.
 func (s *Server) Exec(ctx context.Context, req *runtimeapi.ExecRequest) (*runtimeapi.ExecResponse, error) {
-	if len(req.Cmd) == 0 {
-		return nil, invalid("exec: empty command")
+	if err := validCommand(req.Cmd); err != nil {
+		return nil, err
 	}
 	if _, err := s.streamTarget(ctx, req.ContainerId); err != nil {
 		return nil, err
@@ -49,6 +50,15 @@ func (s *Server) Exec(ctx context.Context, req *runtimeapi.ExecRequest) (*runtim
 		return nil, err
 	}
 	return st.GetExec(req)
+}
+
+// validCommand refuses an exec that cannot start: no command, or a NUL
+// in it, which the kernel refuses in an argument.
+func validCommand(cmd []string) error {
+	if len(cmd) == 0 {
+		return invalid("exec: empty command")
+	}
+	return validate.NoNUL("exec command", cmd...)
 }
 
 // Attach returns the URL of an attach session to a running container.
@@ -65,6 +75,11 @@ func (s *Server) Attach(ctx context.Context, req *runtimeapi.AttachRequest) (*ru
 
 // PortForward returns the URL of a port-forward session into a Ready pod.
 func (s *Server) PortForward(ctx context.Context, req *runtimeapi.PortForwardRequest) (*runtimeapi.PortForwardResponse, error) {
+	for _, p := range req.Port {
+		if p < 1 || p > 65535 {
+			return nil, invalid("port-forward port %d is not a port", p)
+		}
+	}
 	if _, err := s.podNetNS(req.PodSandboxId); err != nil {
 		return nil, err
 	}
@@ -145,7 +160,7 @@ func (s *Server) ExecSync(ctx context.Context, req *runtimeapi.ExecSyncRequest) 
 	if err != nil {
 		return nil, err
 	}
-	stdout, stderr, code, err := s.execSync(ctx, c, req.Cmd, time.Duration(req.Timeout)*time.Second)
+	stdout, stderr, code, err := s.execSync(ctx, c, req.Cmd, timeoutSeconds(req.Timeout))
 	if err != nil {
 		return nil, withPartialOutput(err, stdout, stderr)
 	}
@@ -175,8 +190,8 @@ func withPartialOutput(err error, stdout, stderr []byte) error {
 }
 
 func (s *Server) execSync(ctx context.Context, c *sandbox.Container, cmd []string, timeout time.Duration) ([]byte, []byte, int32, error) {
-	if len(cmd) == 0 {
-		return nil, nil, -1, invalid("exec: empty command")
+	if err := validCommand(cmd); err != nil {
+		return nil, nil, -1, err
 	}
 	s.observeContainer(ctx, c, true)
 	if st := c.Status().State; st != sandbox.ContainerRunning {

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -51,6 +52,14 @@ func labelsMatch(labels, selector map[string]string) bool {
 		}
 	}
 	return true
+}
+
+// timeoutSeconds is a CRI timeout in seconds as a duration. A negative one is
+// none (0), and one too long for a Duration is the longest there is,
+// halved so that a bound added to it cannot wrap into the past.
+func timeoutSeconds(s int64) time.Duration {
+	const longest = int64(math.MaxInt64/time.Second) / 2
+	return time.Duration(min(max(s, 0), longest)) * time.Second
 }
 
 func invalid(format string, args ...any) error {

@@ -232,6 +232,27 @@ func (s *Server) RunPodSandbox(ctx context.Context, req *runtimeapi.RunPodSandbo
 	return &runtimeapi.RunPodSandboxResponse{PodSandboxId: sb.ID}, nil
 }
 
+// podLinux validates the pod's Linux settings and returns its namespace
+// modes. The cgroup parent is checked now, not at the first container's
+// create.
+func (s *Server) podLinux(linux *runtimeapi.LinuxPodSandboxConfig) (sandbox.NamespaceModes, error) {
+	if sc := linux.GetSecurityContext(); sc != nil {
+		if err := validRunAs("pod", sc.RunAsUser, "", sc.RunAsGroup); err != nil {
+			return sandbox.NamespaceModes{}, err
+		}
+	}
+	modes, err := namespaceModes(linux.GetSecurityContext().GetNamespaceOptions())
+	if err != nil {
+		return modes, err
+	}
+	if p := linux.GetCgroupParent(); p != "" {
+		if _, err := s.deps.CgroupDriver.PodParent(p, ""); err != nil {
+			return modes, err
+		}
+	}
+	return modes, nsmgr.ValidateSysctls(linux.GetSysctls(), modes.Network == sandbox.ModePod, modes.IPC == sandbox.ModePod)
+}
+
 // podRequest validates a RunPodSandbox request and converts it into
 // pinrt's own terms. Nothing has been created when it fails.
 func (s *Server) podRequest(req *runtimeapi.RunPodSandboxRequest) (*podRequest, error) {
@@ -266,16 +287,8 @@ func (s *Server) podRequest(req *runtimeapi.RunPodSandboxRequest) (*podRequest, 
 		return nil, err
 	}
 	linux := cfg.GetLinux()
-	if sc := linux.GetSecurityContext(); sc != nil {
-		if err := validRunAs("pod", sc.RunAsUser, "", sc.RunAsGroup); err != nil {
-			return nil, err
-		}
-	}
-	modes, err := namespaceModes(linux.GetSecurityContext().GetNamespaceOptions())
+	modes, err := s.podLinux(linux)
 	if err != nil {
-		return nil, err
-	}
-	if err := nsmgr.ValidateSysctls(linux.GetSysctls(), modes.Network == sandbox.ModePod, modes.IPC == sandbox.ModePod); err != nil {
 		return nil, err
 	}
 	pr := &podRequest{

@@ -591,6 +591,15 @@ func (e *ctrEnv) testStop(t *testing.T) {
 	if _, err := e.d.Runtime.StopContainer(Ctx(t), &runtimeapi.StopContainerRequest{ContainerId: usr1, Timeout: 1}); err != nil {
 		t.Errorf("second StopContainer: %v", err)
 	}
+	// A negative timeout is none: SIGKILL at once. It used to put the
+	// stop's deadline in the past: DeadlineExceeded, the container alive.
+	neg := e.run(t, pod, podCfg, e.ctr("negative", "sleep", "1000"))
+	if _, err := e.d.Runtime.StopContainer(Ctx(t), &runtimeapi.StopContainerRequest{ContainerId: neg, Timeout: -100}); err != nil {
+		t.Fatalf("StopContainer with a negative timeout: %v", err)
+	}
+	if st := e.status(t, neg); st.State != runtimeapi.ContainerState_CONTAINER_EXITED || st.ExitCode != 137 {
+		t.Errorf("after a stop with a negative timeout: %v exit %d, want EXITED 137", st.State, st.ExitCode)
+	}
 }
 
 func (e *ctrEnv) testExecSync(t *testing.T) {

@@ -158,6 +158,7 @@ func TestHostilePodValuesRefused(t *testing.T) {
 		{"host port 70000", func(c *runtimeapi.PodSandboxConfig) {
 			c.PortMappings = []*runtimeapi.PortMapping{{ContainerPort: 80, HostPort: 70000}}
 		}, "host port 70000"},
+		{"cgroup parent leaving the hierarchy", func(c *runtimeapi.PodSandboxConfig) { c.Linux.CgroupParent = "../../../evil" }, `cgroup parent "../../../evil"`},
 		{"host_ip not an IP", func(c *runtimeapi.PodSandboxConfig) {
 			c.PortMappings = []*runtimeapi.PortMapping{{ContainerPort: 80, HostPort: 8080, HostIp: "evil"}}
 		}, `host_ip "evil"`},

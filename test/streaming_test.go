@@ -117,6 +117,7 @@ func TestStreaming(t *testing.T) {
 	t.Run("PortForward", s.testPortForward)
 	t.Run("PortForwardClosedPort", s.testPortForwardClosed)
 	t.Run("TokenSingleUse", s.testTokenSingleUse)
+	t.Run("BadRequests", s.testBadRequests)
 	t.Run("ClientGoneEndsStreams", s.testClientGone)
 	t.Run("ContainerExitEndsStreams", s.testContainerExit)
 	t.Run("StopPodClosesForward", s.testStopPodClosesForward)
@@ -167,6 +168,20 @@ func (s *streamEnv) streamExec(t *testing.T, id string, stdin io.Reader, cmd ...
 	var out, errOut bytes.Buffer
 	err := spdyStream(Ctx(t), u, streamOpts{stdin: stdin, stdout: &out, stderr: &errOut})
 	return out.String(), errOut.String(), err
+}
+
+// testBadRequests: what cannot run is refused as the caller's fault
+// before a URL is handed out. A NUL in an exec's command was the runtime's
+// "fork/exec: invalid argument" (Unknown).
+func (s *streamEnv) testBadRequests(t *testing.T) {
+	_, err := s.d.Runtime.ExecSync(Ctx(t), &runtimeapi.ExecSyncRequest{ContainerId: s.server, Cmd: []string{"ec\x00ho"}})
+	wantCode(t, err, codes.InvalidArgument, "contains a NUL byte")
+	_, err = s.d.Runtime.Exec(Ctx(t), &runtimeapi.ExecRequest{ContainerId: s.server, Cmd: []string{"sh", "-c\x00"}, Stdout: true})
+	wantCode(t, err, codes.InvalidArgument, "contains a NUL byte")
+	for _, port := range []int32{0, -1, 65536} {
+		_, err = s.d.Runtime.PortForward(Ctx(t), &runtimeapi.PortForwardRequest{PodSandboxId: s.pod, Port: []int32{8080, port}})
+		wantCode(t, err, codes.InvalidArgument, fmt.Sprintf("port %d is not a port", port))
+	}
 }
 
 func (s *streamEnv) testExecEcho(t *testing.T) {
