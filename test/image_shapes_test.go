@@ -77,6 +77,18 @@ var payloadChecks = []string{
 	`test "$(stat -c %a /tmp)" = 1777`,
 }
 
+// writeChecks change an image with payload() on top: each copies a
+// lower file or directory up, or removes one.
+var writeChecks = []string{
+	`echo more >>/dir/keep && test "$(cat /dir/keep)" = "$(printf 'keep\nmore')"`,
+	`mkdir /opq/made && touch /opq/made/f && test -e /opq/made/f`,
+	`rm /hard/a && test "$(cat /hard/b)" = linked`,
+	`chown 33:33 /dir/keep && test "$(stat -c '%u %g' /dir/keep)" = "33 33"`,
+	`touch /srv/new && test "$(stat -c '%u %g' /srv/new)" = "0 0"`,
+	`chmod 700 /srv/suid && test "$(stat -c %a /srv/suid)" = 700`,
+	`test "$(stat -c '%u %g' /)" = "0 0"`,
+}
+
 // checkScript runs each argument as a condition and names the ones that
 // fail, so a failure says what the image got wrong.
 const checkScript = `fail=0
@@ -150,6 +162,43 @@ func TestImageShapes(t *testing.T) {
 			e.pullRunRemove(t, pod, podCfg, s.String(), ref, testimage.ID(t, img), payloadChecks)
 		})
 	}
+
+	// The same images in a pod with its own user namespace, where the
+	// layers are seen through an idmapped mount: the owners and modes the
+	// layers give, and the writes that copy files up. A file whose owner
+	// is outside the pod's 65536 IDs shows as the overflow ID and can be
+	// read, not changed (the kernel cannot store an unmapped owner in the
+	// upper layer), as in containerd and CRI-O with idmapped layers.
+	t.Run("Userns", func(t *testing.T) {
+		upod, upodCfg := e.pod(t, UsernsPod(PodConfig("shapes-userns"), 0))
+		layers := payload()
+		layers[0] = append(layers[0], testimage.File{Path: "far", Content: []byte("far\n"), Mode: 0o644, UID: 70000, GID: 70000})
+		checks := append(append([]string(nil), payloadChecks...), writeChecks...)
+		checks = append(checks,
+			`grep -q '^ *0 *[1-9][0-9]* *65536$' /proc/self/uid_map`, // a pod range, not the host's IDs
+			`test "$(stat -c '%u %g' /far)" = "65534 65534"`,
+			`test "$(cat /far)" = far`,
+			`! echo more >>/far 2>/dev/null`,
+		)
+		for _, s := range []testimage.Shape{
+			{Tar: testimage.GNUTar, Compression: testimage.Gzip9},
+			{Tar: testimage.PosixTar, Compression: testimage.Zstd},
+			{Tar: testimage.GoTar, Compression: testimage.GoGzip, Docker: true},
+		} {
+			t.Run(s.String(), func(t *testing.T) {
+				img := testimage.Build(t, testimage.Spec{Shape: s, Cmd: []string{"sh"}, Layers: layers})
+				ref := e.reg.Push(t, "shapes/userns-"+s.String()+":1", img)
+				e.pullRunRemove(t, upod, upodCfg, "userns-"+s.String(), ref, testimage.ID(t, img), checks)
+			})
+		}
+	})
+
+	// The write checks hold outside a user namespace too.
+	t.Run("Writes", func(t *testing.T) {
+		img := testimage.Build(t, testimage.Spec{Shape: testimage.Shape{Tar: testimage.GNUTar, Compression: testimage.Gzip1}, Cmd: []string{"sh"}, Layers: payload()})
+		ref := e.reg.Push(t, "shapes/writes:1", img)
+		e.pullRunRemove(t, pod, podCfg, "writes", ref, testimage.ID(t, img), writeChecks)
+	})
 
 	// A base image from one tool, layers on top from others.
 	t.Run("MixedWriters", func(t *testing.T) {
