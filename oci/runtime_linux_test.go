@@ -600,23 +600,27 @@ func TestDeleteForceOfExitedContainer(t *testing.T) {
 	}
 }
 
+// wrapRuntime makes e's runtime the shell script written to path.
+func (e *testEnv) wrapRuntime(path, script string) {
+	e.t.Helper()
+	if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
+		e.t.Fatal(err)
+	}
+	e.h.Binary = path
+	rt, err := NewRuntime(e.h, filepath.Join(e.dir, "state"))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.rt = rt
+}
+
 // recordRuntimeCalls puts the runtime behind a wrapper that records its
 // command lines; the returned func gives (and clears) those running
 // subcommand sub, from sub on.
 func (e *testEnv) recordRuntimeCalls(sub string) func() []string {
-	t := e.t
 	calls := filepath.Join(e.dir, "calls")
 	wrapper := filepath.Join(e.dir, "runc-wrapper")
-	script := fmt.Sprintf("#!/bin/sh\necho \"$*\" >>%s\nexec %s \"$@\"\n", calls, testRunc)
-	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	e.h.Binary = wrapper
-	rt, err := NewRuntime(e.h, filepath.Join(e.dir, "state"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.rt = rt
+	e.wrapRuntime(wrapper, fmt.Sprintf("#!/bin/sh\necho \"$*\" >>%s\nexec %s \"$@\"\n", calls, testRunc))
 	return func() []string {
 		b, _ := os.ReadFile(calls)
 		var out []string
@@ -862,16 +866,8 @@ func TestUpdateOutlivesCancel(t *testing.T) {
 	id := "upd-" + randID(t)
 	e.create(id, true, "sleep", "1000")
 	started := filepath.Join(e.dir, "update-started")
-	wrapper := filepath.Join(e.dir, "slow-update")
-	script := fmt.Sprintf("#!/bin/sh\nfor a; do [ \"$a\" = update ] && touch %s && sleep 0.5; done\nexec %s \"$@\"\n", started, testRunc)
-	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	e.h.Binary = wrapper
-	rt, err := NewRuntime(e.h, filepath.Join(e.dir, "state"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	e.wrapRuntime(filepath.Join(e.dir, "slow-update"),
+		fmt.Sprintf("#!/bin/sh\nfor a; do [ \"$a\" = update ] && touch %s && sleep 0.5; done\nexec %s \"$@\"\n", started, testRunc))
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() {
 		defer cancel()
@@ -883,7 +879,7 @@ func TestUpdateOutlivesCancel(t *testing.T) {
 		}
 	}()
 	limit := int64(80 << 20)
-	if err := rt.Update(ctx, id, &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit}}); err != nil {
+	if err := e.rt.Update(ctx, id, &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit}}); err != nil {
 		t.Fatalf("Update canceled while runc ran: %v", err)
 	}
 	if ctx.Err() == nil {
