@@ -392,6 +392,14 @@ func securityContext(c *oci.ContainerSpec, sc *runtimeapi.LinuxContainerSecurity
 	}
 	c.User.Username = sc.RunAsUsername
 	c.User.SupplementalGroups = sc.SupplementalGroups
+	for _, p := range append(slices.Clip(sc.MaskedPaths), sc.ReadonlyPaths...) {
+		if err := validate.NoNUL("masked or read-only path", p); err != nil {
+			return err
+		}
+		if !path.IsAbs(p) {
+			return invalid("masked or read-only path %q is not absolute", p)
+		}
+	}
 	// CRI sends empty lists for "use the defaults"; oci reads nil as that.
 	if len(sc.MaskedPaths) > 0 {
 		c.MaskedPaths = sc.MaskedPaths

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 
@@ -14,6 +15,10 @@ import (
 
 	"github.com/pinrt/pinrt/oci"
 )
+
+// pageSize is a huge page size as kubelet and the hugetlb controller
+// write it.
+var pageSize = regexp.MustCompile(`^[1-9][0-9]*[KMGTP]B$`)
 
 // validResources refuses what runc or the kernel would, while the values
 // are still signed: toResources turns a negative cpu_shares into a huge
@@ -29,6 +34,10 @@ func validResources(r *runtimeapi.LinuxContainerResources) error {
 	for _, h := range r.HugepageLimits {
 		if h.PageSize == "" {
 			return invalid("hugepage limit without a page size")
+		}
+		// It names the cgroup's file (hugetlb.2MB.limit_in_bytes).
+		if !pageSize.MatchString(h.PageSize) {
+			return invalid("hugepage page size %q is not a size like 2MB or 1GB", h.PageSize)
 		}
 	}
 	// runc writes each unified entry to the file of that name in the

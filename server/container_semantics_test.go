@@ -273,6 +273,10 @@ func TestContainerResourcesUpdateAndStatus(t *testing.T) {
 			`unified cgroup setting "../../memory.max"="1": the key must be a file name of the cgroup: invalid argument`},
 		{"unified dot dot", &runtimeapi.LinuxContainerResources{Unified: map[string]string{"..": "1"}},
 			`unified cgroup setting ".."="1": the key must be a file name of the cgroup: invalid argument`},
+		{"hugepage size a path", &runtimeapi.LinuxContainerResources{HugepageLimits: []*runtimeapi.HugepageLimit{{PageSize: "2MB/../../x", Limit: 1}}},
+			`hugepage page size "2MB/../../x" is not a size like 2MB or 1GB: invalid argument`},
+		{"hugepage size bogus", &runtimeapi.LinuxContainerResources{HugepageLimits: []*runtimeapi.HugepageLimit{{PageSize: "bogus", Limit: 1}}},
+			`hugepage page size "bogus" is not a size like 2MB or 1GB: invalid argument`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -770,3 +770,22 @@ func TestTimeoutSeconds(t *testing.T) {
 		t.Errorf("timeoutSeconds(MaxInt64) = %v: not the longest, or wraps with the kill's bound", got)
 	}
 }
+
+// Masked and read-only paths are absolute container paths.
+func TestSecurityContextPaths(t *testing.T) {
+	for _, tc := range []struct {
+		masked, readonly []string
+		ok               bool
+	}{
+		{[]string{"/proc/kcore"}, []string{"/proc/sys"}, true},
+		{nil, nil, true},
+		{[]string{"proc/kcore"}, nil, false},
+		{nil, []string{"/proc/\x00sys"}, false},
+	} {
+		var c oci.ContainerSpec
+		err := securityContext(&c, &runtimeapi.LinuxContainerSecurityContext{MaskedPaths: tc.masked, ReadonlyPaths: tc.readonly})
+		if tc.ok != (err == nil) || (err != nil && !errdefs.IsInvalidArgument(err)) {
+			t.Errorf("masked %q read-only %q: %v, want ok %v (InvalidArgument otherwise)", tc.masked, tc.readonly, err, tc.ok)
+		}
+	}
+}

@@ -938,6 +938,12 @@ func (e *ctrEnv) testBadInput(t *testing.T) {
 			HostPath: "/tmp", ContainerPath: "/vol",
 			UidMappings: []*runtimeapi.IDMapping{{HostId: 0, ContainerId: 0, Length: 1}},
 		})), codes.InvalidArgument, "has no user namespace"},
+		{"relative masked path", pod, with("masked", func(c *runtimeapi.ContainerConfig) {
+			c.Linux.SecurityContext.MaskedPaths = []string{"proc/kcore"}
+		}), codes.InvalidArgument, `masked or read-only path "proc/kcore" is not absolute`},
+		{"hugepage size a path", pod, with("hugepage", func(c *runtimeapi.ContainerConfig) {
+			c.Linux.Resources = &runtimeapi.LinuxContainerResources{HugepageLimits: []*runtimeapi.HugepageLimit{{PageSize: "2MB/../x", Limit: 1 << 21}}}
+		}), codes.InvalidArgument, "is not a size like 2MB"},
 		{"unknown pid mode", pod, with("pidmode", func(c *runtimeapi.ContainerConfig) {
 			c.Linux.SecurityContext.NamespaceOptions.Pid = 9
 		}), codes.InvalidArgument, "unknown pid namespace mode 9"},
