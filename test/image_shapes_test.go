@@ -101,8 +101,17 @@ exit $fail`
 // its exit code and output; the container is removed.
 func (e *ctrEnv) runChecks(t *testing.T, pod string, podCfg *runtimeapi.PodSandboxConfig, name, ref string, checks []string) (int32, string) {
 	t.Helper()
+	return e.runChecksAs(t, pod, podCfg, name, ref, nil, checks)
+}
+
+// runChecksAs is runChecks as user uid, or the image's user when nil.
+func (e *ctrEnv) runChecksAs(t *testing.T, pod string, podCfg *runtimeapi.PodSandboxConfig, name, ref string, uid *int64, checks []string) (int32, string) {
+	t.Helper()
 	cfg := e.ctr(name, append([]string{"sh", "-c", checkScript, "check"}, checks...)...)
 	cfg.Image = &runtimeapi.ImageSpec{Image: ref}
+	if uid != nil {
+		cfg.Linux.SecurityContext.RunAsUser = &runtimeapi.Int64Value{Value: *uid}
+	}
 	id := e.run(t, pod, podCfg, cfg)
 	st := e.waitExit(t, id, time.Minute)
 	out := readFile(t, st.LogPath)
@@ -267,7 +276,82 @@ func TestImageShapes(t *testing.T) {
 			`grep -q '^Gid:[[:space:]]*4322[[:space:]]' /proc/self/status`,
 		})
 	})
+
+	// Images that give a binary file capabilities instead of root (the
+	// caddy image's `setcap cap_net_bind_service=+ep`), run as a user
+	// that is not root. The layer carries the version 2 xattr a root
+	// build writes; in a user namespace pod the kernel honours it only if
+	// the rootfs is an idmapped mount whose owner 0 is the pod's root.
+	// The same binary without the xattr must fail, so the checks can.
+	t.Run("FileCapabilities", func(t *testing.T) {
+		bind := testimage.GoProgram(t, bindLowPortProgram)
+		img := testimage.Build(t, testimage.Spec{
+			Shape: testimage.Shape{Tar: testimage.GoTar, Compression: testimage.GoGzip},
+			Cmd:   []string{"sh"},
+			Layers: [][]testimage.File{{
+				{Path: "usr/"}, {Path: "usr/local/"}, {Path: "usr/local/bin/"},
+				{Path: "usr/local/bin/withcap", Content: bind, Mode: 0o755, Xattrs: map[string]string{"security.capability": netBindServiceCap}},
+				{Path: "usr/local/bin/nocap", Content: bind, Mode: 0o755},
+			}},
+		})
+		ref := e.reg.Push(t, "shapes/filecaps:1", img)
+		uid := int64(1000)
+		checks := []string{
+			`test "$(id -u)" = 1000`,
+			`! grep -q '^CapEff:[[:space:]]*0*[1-9a-f]' /proc/self/status`, // the shell has no capability
+			`withcap | grep -q '^bound 0.0.0.0:80$'`,
+			`withcap | grep -q '^CapEff:[[:space:]]*0000000000000400$'`,
+			`nocap | grep -q 'permission denied'`,
+		}
+		upod, upodCfg := e.pod(t, UsernsPod(PodConfig("filecaps-userns"), 0))
+		for _, p := range []struct {
+			name, id string
+			cfg      *runtimeapi.PodSandboxConfig
+		}{{"host", pod, podCfg}, {"userns", upod, upodCfg}} {
+			t.Run(p.name, func(t *testing.T) {
+				e.pull(t, ref)
+				if code, out := e.runChecksAs(t, p.id, p.cfg, "filecaps-"+p.name, ref, &uid, checks); code != 0 {
+					t.Errorf("checks exited %d:\n%s", code, out)
+				}
+			})
+		}
+		imgRemove(t, e.d, ref)
+	})
 }
+
+// netBindServiceCap is a version 2 security.capability xattr (struct
+// vfs_cap_data, little endian): effective, permitted CAP_NET_BIND_SERVICE.
+var netBindServiceCap = string([]byte{
+	0x01, 0x00, 0x00, 0x02, // VFS_CAP_REVISION_2 | VFS_CAP_FLAGS_EFFECTIVE
+	0x00, 0x04, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, // permitted, inheritable: bit 10
+	0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, // capabilities 32-63
+})
+
+// bindLowPortProgram prints its effective capabilities and binds port 80.
+const bindLowPortProgram = `package main
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"strings"
+)
+
+func main() {
+	status, _ := os.ReadFile("/proc/self/status")
+	for _, l := range strings.Split(string(status), "\n") {
+		if strings.HasPrefix(l, "CapEff:") {
+			fmt.Println(l)
+		}
+	}
+	l, err := net.Listen("tcp4", "0.0.0.0:80")
+	if err != nil {
+		fmt.Println(err)
+		os.Exit(1)
+	}
+	fmt.Println("bound", l.Addr())
+}
+`
 
 // checkManifest asserts img carries the media types s promises.
 func checkManifest(t *testing.T, img v1.Image, s testimage.Shape) {
