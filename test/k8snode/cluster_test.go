@@ -194,6 +194,27 @@ func freePort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
+// kubeletDefaultPort is kubelet's port of every real node. The e2e specs
+// reach kubelet through the API server's node proxy and from pods at
+// this port, whatever the node's status says.
+const kubeletDefaultPort = 10250
+
+// kubeletListenPort is kubeletDefaultPort when it is free on the node's
+// address, else (another kubelet on this host) any free port, which the
+// conformance specs cannot work with.
+func (n *node) kubeletListenPort() int {
+	l, err := net.Listen("tcp", net.JoinHostPort(n.ip, strconv.Itoa(kubeletDefaultPort)))
+	if err == nil {
+		_ = l.Close()
+		return kubeletDefaultPort
+	}
+	if n.opts.conformance {
+		n.t.Fatalf("kubelet's port %d is taken on %s (%v): the e2e specs reach kubelet there", kubeletDefaultPort, n.ip, err)
+	}
+	n.t.Logf("kubelet's port %d is taken on %s (%v): kubelet listens on another", kubeletDefaultPort, n.ip, err)
+	return freePort(n.t)
+}
+
 func (n *node) path(name string) string { return filepath.Join(n.dir, name) }
 
 func (n *node) write(name, content string) string {
@@ -655,7 +676,7 @@ WantedBy=multi-user.target
 // how the API server authenticates to it, its ports.
 func (n *node) startKubelet() {
 	t := n.t
-	n.kubeletPort = freePort(t)
+	n.kubeletPort = n.kubeletListenPort()
 	var extra string
 	if fs := cgroupFS(); fs != "cgroup2fs" {
 		// Only on a cgroup v1 host (a smoke run outside the VM): the VM

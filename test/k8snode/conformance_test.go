@@ -32,6 +32,16 @@ import (
 // specs, and those that need a feature beyond the default set.
 const deselected = `\[Slow\]|\[Serial\]|\[Disruptive\]|\[Flaky\]|\[Feature:[^\]]*\]`
 
+// The specs make node-e2e selects: every [NodeConformance] spec and every
+// spec of SIG Node (in-place resize, pre-stop hooks, pods extended and
+// the rest of test/e2e/node, and the [Conformance] specs of
+// test/e2e/common/node that are not node conformance), as a ginkgo label
+// filter and as the text each selected spec's name holds.
+const (
+	selectedLabels = "NodeConformance || sig-node"
+	selectedName   = `\[NodeConformance\]|\[sig-node\]`
+)
+
 // TestNodeConformance runs Kubernetes' own [NodeConformance] e2e specs
 // (build/conformance: test/e2e/common of the pinned release, run by the
 // ginkgo CLI, in parallel) against a node whose runtime is pinrt: the
@@ -318,8 +328,8 @@ type conformanceResult struct {
 // runConformance runs the suite under the ginkgo CLI and reads its
 // JUnit report.
 func (n *node) runConformance(t *testing.T, dir, out string, skips []skipEntry) *conformanceResult {
-	// The framework labels every [NodeConformance] spec so; the focus
-	// narrows that selection further.
+	// The framework labels every spec with what its name says
+	// (selectedLabels); the focus narrows that selection further.
 	focus := os.Getenv("PINRT_NODE_E2E_FOCUS")
 	if focus == "" {
 		focus = "."
@@ -339,7 +349,7 @@ func (n *node) runConformance(t *testing.T, dir, out string, skips []skipEntry) 
 	logPath := filepath.Join(out, "ginkgo.log")
 	args := []string{
 		"--procs=" + procs, "--no-color", "--timeout=" + timeout,
-		"--label-filter=NodeConformance",
+		"--label-filter=" + selectedLabels,
 		"--focus=" + focus, "--skip=" + skipPattern(skips),
 		// An absolute path: with --output-dir ginkgo mangles it into a
 		// name made of the binary's path.
@@ -416,8 +426,12 @@ type junitCase struct {
 }
 
 // readJUnit sorts the specs into passed, failed, skipped by the skip
-// list, and skipped by themselves (unlisted). Specs outside the focus or
-// deselected are not counted: ginkgo reports them as skipped too.
+// list, and skipped by themselves (unlisted). ginkgo reports the specs
+// the run did not select (outside the labels or the focus, deselected,
+// or on the skip list) as skipped with no reason, and a spec that skips
+// itself always with one: those without a reason are counted only when
+// the skip list names them, and any other outcome is a selected spec's
+// (or, failed, the suite's set-up).
 func (r *conformanceResult) readJUnit(t *testing.T, path string, skips []skipEntry, focus *regexp.Regexp) {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -429,25 +443,28 @@ func (r *conformanceResult) readJUnit(t *testing.T, path string, skips []skipEnt
 		t.Errorf("JUnit report %s: %v", path, err)
 		return
 	}
-	desel := regexp.MustCompile(deselection())
+	desel, sel := regexp.MustCompile(deselection()), regexp.MustCompile(selectedName)
 	for _, s := range js.Suites {
 		for _, c := range s.Cases {
-			if !strings.Contains(c.Name, "[NodeConformance]") || !focus.MatchString(c.Name) || desel.MatchString(c.Name) {
-				continue
-			}
 			switch c.Status {
 			case "passed":
-				r.passed = append(r.passed, c.Name)
+				// Not the suite's set-up and tear-down nodes, which
+				// every process reports; a failed one counts below.
+				if strings.HasPrefix(c.Name, "[It] ") {
+					r.passed = append(r.passed, c.Name)
+				}
 			case "failed", "panicked", "interrupted", "timedout", "aborted":
 				r.failed = append(r.failed, c.Name)
 			case "skipped", "pending":
-				if listed(skips, c.Name) {
-					r.listed++
-					continue
-				}
 				why := ""
 				if c.Skipped != nil {
 					why = c.Skipped.Message
+				}
+				if why == "skipped" {
+					if listed(skips, c.Name) && sel.MatchString(c.Name) && focus.MatchString(c.Name) && !desel.MatchString(c.Name) {
+						r.listed++
+					}
+					continue
 				}
 				r.unlisted = append(r.unlisted, c.Name+": "+why)
 			}

@@ -1,5 +1,6 @@
 #!/bin/bash
-# node-e2e.sh: Kubernetes' node conformance against pinrt, on this host.
+# node-e2e.sh: Kubernetes' node conformance and SIG Node specs against
+# pinrt, on this host.
 # Builds (cached by version, see build.sh) the node binary, the e2e specs
 # (build/conformance), the ginkgo CLI and agnhost; builds and serves the
 # stand-in images of test/standin on 127.0.0.1; then runs
@@ -13,7 +14,7 @@
 #
 # Environment:
 #   PINRT_NODE_E2E_MODES    the runs, in order (default "host userns sigpolicy")
-#   PINRT_NODE_E2E_FOCUS    ginkgo --focus within [NodeConformance] (default: all)
+#   PINRT_NODE_E2E_FOCUS    ginkgo --focus within [NodeConformance] and SIG Node (default: all)
 #   PINRT_NODE_E2E_SUBSET   "ci": the subset make test runs (the focus below), unless
 #                           PINRT_NODE_E2E_FOCUS is set
 #   PINRT_NODE_E2E_SKIP     a regexp of specs to leave out as well (the subset's default:
@@ -28,14 +29,16 @@ here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 cache=${PINRT_VM_CACHE:-/var/cache/pinrt-vm}
 modes=${PINRT_NODE_E2E_MODES:-host userns sigpolicy}
-# CI's subset: what kubelet does with every pod (pods, container runtime,
-# lifecycle hooks, probes, security context, downward API, variable
-# expansion, kubelet, sysctls) and the volumes every pod has (emptyDir,
-# configMap, secret, projected, downward API).
-ci_focus='\[sig-node\] (Pods|PodOSRejection|Container Runtime|Container Lifecycle Hook|Probing container|Security Context|Downward API|Variable Expansion|Kubelet|Sysctls|ConfigMap|Secrets)|\[sig-storage\] (EmptyDir|ConfigMap|Secrets|Projected|Downward API)'
+# CI's subset: what kubelet does with every pod (pods, pods extended,
+# container runtime, lifecycle and pre-stop hooks, probes, security
+# context, downward API, variable expansion, kubelet, sysctls, in-place
+# resize), the volumes every pod has (emptyDir, configMap, secret,
+# projected, downward API) and image volumes.
+ci_focus='\[sig-node\] (Pods|PodOSRejection|Container Runtime|Container Lifecycle Hook|PreStop|Probing container|Security Context|Downward API|Variable Expansion|Kubelet|kubelet|Sysctls|ConfigMap|Secrets|Pod InPlace Resize|ImageVolume)|\[sig-storage\] (EmptyDir|ConfigMap|Secrets|Projected|Downward API)'
 # Less the probe specs that watch a container for minutes to see it is
-# not restarted: the full run has them.
-ci_skip='should \*not\* be restarted'
+# not restarted, and the 500 pod spec updates that only the API server
+# and kubelet see: the full run has them.
+ci_skip='should \*not\* be restarted|issue 500 podspec updates'
 if [ "${PINRT_NODE_E2E_SUBSET:-}" = ci ] && [ -z "${PINRT_NODE_E2E_FOCUS:-}" ]; then
 	export PINRT_NODE_E2E_FOCUS=$ci_focus PINRT_NODE_E2E_SKIP=${PINRT_NODE_E2E_SKIP:-$ci_skip}
 	# Measured at 4-5 minutes a mode; a hung suite must not eat CI's time.
@@ -75,6 +78,8 @@ done
 [ -s "$work/registry.ready" ] || { echo "node-e2e: the stand-in registry did not come up"; cat "$work/registry.log"; exit 1; }
 "$work/pinrt-standin" mirrors -set node-e2e -addr "$(head -1 "$work/registry.ready")" >"$work/mirrors.toml"
 (cd "$here" && go test -c -o "$work/k8snode.test" .)
+# How the runs' reports are read, checked before they are relied on.
+(cd "$here" && "$work/k8snode.test" -test.run '^TestReadJUnit$')
 echo "node-e2e: built and ready in $(($(date +%s) - t0))s (Kubernetes binaries in $dir)"
 
 status=0
@@ -101,6 +106,6 @@ for mode in $modes; do
 	summary+=("$line" "$(grep -E 'node conformance \(|node conformance: [0-9]+ passed|ginkgo: (Ran|SUCCESS|FAIL)|pod unsigned: ' "$work/$mode.log" | sed 's/^ *[a-z_]*\.go:[0-9]*: /  /')")
 	[ "$rc" -eq 0 ] || status=1
 done
-echo "node-e2e: ===== summary ($(($(date +%s) - t0))s in all; focus: ${PINRT_NODE_E2E_FOCUS:-all of [NodeConformance]})"
+echo "node-e2e: ===== summary ($(($(date +%s) - t0))s in all; focus: ${PINRT_NODE_E2E_FOCUS:-all of [NodeConformance] and SIG Node})"
 printf '%s\n' "${summary[@]}"
 exit $status

@@ -54,6 +54,25 @@ var (
 	agnhostKey string
 )
 
+// The kitten image's files, test/images/kitten/html/kitten.jpg and
+// data.json of Kubernetes v1.37.2.
+var (
+	//go:embed kitten/kitten.jpg
+	kittenJPG string
+	//go:embed kitten/data.json
+	kittenJSON string
+)
+
+// alpineOSRelease is the /etc/os-release of Alpine 3.21, agnhost's
+// base, which the image volume spec reads in the kitten image.
+const alpineOSRelease = `NAME="Alpine Linux"
+ID=alpine
+VERSION_ID=3.21.3
+PRETTY_NAME="Alpine Linux v3.21"
+HOME_URL="https://alpinelinux.org/"
+BUG_REPORT_URL="https://gitlab.alpinelinux.org/alpine/aports/-/issues"
+`
+
 // nsswitchConf is Debian's /etc/nsswitch.conf without the db and nis
 // services, which the images lack. The official glibc busybox image
 // copies Debian's in; without one glibc asks DNS before /etc/hosts.
@@ -85,7 +104,8 @@ exec "$@"
 `
 
 // NodeE2ECatalog lists the images Kubernetes v1.37.2's [NodeConformance]
-// specs of test/e2e/common (node, storage, network) pull on Linux/amd64
+// and SIG Node specs of test/e2e/common (node, storage, network) and
+// test/e2e/node pull on Linux/amd64
 // when [Slow], [Serial], [Disruptive], [Flaky] and [Feature:*] specs are
 // left out, under the names of test/utils/image/manifest.go, and the
 // images of the e2e framework's pre-pull list (test/e2e/common/util.go
@@ -97,7 +117,8 @@ exec "$@"
 // expansion, security context, init containers, ...), pause:3.10.2
 // (imageutils.GetPauseImageName: pods, init containers, lifecycle hooks,
 // PodOSRejection), nonroot:1.5 and nonewprivs:1.4 (security context),
-// glibc-dns-testing:2.1.1 (Override hostname of Pod). agnhost:2.55,
+// glibc-dns-testing:2.1.1 (Override hostname of Pod), kitten:1.8 (the
+// image volume spec). agnhost:2.55,
 // nginx:1.27.0-2 and ipc-utils:1.4 are pre-pull images; nginx:1.28.0-2
 // (NginxNew) is nginx's next version, built beside it.
 //
@@ -147,6 +168,21 @@ func NodeE2ECatalog() []Entry {
 	return []Entry{
 		agnhost("2.66.1"),
 		agnhost("2.55"),
+		{
+			Names: []string{e2e + "kitten:1.8"},
+			About: "Kubernetes test/images/kitten 1.8 (agnhost 2.66.1 with kitten.jpg and data.json in /, CMD test-webserver): the agnhost 2.66.1 stand-in with those two files, embedded from the release, and Alpine 3.21's /etc/os-release, which the image volume spec reads through its volume",
+			Build: func(ctx context.Context, b *Builder) (v1.Image, error) {
+				layers, err := b.layersOf(ctx, b.base, b.e2eShell, b.agnhostTools, b.agnhost, b.kitten)
+				if err != nil {
+					return nil, err
+				}
+				return b.image(Config{
+					Entrypoint:   []string{"/agnhost"},
+					Cmd:          []string{"test-webserver"},
+					ExposedPorts: []string{"80/tcp", "8080/tcp", "8081/tcp", "9376/tcp", "5000/tcp"},
+				}, layers...)
+			},
+		},
 		{
 			Names: []string{e2e + "busybox:1.37.0-2"},
 			About: "Kubernetes test/images/busybox (the official glibc busybox:1.37.0 unchanged): the critest busybox stand-in (Debian's busybox 1.35 applets, hard links, with ipcs and pgrep) plus Debian's /etc/nsswitch.conf as the official image has, and BusyBox 1.37.0 built with upstream's defconfig (test/standin/busybox.sh) over it with every applet in /bin: Debian's ash drops variables whose names are not shell identifiers (data-1) from the environment it passes on, which the ConfigMap and Secret environment specs read with `sh -c env`, and bash, which keeps them, words its errors otherwise than ash (the read-only root spec expects ash's wording, can't create); CMD sh",
@@ -307,6 +343,20 @@ func (b *Builder) agnhost(ctx context.Context) (v1.Layer, error) {
 		t.file("/etc/passwd", 0o644, passwd+"user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh\n")
 		t.file("/etc/group", 0o644, group+"user-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n")
 		t.dir("/home/user-defined-in-image", 0o755)
+		return t.layer(ctx)
+	})
+}
+
+// kitten is the layer of the kitten image's Dockerfile's files.
+func (b *Builder) kitten(ctx context.Context) (v1.Layer, error) {
+	return b.shared("kitten", func() (v1.Layer, error) {
+		t, err := b.newTree("kitten")
+		if err != nil {
+			return nil, err
+		}
+		t.file("/kitten.jpg", 0o644, kittenJPG)
+		t.file("/data.json", 0o644, kittenJSON)
+		t.file("/etc/os-release", 0o644, alpineOSRelease)
 		return t.layer(ctx)
 	})
 }

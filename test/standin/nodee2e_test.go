@@ -19,11 +19,13 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 )
 
-// The images the [NodeConformance] specs of Kubernetes v1.37.2's
-// test/e2e/common and its e2e framework pull (see NodeE2ECatalog).
+// The images the [NodeConformance] and SIG Node specs of Kubernetes
+// v1.37.2's test/e2e/common and test/e2e/node and its e2e framework pull
+// (see NodeE2ECatalog).
 var nodeE2EImages = []string{
 	"registry.k8s.io/e2e-test-images/agnhost:2.66.1",
 	"registry.k8s.io/e2e-test-images/agnhost:2.55",
+	"registry.k8s.io/e2e-test-images/kitten:1.8",
 	"registry.k8s.io/e2e-test-images/busybox:1.37.0-2",
 	"registry.k8s.io/pause:3.10.2",
 	"registry.k8s.io/e2e-test-images/nonroot:1.5",
@@ -55,12 +57,15 @@ func TestNodeE2ECatalog(t *testing.T) {
 	}
 }
 
-// The embedded TLS pair is agnhost's own, when the module is at hand.
-func TestAgnhostCertIsTheModules(t *testing.T) {
+// The embedded TLS pair is agnhost's own, and the kitten files the
+// kitten image's, when the module is at hand.
+func TestEmbeddedFilesAreTheModules(t *testing.T) {
 	dir := filepath.Join(goModCache(t), "k8s.io", "kubernetes@v1.37.2", "test", "images", "agnhost", "porter")
 	for _, f := range []struct{ file, embedded string }{
 		{"localhost.crt", agnhostCert},
 		{"localhost.key", agnhostKey},
+		{"../../kitten/html/kitten.jpg", kittenJPG},
+		{"../../kitten/html/data.json", kittenJSON},
 	} {
 		data, err := os.ReadFile(filepath.Join(dir, f.file))
 		if errors.Is(err, os.ErrNotExist) {

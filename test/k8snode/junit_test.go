@@ -1,0 +1,59 @@
+package k8snode
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"testing"
+)
+
+// A ginkgo JUnit report of a run: the specs it ran, the ones it did not
+// select (skipped with no reason), one on the skip list, one that skipped
+// itself, and the per-process suite nodes.
+const junitSample = `<?xml version="1.0" encoding="UTF-8"?>
+<testsuites>
+  <testsuite name="Kubernetes e2e suite">
+    <testcase name="[SynchronizedBeforeSuite]" status="passed"></testcase>
+    <testcase name="[It] [sig-node] Pods should be submitted and removed [NodeConformance] [Conformance] [sig-node, NodeConformance, Conformance]" status="passed"></testcase>
+    <testcase name="[It] [sig-node] Pod InPlace Resize Container valid increase of CPU [sig-node]" status="failed"></testcase>
+    <testcase name="[It] [sig-apps] Deployment should roll over [Conformance] [sig-apps, Conformance]" status="skipped"><skipped message="skipped"></skipped></testcase>
+    <testcase name="[It] [sig-node] PrivilegedPod should enable privileged commands [NodeConformance] [sig-node, NodeConformance]" status="skipped"><skipped message="skipped"></skipped></testcase>
+    <testcase name="[It] [sig-node] AppArmor should enforce a profile [sig-node]" status="skipped"><skipped message="skipped - Only supported for node OS distro [gci ubuntu] (not debian)"></skipped></testcase>
+    <testcase name="[SynchronizedAfterSuite]" status="passed"></testcase>
+    <testcase name="[SynchronizedBeforeSuite]" status="failed"></testcase>
+  </testsuite>
+</testsuites>
+`
+
+func TestReadJUnit(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "junit.xml")
+	if err := os.WriteFile(path, []byte(junitSample), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	skips := []skipEntry{{re: regexp.MustCompile(`\[sig-node\] PrivilegedPod should enable privileged commands`), reason: "no dummy links"}}
+	var r conformanceResult
+	r.readJUnit(t, path, skips, regexp.MustCompile("."))
+	wantPassed := []string{"[It] [sig-node] Pods should be submitted and removed [NodeConformance] [Conformance] [sig-node, NodeConformance, Conformance]"}
+	wantFailed := []string{"[It] [sig-node] Pod InPlace Resize Container valid increase of CPU [sig-node]", "[SynchronizedBeforeSuite]"}
+	if !slices.Equal(r.passed, wantPassed) {
+		t.Errorf("passed %q, want %q (no suite nodes)", r.passed, wantPassed)
+	}
+	if !slices.Equal(r.failed, wantFailed) {
+		t.Errorf("failed %q, want %q (a failed suite node too)", r.failed, wantFailed)
+	}
+	if r.listed != 1 {
+		t.Errorf("%d listed skips, want 1: PrivilegedPod", r.listed)
+	}
+	wantUnlisted := []string{"[It] [sig-node] AppArmor should enforce a profile [sig-node]: skipped - Only supported for node OS distro [gci ubuntu] (not debian)"}
+	if !slices.Equal(r.unlisted, wantUnlisted) {
+		t.Errorf("unlisted %q, want %q (not the unselected sig-apps spec)", r.unlisted, wantUnlisted)
+	}
+
+	// Narrowed by a focus, a listed spec outside it is not counted.
+	var narrow conformanceResult
+	narrow.readJUnit(t, path, skips, regexp.MustCompile("Pods"))
+	if narrow.listed != 0 {
+		t.Errorf("focus Pods: %d listed skips, want 0", narrow.listed)
+	}
+}
