@@ -103,12 +103,13 @@ critest: deps-vm deps-runc deps-cni
 k8snode: deps-vm deps-runc deps-cni
 	PINRT_VM_SUITES=k8s bash test/vm/run.sh
 
-# node-e2e runs Kubernetes' own [NodeConformance] and SIG Node e2e specs
-# (of the release test/k8snode/build pins) against pinrt on this host, on a node
-# of that release's kubelet, API server, scheduler and controller manager:
-# once as they are, once with every pod that can have one in a user
-# namespace (test/k8snode/node-e2e.sh, conformance_test.go). The first run
-# builds the binaries into /var/cache/pinrt-vm (about 25 minutes cold).
+# node-e2e runs Kubernetes' own [NodeConformance], SIG Node and SIG CLI
+# e2e specs (of the release test/k8snode/build pins) against pinrt on
+# this host, on a node of that release's kubelet, API server, scheduler
+# and controller manager: once as they are, once with every pod that can
+# have one in a user namespace (test/k8snode/node-e2e.sh,
+# conformance_test.go). The first run builds the binaries into
+# /var/cache/pinrt-vm (about 25 minutes cold).
 # PINRT_NODE_E2E_FOCUS narrows the selection, PINRT_NODE_E2E_MODES picks
 # the runs.
 node-e2e: build deps-runc deps-cni
@@ -117,7 +118,8 @@ node-e2e: build deps-runc deps-cni
 # test-node-e2e is the subset of node-e2e that make test (so CI) runs, in
 # both modes: pods, container runtime, lifecycle and pre-stop hooks,
 # probes, security context, downward API, variable expansion, volumes,
-# image volumes, kubelet, sysctls, in-place resize.
+# image volumes, kubelet, sysctls, in-place resize, and kubectl's exec,
+# attach, cp, logs, port-forward and debug.
 test-node-e2e: build deps-runc deps-cni
 	PINRT_NODE_E2E_SUBSET=ci bash test/k8snode/node-e2e.sh
 

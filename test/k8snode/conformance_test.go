@@ -32,14 +32,16 @@ import (
 // specs, and those that need a feature beyond the default set.
 const deselected = `\[Slow\]|\[Serial\]|\[Disruptive\]|\[Flaky\]|\[Feature:[^\]]*\]`
 
-// The specs make node-e2e selects: every [NodeConformance] spec and every
+// The specs make node-e2e selects: every [NodeConformance] spec, every
 // spec of SIG Node (in-place resize, pre-stop hooks, pods extended and
 // the rest of test/e2e/node, and the [Conformance] specs of
-// test/e2e/common/node that are not node conformance), as a ginkgo label
-// filter and as the text each selected spec's name holds.
+// test/e2e/common/node that are not node conformance) and of SIG CLI
+// (kubectl exec, attach, cp, logs, port-forward, debug and the rest of
+// test/e2e/kubectl), as a ginkgo label filter and as the text each
+// selected spec's name holds.
 const (
-	selectedLabels = "NodeConformance || sig-node"
-	selectedName   = `\[NodeConformance\]|\[sig-node\]`
+	selectedLabels = "NodeConformance || sig-node || sig-cli"
+	selectedName   = `\[NodeConformance\]|\[sig-node\]|\[sig-cli\]`
 )
 
 // TestNodeConformance runs Kubernetes' own [NodeConformance] e2e specs
@@ -345,6 +347,15 @@ func (n *node) runConformance(t *testing.T, dir, out string, skips []skipEntry) 
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	// The specs run kubectl (exec, cp, port-forward, logs, debug) of
+	// the node's release: the node binary is kubectl by that name.
+	kubectl := n.path("bin/kubectl")
+	if err := os.MkdirAll(filepath.Dir(kubectl), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(n.k8s, kubectl); err != nil {
+		t.Fatal(err)
+	}
 	junit := filepath.Join(out, "junit.xml")
 	logPath := filepath.Join(out, "ginkgo.log")
 	args := []string{
@@ -357,7 +368,7 @@ func (n *node) runConformance(t *testing.T, dir, out string, skips []skipEntry) 
 		"--poll-progress-after=5m",
 		filepath.Join(dir, "conformance.test"), "--",
 		"--kubeconfig=" + n.kubeconfig("admin"),
-		"--provider=skeleton", "--node-os-distro=debian",
+		"--provider=skeleton", "--node-os-distro=debian", "--kubectl-path=" + kubectl,
 		"--container-runtime-endpoint=unix://" + n.pinrtSock,
 		"--non-blocking-taints=node-role.kubernetes.io/control-plane",
 	}

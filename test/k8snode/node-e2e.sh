@@ -33,8 +33,9 @@ modes=${PINRT_NODE_E2E_MODES:-host userns sigpolicy}
 # container runtime, lifecycle and pre-stop hooks, probes, security
 # context, downward API, variable expansion, kubelet, sysctls, in-place
 # resize), the volumes every pod has (emptyDir, configMap, secret,
-# projected, downward API) and image volumes.
-ci_focus='\[sig-node\] (Pods|PodOSRejection|Container Runtime|Container Lifecycle Hook|PreStop|Probing container|Security Context|Downward API|Variable Expansion|Kubelet|kubelet|Sysctls|ConfigMap|Secrets|Pod InPlace Resize|ImageVolume)|\[sig-storage\] (EmptyDir|ConfigMap|Secrets|Projected|Downward API)'
+# projected, downward API), image volumes, and what kubectl does with a
+# pod (exec, attach, cp, logs, port-forward, debug).
+ci_focus='\[sig-node\] (Pods|PodOSRejection|Container Runtime|Container Lifecycle Hook|PreStop|Probing container|Security Context|Downward API|Variable Expansion|Kubelet|kubelet|Sysctls|ConfigMap|Secrets|Pod InPlace Resize|ImageVolume)|\[sig-storage\] (EmptyDir|ConfigMap|Secrets|Projected|Downward API)|\[sig-cli\] (Kubectl Port forwarding|Kubectl logs|Kubectl exec|Kubectl client (Simple pod|Kubectl copy|Update Demo)|kubectl debug)'
 # Less the probe specs that watch a container for minutes to see it is
 # not restarted, and the 500 pod spec updates that only the API server
 # and kubelet see: the full run has them.

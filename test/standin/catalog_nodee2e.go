@@ -54,13 +54,17 @@ var (
 	agnhostKey string
 )
 
-// The kitten image's files, test/images/kitten/html/kitten.jpg and
-// data.json of Kubernetes v1.37.2.
+// The kitten and nautilus images' files, test/images/{kitten,nautilus}/
+// html/ of Kubernetes v1.37.2: a picture and data.json naming it.
 var (
 	//go:embed kitten/kitten.jpg
 	kittenJPG string
 	//go:embed kitten/data.json
 	kittenJSON string
+	//go:embed nautilus/nautilus.jpg
+	nautilusJPG string
+	//go:embed nautilus/data.json
+	nautilusJSON string
 )
 
 // alpineOSRelease is the /etc/os-release of Alpine 3.21, agnhost's
@@ -118,7 +122,8 @@ exec "$@"
 // (imageutils.GetPauseImageName: pods, init containers, lifecycle hooks,
 // PodOSRejection), nonroot:1.5 and nonewprivs:1.4 (security context),
 // glibc-dns-testing:2.1.1 (Override hostname of Pod), kitten:1.8 (the
-// image volume spec). agnhost:2.55,
+// image volume spec, kubectl's Update Demo) and nautilus:1.8 (Update
+// Demo). agnhost:2.55,
 // nginx:1.27.0-2 and ipc-utils:1.4 are pre-pull images; nginx:1.28.0-2
 // (NginxNew) is nginx's next version, built beside it.
 //
@@ -146,6 +151,37 @@ func NodeE2ECatalog() []Entry {
 			},
 		}
 	}
+	// kitten and nautilus: the image volume spec and kubectl's Update
+	// Demo (which serves the picture).
+	picture := func(name, jpg, json string) Entry {
+		return Entry{
+			Names: []string{e2e + name + ":1.8"},
+			About: "Kubernetes test/images/" + name + " 1.8 (agnhost 2.66.1 with " + name + ".jpg and data.json in /, CMD test-webserver): the agnhost 2.66.1 stand-in with those two files, embedded from the release, and Alpine 3.21's /etc/os-release, which the image volume spec reads through its volume",
+			Build: func(ctx context.Context, b *Builder) (v1.Image, error) {
+				top := func(ctx context.Context) (v1.Layer, error) {
+					return b.shared(name, func() (v1.Layer, error) {
+						t, err := b.newTree(name)
+						if err != nil {
+							return nil, err
+						}
+						t.file("/"+name+".jpg", 0o644, jpg)
+						t.file("/data.json", 0o644, json)
+						t.file("/etc/os-release", 0o644, alpineOSRelease)
+						return t.layer(ctx)
+					})
+				}
+				layers, err := b.layersOf(ctx, b.base, b.e2eShell, b.agnhostTools, b.agnhost, top)
+				if err != nil {
+					return nil, err
+				}
+				return b.image(Config{
+					Entrypoint:   []string{"/agnhost"},
+					Cmd:          []string{"test-webserver"},
+					ExposedPorts: []string{"80/tcp", "8080/tcp", "8081/tcp", "9376/tcp", "5000/tcp"},
+				}, layers...)
+			},
+		}
+	}
 	nginx := func(tag, version, official string) Entry {
 		return Entry{
 			Names: []string{e2e + "nginx:" + tag},
@@ -168,21 +204,8 @@ func NodeE2ECatalog() []Entry {
 	return []Entry{
 		agnhost("2.66.1"),
 		agnhost("2.55"),
-		{
-			Names: []string{e2e + "kitten:1.8"},
-			About: "Kubernetes test/images/kitten 1.8 (agnhost 2.66.1 with kitten.jpg and data.json in /, CMD test-webserver): the agnhost 2.66.1 stand-in with those two files, embedded from the release, and Alpine 3.21's /etc/os-release, which the image volume spec reads through its volume",
-			Build: func(ctx context.Context, b *Builder) (v1.Image, error) {
-				layers, err := b.layersOf(ctx, b.base, b.e2eShell, b.agnhostTools, b.agnhost, b.kitten)
-				if err != nil {
-					return nil, err
-				}
-				return b.image(Config{
-					Entrypoint:   []string{"/agnhost"},
-					Cmd:          []string{"test-webserver"},
-					ExposedPorts: []string{"80/tcp", "8080/tcp", "8081/tcp", "9376/tcp", "5000/tcp"},
-				}, layers...)
-			},
-		},
+		picture("kitten", kittenJPG, kittenJSON),
+		picture("nautilus", nautilusJPG, nautilusJSON),
 		{
 			Names: []string{e2e + "busybox:1.37.0-2"},
 			About: "Kubernetes test/images/busybox (the official glibc busybox:1.37.0 unchanged): the critest busybox stand-in (Debian's busybox 1.35 applets, hard links, with ipcs and pgrep) plus Debian's /etc/nsswitch.conf as the official image has, and BusyBox 1.37.0 built with upstream's defconfig (test/standin/busybox.sh) over it with every applet in /bin: Debian's ash drops variables whose names are not shell identifiers (data-1) from the environment it passes on, which the ConfigMap and Secret environment specs read with `sh -c env`, and bash, which keeps them, words its errors otherwise than ash (the read-only root spec expects ash's wording, can't create); CMD sh",
@@ -343,20 +366,6 @@ func (b *Builder) agnhost(ctx context.Context) (v1.Layer, error) {
 		t.file("/etc/passwd", 0o644, passwd+"user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh\n")
 		t.file("/etc/group", 0o644, group+"user-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n")
 		t.dir("/home/user-defined-in-image", 0o755)
-		return t.layer(ctx)
-	})
-}
-
-// kitten is the layer of the kitten image's Dockerfile's files.
-func (b *Builder) kitten(ctx context.Context) (v1.Layer, error) {
-	return b.shared("kitten", func() (v1.Layer, error) {
-		t, err := b.newTree("kitten")
-		if err != nil {
-			return nil, err
-		}
-		t.file("/kitten.jpg", 0o644, kittenJPG)
-		t.file("/data.json", 0o644, kittenJSON)
-		t.file("/etc/os-release", 0o644, alpineOSRelease)
 		return t.layer(ctx)
 	})
 }

@@ -26,6 +26,7 @@ var nodeE2EImages = []string{
 	"registry.k8s.io/e2e-test-images/agnhost:2.66.1",
 	"registry.k8s.io/e2e-test-images/agnhost:2.55",
 	"registry.k8s.io/e2e-test-images/kitten:1.8",
+	"registry.k8s.io/e2e-test-images/nautilus:1.8",
 	"registry.k8s.io/e2e-test-images/busybox:1.37.0-2",
 	"registry.k8s.io/pause:3.10.2",
 	"registry.k8s.io/e2e-test-images/nonroot:1.5",
@@ -57,8 +58,8 @@ func TestNodeE2ECatalog(t *testing.T) {
 	}
 }
 
-// The embedded TLS pair is agnhost's own, and the kitten files the
-// kitten image's, when the module is at hand.
+// The embedded TLS pair is agnhost's own, and the pictures and data.json
+// the kitten and nautilus images', when the module is at hand.
 func TestEmbeddedFilesAreTheModules(t *testing.T) {
 	dir := filepath.Join(goModCache(t), "k8s.io", "kubernetes@v1.37.2", "test", "images", "agnhost", "porter")
 	for _, f := range []struct{ file, embedded string }{
@@ -66,6 +67,8 @@ func TestEmbeddedFilesAreTheModules(t *testing.T) {
 		{"localhost.key", agnhostKey},
 		{"../../kitten/html/kitten.jpg", kittenJPG},
 		{"../../kitten/html/data.json", kittenJSON},
+		{"../../nautilus/html/nautilus.jpg", nautilusJPG},
+		{"../../nautilus/html/data.json", nautilusJSON},
 	} {
 		data, err := os.ReadFile(filepath.Join(dir, f.file))
 		if errors.Is(err, os.ErrNotExist) {

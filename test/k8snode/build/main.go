@@ -1,5 +1,6 @@
 // Command k8s is one static binary holding the Kubernetes node the VM test
-// needs: kubelet, kube-apiserver, kube-controller-manager, kube-scheduler and etcd. The code
+// needs: kubelet, kube-apiserver, kube-controller-manager, kube-scheduler and etcd,
+// and kubectl, which the e2e specs run. The code
 // the components share is compiled and linked once, which is most of it.
 //
 // It dispatches on the name it is run by (a symlink named kubelet) or on its
@@ -24,6 +25,8 @@ import (
 	_ "k8s.io/component-base/logs/json/register"
 	_ "k8s.io/component-base/metrics/prometheus/clientgo"
 	_ "k8s.io/component-base/metrics/prometheus/version"
+	kubectl "k8s.io/kubectl/pkg/cmd"
+	kubectlutil "k8s.io/kubectl/pkg/cmd/util"
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
@@ -40,8 +43,18 @@ var commands = map[string]func() *cobra.Command{
 func main() {
 	name := filepath.Base(os.Args[0])
 	args := os.Args[1:]
-	if _, ok := commands[name]; !ok && name != "etcd" && len(args) > 0 {
+	if _, ok := commands[name]; !ok && name != "etcd" && name != "kubectl" && len(args) > 0 {
 		name, args = args[0], args[1:]
+	}
+	if name == "kubectl" {
+		// As cmd/kubectl, which reads its arguments from os.Args (its
+		// kuberc aliases rewrite them there): its errors printed its way,
+		// and the exit code of the command kubectl exec ran as its own.
+		os.Args = append([]string{"kubectl"}, args...)
+		if err := cli.RunNoErrOutput(kubectl.NewDefaultKubectlCommand()); err != nil {
+			kubectlutil.CheckErr(err)
+		}
+		return
 	}
 	if name == "etcd" {
 		if err := etcd(args); err != nil {
@@ -52,7 +65,7 @@ func main() {
 	}
 	newCommand, ok := commands[name]
 	if !ok {
-		fmt.Fprintln(os.Stderr, "usage: k8s kubelet|kube-apiserver|kube-controller-manager|kube-scheduler|etcd [flags]")
+		fmt.Fprintln(os.Stderr, "usage: k8s kubelet|kube-apiserver|kube-controller-manager|kube-scheduler|kubectl|etcd [flags]")
 		os.Exit(2)
 	}
 	command := newCommand()

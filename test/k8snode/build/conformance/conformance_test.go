@@ -1,11 +1,12 @@
 // Package conformance is Kubernetes' e2e suite (test/e2e of the release
 // pinned in ../go.mod) cut down to the packages that hold the specs of a
 // node: test/e2e/common (node, storage, network), where every
-// [NodeConformance] spec is, and test/e2e/node, SIG Node's own specs
+// [NodeConformance] spec is, test/e2e/node, SIG Node's own specs
 // (in-place pod resize, pods extended, pre-stop hooks, security
-// context, runtime classes, mount propagation). The spec code, the
-// framework and the suite set-up (e2e.RunE2ETests) are upstream's,
-// unchanged; only what the binary links is less than e2e.test, so it
+// context, runtime classes, mount propagation), and test/e2e/kubectl,
+// SIG CLI's (kubectl exec, attach, cp, logs, port-forward, debug). The
+// spec code, the framework and the suite set-up (e2e.RunE2ETests) are
+// upstream's, unchanged; only what the binary links is less than e2e.test, so it
 // builds in a fraction of the time. The only [NodeConformance] spec of
 // e2e.test left out is in test/e2e/apps and carries a [FeatureGate:...]
 // label, which make node-e2e deselects anyway.
@@ -26,7 +27,9 @@ import (
 	e2etestingmanifests "k8s.io/kubernetes/test/e2e/testing-manifests"
 	testfixtures "k8s.io/kubernetes/test/fixtures"
 
-	// SIG Node's specs beside test/e2e/common's, which e2e imports.
+	// SIG Node's and SIG CLI's specs beside test/e2e/common's, which
+	// e2e imports.
+	_ "k8s.io/kubernetes/test/e2e/kubectl"
 	_ "k8s.io/kubernetes/test/e2e/node"
 
 	// The framework's defaults, as e2e.test sets them up.
