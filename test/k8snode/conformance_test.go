@@ -44,9 +44,10 @@ const (
 	selectedName   = `\[NodeConformance\]|\[sig-node\]|\[sig-cli\]`
 )
 
-// TestNodeConformance runs Kubernetes' own [NodeConformance] e2e specs
-// (build/conformance: test/e2e/common of the pinned release, run by the
-// ginkgo CLI, in parallel) against a node whose runtime is pinrt: the
+// TestNodeConformance runs Kubernetes' own [NodeConformance], SIG Node
+// and SIG CLI e2e specs (build/conformance: test/e2e/common, node and
+// kubectl of the pinned release, run by the ginkgo CLI, in parallel;
+// selectedLabels) against a node whose runtime is pinrt: the
 // control plane, a scheduler and kubelet of that release, and the
 // stand-in images of test/standin through pinrt's registry mirrors.
 // test/k8snode/node-e2e.sh builds what it needs and runs it; `make
