@@ -1,6 +1,6 @@
 #!/bin/bash
-# node-e2e.sh: Kubernetes' node conformance and SIG Node specs against
-# pinrt, on this host.
+# node-e2e.sh: Kubernetes' node conformance, SIG Node and SIG CLI specs
+# against pinrt, on this host.
 # Builds (cached by version, see build.sh) the node binary, the e2e specs
 # (build/conformance), the ginkgo CLI and agnhost; builds and serves the
 # stand-in images of test/standin on 127.0.0.1; then runs
@@ -14,7 +14,7 @@
 #
 # Environment:
 #   PINRT_NODE_E2E_MODES    the runs, in order (default "host userns sigpolicy")
-#   PINRT_NODE_E2E_FOCUS    ginkgo --focus within [NodeConformance] and SIG Node (default: all)
+#   PINRT_NODE_E2E_FOCUS    ginkgo --focus within [NodeConformance], SIG Node and SIG CLI (default: all)
 #   PINRT_NODE_E2E_SUBSET   "ci": the subset make test runs (the focus below), unless
 #                           PINRT_NODE_E2E_FOCUS is set
 #   PINRT_NODE_E2E_SKIP     a regexp of specs to leave out as well (the subset's default:
@@ -107,6 +107,6 @@ for mode in $modes; do
 	summary+=("$line" "$(grep -E 'node conformance \(|node conformance: [0-9]+ passed|ginkgo: (Ran|SUCCESS|FAIL)|pod unsigned: ' "$work/$mode.log" | sed 's/^ *[a-z_]*\.go:[0-9]*: /  /')")
 	[ "$rc" -eq 0 ] || status=1
 done
-echo "node-e2e: ===== summary ($(($(date +%s) - t0))s in all; focus: ${PINRT_NODE_E2E_FOCUS:-all of [NodeConformance] and SIG Node})"
+echo "node-e2e: ===== summary ($(($(date +%s) - t0))s in all; focus: ${PINRT_NODE_E2E_FOCUS:-all of [NodeConformance], SIG Node and SIG CLI})"
 printf '%s\n' "${summary[@]}"
 exit $status

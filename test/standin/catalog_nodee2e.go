@@ -107,9 +107,9 @@ fi
 exec "$@"
 `
 
-// NodeE2ECatalog lists the images Kubernetes v1.37.2's [NodeConformance]
-// and SIG Node specs of test/e2e/common (node, storage, network) and
-// test/e2e/node pull on Linux/amd64
+// NodeE2ECatalog lists the images Kubernetes v1.37.2's [NodeConformance],
+// SIG Node and SIG CLI specs of test/e2e/common (node, storage, network),
+// test/e2e/node and test/e2e/kubectl pull on Linux/amd64
 // when [Slow], [Serial], [Disruptive], [Flaky] and [Feature:*] specs are
 // left out, under the names of test/utils/image/manifest.go, and the
 // images of the e2e framework's pre-pull list (test/e2e/common/util.go
@@ -136,18 +136,10 @@ func NodeE2ECatalog() []Entry {
 			About: "Kubernetes test/images/agnhost " + version + ": the real agnhost binary (-agnhost, built from the Kubernetes module; the same binary under every agnhost name) as /agnhost with /agnhost-2 linking to it, /localhost.crt and /localhost.key from its porter/, an empty /uploads, user-defined-in-image (1000) in group-defined-in-image (50000), ENTRYPOINT /agnhost, CMD pause, EXPOSE 80 8080 8081 9376 5000. " +
 				"Alpine's musl and busybox 1.37 are glibc and Debian's busybox 1.35 (as the busybox stand-in), /bin/sh is BusyBox 1.37's ash (test/standin/busybox.sh) and /bin/bash is Debian's bash-static; curl, nc (netcat-openbsd), ip and ss (iproute2), socat and ipcs are Debian's; iperf, dig and the coredns binary are left out (no spec of the set runs them), and so is /var/registry (fakeregistryserver's images, for [Serial] specs); /home/user-defined-in-image is owned by root",
 			Build: func(ctx context.Context, b *Builder) (v1.Image, error) {
-				layers, err := b.layersOf(ctx, b.base, b.e2eShell, b.agnhostTools, b.agnhost)
-				if err != nil {
-					return nil, err
-				}
-				return b.image(Config{
-					Entrypoint:   []string{"/agnhost"},
-					Cmd:          []string{"pause"},
-					ExposedPorts: []string{"80/tcp", "8080/tcp", "8081/tcp", "9376/tcp", "5000/tcp"},
-					// The one difference between the agnhost names, so that
-					// each is an image of its own as in the real registry.
-					Labels: map[string]string{"org.opencontainers.image.version": version},
-				}, layers...)
+				// The label is the one difference between the agnhost
+				// names, so that each is an image of its own as in the
+				// real registry.
+				return b.agnhostImage(ctx, "pause", map[string]string{"org.opencontainers.image.version": version})
 			},
 		}
 	}
@@ -170,15 +162,7 @@ func NodeE2ECatalog() []Entry {
 						return t.layer(ctx)
 					})
 				}
-				layers, err := b.layersOf(ctx, b.base, b.e2eShell, b.agnhostTools, b.agnhost, top)
-				if err != nil {
-					return nil, err
-				}
-				return b.image(Config{
-					Entrypoint:   []string{"/agnhost"},
-					Cmd:          []string{"test-webserver"},
-					ExposedPorts: []string{"80/tcp", "8080/tcp", "8081/tcp", "9376/tcp", "5000/tcp"},
-				}, layers...)
+				return b.agnhostImage(ctx, "test-webserver", nil, top)
 			},
 		}
 	}
@@ -368,6 +352,21 @@ func (b *Builder) agnhost(ctx context.Context) (v1.Layer, error) {
 		t.dir("/home/user-defined-in-image", 0o755)
 		return t.layer(ctx)
 	})
+}
+
+// agnhostImage is an image of the agnhost stand-in's layers and more on
+// top: ENTRYPOINT /agnhost with cmd, agnhost's ports, labels.
+func (b *Builder) agnhostImage(ctx context.Context, cmd string, labels map[string]string, more ...func(context.Context) (v1.Layer, error)) (v1.Image, error) {
+	layers, err := b.layersOf(ctx, append([]func(context.Context) (v1.Layer, error){b.base, b.e2eShell, b.agnhostTools, b.agnhost}, more...)...)
+	if err != nil {
+		return nil, err
+	}
+	return b.image(Config{
+		Entrypoint:   []string{"/agnhost"},
+		Cmd:          []string{cmd},
+		ExposedPorts: []string{"80/tcp", "8080/tcp", "8081/tcp", "9376/tcp", "5000/tcp"},
+		Labels:       labels,
+	}, layers...)
 }
 
 // checkAgnhost makes sure Agnhost is a static executable. A dynamically
