@@ -330,8 +330,10 @@ func (r *Runtime) Stop(ctx context.Context, id string, sig syscall.Signal, timeo
 		sig = syscall.SIGTERM
 	}
 	if timeout > 0 && sig != syscall.SIGKILL {
-		if err := r.Kill(ctx, id, sig, false); err != nil {
-			return err
+		if !signalInit(rec, sig) {
+			if err := r.Kill(ctx, id, sig, false); err != nil {
+				return err
+			}
 		}
 		if waitExitFile(ctx, exitFile, timeout) {
 			return nil
@@ -353,12 +355,9 @@ func (r *Runtime) Stop(ctx context.Context, id string, sig syscall.Signal, timeo
 // its own, without a runtime call, and reports whether it did. The kernel
 // kills every other process of a PID namespace when its init dies, so
 // that is what `runc kill --all` would do for such a container, one
-// process fewer per stop. The pid is the one conmon recorded; a pidfd
-// pins the process, which must then be conmon's child (conmon is the
-// subreaper of the container's init), so a recycled pid is never
-// signalled. Anything else (a shared or joined PID namespace, no pid
-// file, a process that is not conmon's child) reports false and is left
-// to the runtime.
+// process fewer per stop. Anything else (a shared or joined PID
+// namespace, or what signalInit refuses) reports false and is left to
+// the runtime.
 func killInit(rec *record) bool {
 	b, err := os.ReadFile(filepath.Join(rec.Bundle, "config.json"))
 	if err != nil {
@@ -378,9 +377,20 @@ func killInit(rec *record) bool {
 			ownPidNS = true
 		}
 	}
-	if !ownPidNS {
-		return false
-	}
+	return ownPidNS && signalInit(rec, syscall.SIGKILL)
+}
+
+// signalInit sends sig to the container's init without a runtime call
+// and reports whether it did. For any signal but SIGKILL that is all
+// `runc kill` (without --all) does, whatever the container's PID
+// namespace, and kubelet's StopContainer sends one (SIGTERM or the
+// image's stop signal) before its grace period: one runtime process
+// fewer per stop. The pid is the one conmon recorded; a pidfd pins the
+// process, which must then be conmon's child (conmon is the subreaper of
+// the container's init), so a recycled pid is never signalled. No pid
+// file, a process gone or not conmon's child reports false, and the
+// caller asks the runtime, which knows whether the container stopped.
+func signalInit(rec *record, sig syscall.Signal) bool {
 	pid, ok := readPid(filepath.Join(rec.Bundle, "pidfile"))
 	if !ok {
 		return false
@@ -397,7 +407,7 @@ func killInit(rec *record) bool {
 	if parentPid(pid) != mon {
 		return false
 	}
-	return unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0) == nil
+	return unix.PidfdSendSignal(fd, sig, nil, 0) == nil
 }
 
 func readPid(p string) (int, bool) {

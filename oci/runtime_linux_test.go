@@ -530,6 +530,9 @@ func TestKillInit(t *testing.T) {
 	if killInit(rec) {
 		t.Error("killInit signalled a process that is not the container's init")
 	}
+	if signalInit(rec, syscall.SIGTERM) {
+		t.Error("signalInit signalled a process that is not the container's init")
+	}
 	if err := stranger.Process.Signal(syscall.Signal(0)); err != nil {
 		t.Errorf("the stranger was hit: %v", err)
 	}
@@ -558,6 +561,33 @@ func TestKillInit(t *testing.T) {
 		if err == nil && len(strings.TrimSpace(string(procs))) > 0 {
 			t.Errorf("processes left in the container's cgroup %s: %s", spec.Linux.CgroupsPath, procs)
 		}
+	}
+}
+
+// TestStopSignalsInitItself: the stop signal sent before the grace
+// period ends reaches the container's init through a pidfd, with no
+// runtime process, and the container handles it (its trap exits 42);
+// once the container has stopped, a second Stop asks nothing either.
+func TestStopSignalsInitItself(t *testing.T) {
+	e := newTestEnv(t)
+	kills := e.recordRuntimeCalls("kill")
+	id := "term-" + randID(t)
+	e.create(id, true, "sh", "-c", "trap 'exit 42' TERM; sleep 1000 & wait")
+	ctx := context.Background()
+	// Let the shell install its trap before the TERM arrives.
+	time.Sleep(300 * time.Millisecond)
+	if err := e.rt.Stop(ctx, id, syscall.SIGTERM, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	st, err := e.rt.State(ctx, id)
+	if err != nil || st.Status != StatusStopped || st.ExitCode != 42 {
+		t.Errorf("state = %+v, %v; want stopped with 42 (the TERM trap)", st, err)
+	}
+	if err := e.rt.Stop(ctx, id, syscall.SIGTERM, 30*time.Second); err != nil {
+		t.Errorf("second stop: %v", err)
+	}
+	if got := kills(); len(got) != 0 {
+		t.Errorf("runc calls of a graceful stop = %q, want none", got)
 	}
 }
 

@@ -548,7 +548,7 @@ run_compare() {
 		NF >= 5 && $(NF-3) == "ms" && ($(NF-4) == "p50" || $(NF-4) == "p99") {
 			op = $1
 			for (i = 2; i <= NF - 5; i++) op = op "_" $i
-			if (op ~ /^(pod_end_to_end|sandbox_end_to_end|RunPodSandbox|CreateContainer|StartContainer|RemoveContainer|StopPodSandbox|ContainerStatus|ListContainers|ListPodSandbox|ListContainerStats|PullImage|ContainerStatus_floor|ListContainers_floor|ListContainerStats_floor|ExecSync|Exec\(stream\))$/)
+			if (op ~ /^(pod_end_to_end|sandbox_end_to_end|RunPodSandbox|CreateContainer|StartContainer|StopContainer|RemoveContainer|StopPodSandbox|ContainerStatus|ListContainers|ListPodSandbox|ListContainerStats|PullImage|ContainerStatus_floor|ListContainers_floor|ListContainerStats_floor|ExecSync|Exec\(stream\))$/)
 				k = k " " op "-" $(NF-4) "=" $NF
 		}
 		NF == 4 && $1 ~ /^(cpu_ms_per_pod|runtime_pss_kib|daemon_rss_kib|teardown_wall_ms)$/ { k = k " " $1 "=" $NF }
@@ -578,6 +578,9 @@ if [ "$CONTAINERD" = 1 ] && { [ -z "$SCENARIOS" ] || [[ $SCENARIOS == *compare-*
 fi
 run_compare compare-sandbox sandbox --variant netns -n "$N" -p 1
 run_compare compare-pod pod -n "$N" -p 1 --image "$IMAGE"
+# The same pods stopped as kubelet stops them: SIGTERM, a 30 s grace
+# period, a container that exits on it.
+run_compare compare-pod-graceful pod -n "$N" -p 1 --image "$IMAGE" --graceful
 # kubelet's default node: 110 pods, here with two containers each,
 # statuses and lists read one call at a time, memory of the daemon and
 # its monitors, then everything removed (teardown_wall_ms).

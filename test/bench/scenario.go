@@ -88,6 +88,11 @@ type Config struct {
 
 	Image   string   // container image (pod, density, restore with containers)
 	Command []string // container command
+	// Graceful makes the pod scenario stop its containers as kubelet does:
+	// the container exits on SIGTERM (GracefulCommand) and StopContainer
+	// gives it kubelet's default grace period (StopGrace), where the plain
+	// scenario stops with a timeout of 0, a SIGKILL at once.
+	Graceful bool
 	// Containers is the number of containers in each pod of the density
 	// and status scenarios (default 1); kubelet's default node of 110
 	// pods with two containers each is status with -n 110 and 2.
@@ -181,6 +186,9 @@ func (c *Config) defaults() {
 	}
 	if len(c.Command) == 0 {
 		c.Command = []string{"sleep", "3600"}
+		if c.Graceful {
+			c.Command = GracefulCommand
+		}
 	}
 	if c.UsernsBase == 0 {
 		c.UsernsBase = UsernsBlock
@@ -189,6 +197,15 @@ func (c *Config) defaults() {
 		c.UsernsCount = 1024
 	}
 }
+
+// GracefulCommand is the container of a graceful run: a shell, the
+// container's init, which exits on SIGTERM (an init without a handler
+// ignores it), waiting for a sleep as a server waits for requests.
+var GracefulCommand = []string{"sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"}
+
+// StopGrace is the StopContainer timeout of a graceful run, in seconds:
+// kubelet's default terminationGracePeriodSeconds.
+const StopGrace = 30
 
 // NewRunID returns a short random ID that makes pod names unique per run.
 func NewRunID() string {
@@ -606,7 +623,11 @@ func (r *runner) removeContainers(ctx context.Context, p *benchPod) error {
 		errs = append(errs, r.rec.timed(OpStopContainer, func() error {
 			rctx, cancel := r.c.rpc(ctx)
 			defer cancel()
-			_, err := r.c.Runtime.StopContainer(rctx, &runtimeapi.StopContainerRequest{ContainerId: id, Timeout: 0})
+			req := &runtimeapi.StopContainerRequest{ContainerId: id}
+			if r.cfg.Graceful {
+				req.Timeout = StopGrace
+			}
+			_, err := r.c.Runtime.StopContainer(rctx, req)
 			return err
 		}))
 		errs = append(errs, r.rec.timed(OpRemoveContainer, func() error {

@@ -407,6 +407,32 @@ func TestPodLogDirs(t *testing.T) {
 	}
 }
 
+// TestPodGraceful: a graceful pod run stops its containers as kubelet
+// does, a SIGTERM with the 30 s grace period, and runs a container that
+// exits on it; the plain run stops with a timeout of 0.
+func TestPodGraceful(t *testing.T) {
+	for _, graceful := range []bool{false, true} {
+		srv, c := startFake(t)
+		res, err := bench.Run(context.Background(), c, bench.ScenarioPod, bench.Config{N: 3, Image: testImage, Graceful: graceful})
+		if err != nil || res.Errors != 0 {
+			t.Fatalf("graceful=%v: %v, %d errors", graceful, err, res.Errors)
+		}
+		wantTimeout, wantCmd := int64(0), "sleep 3600"
+		if graceful {
+			wantTimeout, wantCmd = bench.StopGrace, strings.Join(bench.GracefulCommand, " ")
+		}
+		stops := srv.Stops()
+		if len(stops) != 3 {
+			t.Fatalf("graceful=%v: %d stops of running containers, want 3", graceful, len(stops))
+		}
+		for _, s := range stops {
+			if s.Timeout != wantTimeout || strings.Join(s.Command, " ") != wantCmd {
+				t.Errorf("graceful=%v: stop %+v, want timeout %d of %q", graceful, s, wantTimeout, wantCmd)
+			}
+		}
+	}
+}
+
 func TestDensityIdleCPU(t *testing.T) {
 	_, c := startFake(t)
 	// A runtime that uses 1ms of CPU per read: 1ms over the idle window.

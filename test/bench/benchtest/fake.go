@@ -27,7 +27,15 @@ type sandbox struct {
 type container struct {
 	sandbox string
 	labels  map[string]string
+	command []string
 	state   runtimeapi.ContainerState
+}
+
+// Stop is a StopContainer call: its timeout and the stopped container's
+// command.
+type Stop struct {
+	Timeout int64
+	Command []string
 }
 
 // Server is an in-memory CRI runtime. The zero value is not usable; call
@@ -47,6 +55,7 @@ type Server struct {
 	hostIDs    []uint32
 	fail       map[string]int
 	calls      map[string]int
+	stops      []Stop
 	// NoContainers makes every container RPC return Unimplemented, like a
 	// runtime that only does sandboxes so far.
 	NoContainers bool
@@ -117,6 +126,14 @@ func (s *Server) Calls(method string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.calls[method]
+}
+
+// Stops returns the StopContainer calls of running containers, in call
+// order.
+func (s *Server) Stops() []Stop {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Stop(nil), s.stops...)
 }
 
 // UsernsHostIDs returns the HostId of every UID mapping received by
@@ -279,7 +296,7 @@ func (s *Server) CreateContainer(_ context.Context, req *runtimeapi.CreateContai
 	}
 	s.nextID++
 	id := fmt.Sprintf("c%d", s.nextID)
-	s.containers[id] = &container{sandbox: req.GetPodSandboxId(), labels: req.GetConfig().GetLabels(), state: runtimeapi.ContainerState_CONTAINER_CREATED}
+	s.containers[id] = &container{sandbox: req.GetPodSandboxId(), labels: req.GetConfig().GetLabels(), command: req.GetConfig().GetCommand(), state: runtimeapi.ContainerState_CONTAINER_CREATED}
 	return &runtimeapi.CreateContainerResponse{ContainerId: id}, nil
 }
 
@@ -302,6 +319,11 @@ func (s *Server) StartContainer(_ context.Context, req *runtimeapi.StartContaine
 }
 
 func (s *Server) StopContainer(_ context.Context, req *runtimeapi.StopContainerRequest) (*runtimeapi.StopContainerResponse, error) {
+	s.mu.Lock()
+	if c, ok := s.containers[req.GetContainerId()]; ok && c.state == runtimeapi.ContainerState_CONTAINER_RUNNING {
+		s.stops = append(s.stops, Stop{Timeout: req.GetTimeout(), Command: c.command})
+	}
+	s.mu.Unlock()
 	return &runtimeapi.StopContainerResponse{}, s.setState("StopContainer", req.GetContainerId(), runtimeapi.ContainerState_CONTAINER_EXITED)
 }
 
