@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path"
@@ -447,11 +446,9 @@ func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *run
 			undo.run(ctx)
 		}
 	}()
-	key := sandbox.ContainerNameKey(sb.ID, md.Name, md.Attempt)
-	if err := s.ctrNames.Reserve(key, md.ID); err != nil {
-		return nil, fmt.Errorf("container %q (attempt %d) in sandbox %s: %w", md.Name, md.Attempt, sb.ID, err)
+	if err := s.reserveContainerName(sb.ID, &md, &undo); err != nil {
+		return nil, err
 	}
-	undo.add("release name", func(context.Context) error { s.ctrNames.Release(key, md.ID); return nil })
 
 	dir := s.containerDir(md.ID)
 	undo.add("remove directory", func(context.Context) error { return os.RemoveAll(dir) })
@@ -463,7 +460,8 @@ func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *run
 	if err := sandbox.MarkIntent(dir, sandbox.IntentCreating, md); err != nil {
 		return nil, err
 	}
-	rootfs, err := s.mountContainerFS(ctx, sb, req, &md, img.ID, dir, &undo)
+	rootfs, hostPathsDone, err := s.mountContainerFS(ctx, sb, req, &md, img.ID, dir, &undo)
+	defer hostPathsDone()
 	if err != nil {
 		return nil, err
 	}
@@ -502,50 +500,6 @@ func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *run
 	return c, nil
 }
 
-// makeHostPaths creates the missing host paths of bind mounts as
-// directories (0755, root's), as containerd and CRI-O do: kubelet checks
-// nothing for a hostPath volume of no type, and workloads rely on the
-// runtime making it. The directories it made are removed again (when
-// still empty) if the create fails.
-func makeHostPaths(mounts []oci.Mount, undo *cleanups) error {
-	for _, m := range mounts {
-		made, err := mkdirAllRecorded(m.HostPath)
-		for _, d := range made {
-			undo.add("remove created host path "+d, func(context.Context) error { return os.Remove(d) })
-		}
-		if err != nil {
-			return fmt.Errorf("creating mount host path %s: %w", m.HostPath, err)
-		}
-	}
-	return nil
-}
-
-// mkdirAllRecorded is os.MkdirAll that returns the directories it made,
-// parents first. One made meanwhile by someone else is not counted.
-func mkdirAllRecorded(p string) ([]string, error) {
-	var missing []string
-	for d := filepath.Clean(p); ; d = filepath.Dir(d) {
-		if _, err := os.Stat(d); err == nil {
-			break
-		} else if !errors.Is(err, os.ErrNotExist) {
-			return nil, err
-		}
-		missing = append(missing, d)
-	}
-	var made []string
-	for i := len(missing) - 1; i >= 0; i-- {
-		err := os.Mkdir(missing[i], 0o755)
-		if err == nil {
-			made = append(made, missing[i])
-			continue
-		}
-		if st, serr := os.Stat(missing[i]); serr != nil || !st.IsDir() {
-			return made, err
-		}
-	}
-	return made, nil
-}
-
 // newContainerMetadata is the metadata of a new container for req, with
 // its image and image volumes resolved; it returns the image too.
 func (s *Server) newContainerMetadata(req *containerRequest) (sandbox.ContainerMetadata, *image.Image, error) {
@@ -565,24 +519,39 @@ func (s *Server) newContainerMetadata(req *containerRequest) (sandbox.ContainerM
 	return md, img, nil
 }
 
+// reserveContainerName reserves md's name and attempt in pod sandboxID;
+// undo releases it.
+func (s *Server) reserveContainerName(sandboxID string, md *sandbox.ContainerMetadata, undo *cleanups) error {
+	key := sandbox.ContainerNameKey(sandboxID, md.Name, md.Attempt)
+	if err := s.ctrNames.Reserve(key, md.ID); err != nil {
+		return fmt.Errorf("container %q (attempt %d) in sandbox %s: %w", md.Name, md.Attempt, sandboxID, err)
+	}
+	id := md.ID
+	undo.add("release name", func(context.Context) error { s.ctrNames.Release(key, id); return nil })
+	return nil
+}
+
 // mountContainerFS makes the volumes' missing host paths, mounts the
 // container's rootfs from image imageID and its image volumes, which go
-// into req's spec; undo unmounts them all and removes what it made.
-func (s *Server) mountContainerFS(ctx context.Context, sb *sandbox.Sandbox, req *containerRequest, md *sandbox.ContainerMetadata, imageID, dir string, undo *cleanups) (rootfs string, err error) {
-	if err := makeHostPaths(req.spec.Mounts, undo); err != nil {
-		return "", err
+// into req's spec; undo unmounts them all and removes what it made. The
+// host paths count as in use until hostPathsDone is called, also after
+// an error: the caller calls it once the container is in the store or
+// the create failed, before undo runs.
+func (s *Server) mountContainerFS(ctx context.Context, sb *sandbox.Sandbox, req *containerRequest, md *sandbox.ContainerMetadata, imageID, dir string, undo *cleanups) (rootfs string, hostPathsDone func(), err error) {
+	if hostPathsDone, err = s.hostPaths.make(req.spec.Mounts, undo); err != nil {
+		return "", hostPathsDone, err
 	}
 	rootfs, err = s.deps.Images.MountRootfs(ctx, s.mountRequest(sb, md.ID, imageID, dir))
 	if err != nil {
-		return "", fmt.Errorf("mounting the rootfs: %w", err)
+		return "", hostPathsDone, fmt.Errorf("mounting the rootfs: %w", err)
 	}
 	undo.add("unmount rootfs and image volumes", func(ctx context.Context) error {
 		return s.deps.Images.UnmountRootfs(ctx, md.ID, sb.ID, dir)
 	})
 	if req.spec.ImageVolumes, err = s.mountImageVolumes(ctx, sb, md, dir); err != nil {
-		return "", err
+		return "", hostPathsDone, err
 	}
-	return rootfs, nil
+	return rootfs, hostPathsDone, nil
 }
 
 // createRuntimeContainer saves the container's state and writes its

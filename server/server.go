@@ -156,6 +156,7 @@ type Server struct {
 
 	containers *sandbox.Store[*sandbox.Container]
 	ctrNames   *sandbox.Names
+	hostPaths  *hostPaths
 	pause      pauseRootfs
 
 	// probes are the handlers' probe results, taken once (probeRuntimes).
@@ -216,6 +217,7 @@ func New(cfg *conf.Config, deps Deps) *Server {
 		stopBackground: cancel,
 		nri:            (*nri.NRI)(nil),
 	}
+	s.hostPaths = newHostPaths(s.mountsUnder)
 	if s.deps.Network != nil {
 		s.deps.Network = cidrNetwork{Network: s.deps.Network, cidrs: s.podCIDRs}
 	}
