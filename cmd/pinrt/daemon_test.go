@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -141,4 +142,12 @@ func TestMessageBuffers(t *testing.T) {
 			pool.Put(b)
 		}
 	}
+}
+
+// inode is a file's inode number.
+func inode(fi os.FileInfo) uint64 {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return st.Ino
+	}
+	return 0
 }

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/containerd/log"
@@ -127,12 +126,4 @@ func describeHolders(hs []lockHolder) string {
 		parts = append(parts, fmt.Sprintf("pid %d (%s)", h.pid, h.cmd))
 	}
 	return strings.Join(parts, ", ")
-}
-
-// inode is a file's inode number.
-func inode(fi os.FileInfo) uint64 {
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		return st.Ino
-	}
-	return 0
 }
