@@ -108,15 +108,20 @@ func namespaceOption(sb *sandbox.Sandbox) *runtimeapi.NamespaceOption {
 	return o
 }
 
-// podInfo is the verbose PodSandboxStatus info.
+// podInfo is the verbose PodSandboxStatus info. A stopped pod's pins
+// are gone (the stop removed them), so it lists none: a tool that would
+// nsenter a pod must not be handed paths that no longer exist.
 func (s *Server) podInfo(sb *sandbox.Sandbox) (map[string]string, error) {
+	st := sb.Status()
 	info := map[string]any{
-		"pins":        sb.Pins,
 		"uidMappings": sb.UIDMappings,
 		"gidMappings": sb.GIDMappings,
 		"allocated":   sb.Allocated,
 		"configPath":  filepath.Join(sb.Dir, "config.json"),
-		"status":      sb.Status(),
+		"status":      st,
+	}
+	if st.StoppedAt.IsZero() {
+		info["pins"] = sb.Pins
 	}
 	if len(sb.CNIResult) > 0 {
 		info["cniResult"] = sb.CNIResult

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -127,6 +128,40 @@ func TestRunPodSandboxRollback(t *testing.T) {
 				t.Errorf("retry after rollback: %v", err)
 			}
 		})
+	}
+}
+
+// The verbose status lists a pod's pins while it has them, and none once
+// the stop removed them.
+func TestPodInfoPinsOnlyWhilePinned(t *testing.T) {
+	f := newPodFixture(t)
+	ctx := context.Background()
+	resp, err := f.srv.RunPodSandbox(ctx, unitPod("pins", true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pins := func() map[string]string {
+		t.Helper()
+		st, err := f.srv.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: resp.PodSandboxId, Verbose: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var info struct {
+			Pins map[string]string `json:"pins"`
+		}
+		if err := json.Unmarshal([]byte(st.Info["info"]), &info); err != nil {
+			t.Fatal(err)
+		}
+		return info.Pins
+	}
+	if p := pins(); p["net"] == "" || p["net"] != f.ns.Pinned(resp.PodSandboxId)[nsmgr.Net] {
+		t.Errorf("Ready pod's pins = %v, want its pinned namespaces %v", p, f.ns.Pinned(resp.PodSandboxId))
+	}
+	if _, err := f.srv.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: resp.PodSandboxId}); err != nil {
+		t.Fatal(err)
+	}
+	if p := pins(); len(p) != 0 {
+		t.Errorf("stopped pod's pins = %v, want none", p)
 	}
 }
 
