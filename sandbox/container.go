@@ -137,7 +137,7 @@ func LoadContainer(dir string) (*Container, error) {
 	if err := ValidateID(md.SandboxID); err != nil {
 		return nil, fmt.Errorf("%s: %w", dir, err)
 	}
-	c := &Container{ContainerMetadata: *md, record: record[ContainerMetadata, ContainerStatus]{Dir: dir, status: st}}
+	c := &Container{ContainerMetadata: *md, record: record[ContainerMetadata, ContainerStatus]{Dir: dir, status: st, loaded: true}}
 	c.md = &c.ContainerMetadata
 	return c, nil
 }

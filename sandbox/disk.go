@@ -145,7 +145,7 @@ func Load(dir string) (*Sandbox, error) {
 			md.Pins[kind] = ns.Path
 		}
 	}
-	sb := &Sandbox{Metadata: md, record: record[Metadata, Status]{Dir: dir, status: st}}
+	sb := &Sandbox{Metadata: md, record: record[Metadata, Status]{Dir: dir, status: st, loaded: true}}
 	sb.md = &sb.Metadata
 	return sb, nil
 }

@@ -36,6 +36,10 @@ type record[M any, S comparable] struct {
 	status S
 	// detached stops status writes: the directory is being removed.
 	detached bool
+	// loaded marks a record read from disk, whose directory may still
+	// hold the version 1 files until its next write drops them; a new
+	// record's never does, so its writes look for none.
+	loaded bool
 	// opMu serialises lifecycle operations (Start, Stop, Remove).
 	opMu sync.Mutex
 }
@@ -86,17 +90,21 @@ func (r *record[M, S]) save() error {
 }
 
 // write replaces state.json with metadata and st, atomically and durably,
-// and drops the files of the version 1 layout, which would otherwise be
-// read again by an older loader.
+// and drops the files of the version 1 layout a loaded record may have,
+// which would otherwise be read again by an older loader.
 func (r *record[M, S]) write(st S) error {
 	if err := writeJSON(r.Dir, stateFile, versioned[M, S]{Version: stateVersion, Metadata: r.md, Status: &st}); err != nil {
 		return err
+	}
+	if !r.loaded {
+		return nil
 	}
 	for _, f := range []string{legacyMetaFile, legacyStatusFile} {
 		if err := os.Remove(filepath.Join(r.Dir, f)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return err
 		}
 	}
+	r.loaded = false
 	return nil
 }
 
