@@ -136,9 +136,11 @@ func (s *Server) stopLocked(ctx context.Context, c *sandbox.Container, timeout t
 	if c.Status().RuntimePending {
 		// Nothing runs and nothing will: the container is exited, as a
 		// created one killed before its start is.
-		return c.UpdateStatus(func(st *sandbox.ContainerStatus) {
-			st.State, st.RuntimePending, st.ExitCode, st.Reason = sandbox.ContainerExited, false, sigkillExit, reasonError
-			st.Message, st.FinishedAt = "stopped before it started", time.Now()
+		return s.spare(ctx, func() error {
+			return c.UpdateStatus(func(st *sandbox.ContainerStatus) {
+				st.State, st.RuntimePending, st.ExitCode, st.Reason = sandbox.ContainerExited, false, sigkillExit, reasonError
+				st.Message, st.FinishedAt = "stopped before it started", time.Now()
+			})
 		})
 	}
 	rt, err := s.runtimeFor(c.Handler)
@@ -225,7 +227,9 @@ func (s *Server) removeContainer(ctx context.Context, c *sandbox.Container) erro
 	unlock := c.Lock()
 	defer unlock()
 	// Recorded first, so a start after a crash finishes the removal.
-	if err := sandbox.MarkIntent(c.Dir, sandbox.IntentRemoving, c.ContainerMetadata); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := s.spare(ctx, func() error {
+		return sandbox.MarkIntent(c.Dir, sandbox.IntentRemoving, c.ContainerMetadata)
+	}); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
 	if err := s.stopLocked(ctx, c, 0); err != nil {
@@ -252,6 +256,7 @@ func (s *Server) removeContainer(ctx context.Context, c *sandbox.Container) erro
 	s.containerEvent(ctx, c, runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT)
 	pod, ctr := s.nriOf(c, nil)
 	nriNotify(ctx, "RemoveContainer", s.nri.RemoveContainer(ctx, pod, ctr))
+	s.reserve.fill(ctx)
 	return nil
 }
 

@@ -261,10 +261,12 @@ func (s *Server) refreshContainer(ctx context.Context, c *sandbox.Container, che
 		rs = &oom
 	}
 	exited := false
-	if err := c.UpdateStatus(func(st *sandbox.ContainerStatus) {
-		was := st.State
-		applyState(st, rs, err)
-		exited = was != sandbox.ContainerExited && st.State == sandbox.ContainerExited
+	if err := s.spare(ctx, func() error {
+		return c.UpdateStatus(func(st *sandbox.ContainerStatus) {
+			was := st.State
+			applyState(st, rs, err)
+			exited = was != sandbox.ContainerExited && st.State == sandbox.ContainerExited
+		})
 	}); err != nil {
 		log.G(ctx).WithError(err).WithField("container", c.ID).Warn("saving container state")
 	} else if exited {

@@ -586,12 +586,14 @@ func (s *Server) monitorGone(ctx context.Context, rt ContainerRuntime, c *sandbo
 	if err := rt.Kill(ctx, c.ID, syscall.SIGKILL, true); err != nil && !errdefs.IsNotFound(err) {
 		log.G(ctx).WithError(err).WithField("container", c.ID).Warn("killing a container without its monitor")
 	}
-	if err := c.UpdateStatus(func(st *sandbox.ContainerStatus) {
-		st.State, st.ExitCode, st.Reason = sandbox.ContainerExited, -1, reasonMonitorGone
-		st.Message = "conmon died: the exit code is unknown"
-		if st.FinishedAt.IsZero() {
-			st.FinishedAt = time.Now()
-		}
+	if err := s.spare(ctx, func() error {
+		return c.UpdateStatus(func(st *sandbox.ContainerStatus) {
+			st.State, st.ExitCode, st.Reason = sandbox.ContainerExited, -1, reasonMonitorGone
+			st.Message = "conmon died: the exit code is unknown"
+			if st.FinishedAt.IsZero() {
+				st.FinishedAt = time.Now()
+			}
+		})
 	}); err != nil {
 		log.G(ctx).WithError(err).WithField("container", c.ID).Warn("saving container state")
 	}

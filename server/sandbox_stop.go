@@ -65,7 +65,9 @@ func (s *Server) stopPod(ctx context.Context, sb *sandbox.Sandbox) error {
 func (s *Server) stopPodLocked(ctx context.Context, sb *sandbox.Sandbox) error {
 	ctx = log.WithLogger(ctx, log.G(ctx).WithField("sandbox", sb.ID))
 	wasReady := sb.Status().State == sandbox.StateReady
-	if err := sb.UpdateStatus(func(st *sandbox.Status) { st.State = sandbox.StateNotReady }); err != nil {
+	if err := s.spare(ctx, func() error {
+		return sb.UpdateStatus(func(st *sandbox.Status) { st.State = sandbox.StateNotReady })
+	}); err != nil {
 		return err
 	}
 	s.closePodStreams(sb.ID) // port-forwards into the pod end with it
@@ -87,7 +89,9 @@ func (s *Server) stopPodLocked(ctx context.Context, sb *sandbox.Sandbox) error {
 	if !sb.Status().StoppedAt.IsZero() {
 		return nil
 	}
-	return sb.UpdateStatus(func(st *sandbox.Status) { st.StoppedAt = time.Now() })
+	return s.spare(ctx, func() error {
+		return sb.UpdateStatus(func(st *sandbox.Status) { st.StoppedAt = time.Now() })
+	})
 }
 
 // teardownPodNetwork runs CNI DEL once and records that it succeeded.
@@ -104,7 +108,9 @@ func (s *Server) teardownPodNetwork(ctx context.Context, sb *sandbox.Sandbox) er
 	if err := s.deps.Network.Teardown(ctx, pod); err != nil {
 		return fmt.Errorf("tearing down the pod network: %w", err)
 	}
-	return sb.UpdateStatus(func(st *sandbox.Status) { st.NetworkTornDown = true })
+	return s.spare(ctx, func() error {
+		return sb.UpdateStatus(func(st *sandbox.Status) { st.NetworkTornDown = true })
+	})
 }
 
 // removePod stops a pod if needed and deletes everything it had. The
@@ -114,7 +120,9 @@ func (s *Server) removePod(ctx context.Context, sb *sandbox.Sandbox) error {
 	// for the pod then finds it gone, never half-removed.
 	unlock := sb.Lock()
 	defer unlock()
-	if err := sandbox.MarkIntent(sb.Dir, sandbox.IntentRemoving, sb.Metadata); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := s.spare(ctx, func() error {
+		return sandbox.MarkIntent(sb.Dir, sandbox.IntentRemoving, sb.Metadata)
+	}); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
 	if err := s.stopPodLocked(ctx, sb); err != nil {
@@ -131,6 +139,7 @@ func (s *Server) removePod(ctx context.Context, sb *sandbox.Sandbox) error {
 	s.forgetOOM(sb.ID, "")
 	s.podNames.Release(sandbox.NameKey(sb.Name, sb.Namespace, sb.UID, sb.Attempt), sb.ID)
 	nriNotify(ctx, "RemovePodSandbox", s.nri.RemovePodSandbox(ctx, nriPod(&sb.Metadata)))
+	s.reserve.fill(ctx)
 	return nil
 }
 

@@ -158,6 +158,8 @@ type Server struct {
 	ctrNames   *sandbox.Names
 	hostPaths  *hostPaths
 	pause      pauseRootfs
+	// reserve is room kept for the records a stop or removal needs.
+	reserve *reserve
 
 	// probes are the handlers' probe results, taken once (probeRuntimes).
 	probeOnce sync.Once
@@ -218,6 +220,7 @@ func New(cfg *conf.Config, deps Deps) *Server {
 		nri:            (*nri.NRI)(nil),
 	}
 	s.hostPaths = newHostPaths(s.mountsUnder)
+	s.reserve = newReserve(cfg.Root)
 	if s.deps.Network != nil {
 		s.deps.Network = cidrNetwork{Network: s.deps.Network, cidrs: s.podCIDRs}
 	}
@@ -238,6 +241,7 @@ func (s *Server) Restore(ctx context.Context) {
 	s.restoreContainers(ctx, doomed)
 	s.teardownPods(ctx, doomed)
 	s.finishStops(ctx)
+	s.reserve.fill(ctx)
 }
 
 // Register adds both CRI services to g.

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
@@ -160,6 +161,79 @@ func TestFullDisk(t *testing.T) {
 	d.RunPod(t, PodConfig("fulldisk-b"))
 	if _, err := d.Image.PullImage(Ctx(t), &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: large}}); err != nil {
 		t.Fatalf("PullImage with room: %v", err)
+	}
+
+	// kubelet's eviction of the pod that filled the disk: the container
+	// writes until nothing is left, then kubelet stops and removes it and
+	// its pod, as it does under disk pressure. Each step must work on the
+	// full disk, and the room must come back.
+	evictFullDisk(t, d, small, func() {
+		// What the container's own writes left (a block ext4 kept back
+		// for its delayed allocation) is taken too: no block is free.
+		run(t, "sync")
+		_ = exec.Command("dd", "if=/dev/zero", "of="+rest, "bs=4096").Run()
+		run(t, "sync")
+	})
+}
+
+// evictFullDisk runs a pod whose container fills d's root (topUp then
+// takes what is left), then stops and removes it the way kubelet's
+// eviction does, and checks the space comes back.
+func evictFullDisk(t *testing.T, d *Daemon, image string, topUp func()) {
+	podCfg := PodConfig("fulldisk-hog")
+	pod := d.RunPod(t, podCfg)
+	cfg := &runtimeapi.ContainerConfig{
+		Metadata: &runtimeapi.ContainerMetadata{Name: "hog"}, Image: &runtimeapi.ImageSpec{Image: image},
+		Command: []string{"sh", "-c", "dd if=/dev/zero of=/hog bs=1M; dd if=/dev/zero of=/hog.rest bs=4k; sleep 1000"},
+	}
+	ctr, err := d.Runtime.CreateContainer(Ctx(t), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: cfg, SandboxConfig: podCfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := ctr.ContainerId
+	if _, err := d.Runtime.StartContainer(Ctx(t), &runtimeapi.StartContainerRequest{ContainerId: id}); err != nil {
+		t.Fatal(err)
+	}
+	free := func() int64 {
+		var st unix.Statfs_t
+		if err := unix.Statfs(d.Root, &st); err != nil {
+			t.Fatal(err)
+		}
+		return int64(st.Bavail) * st.Bsize
+	}
+	deadline := time.Now().Add(time.Minute)
+	for free() >= 4096 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the container did not fill the disk: %d bytes free", free())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	topUp()
+	t.Logf("disk full: %d bytes free", free())
+	step := func(what string, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s on the disk the container filled: %v", what, err)
+		}
+	}
+	_, err = d.Runtime.StopContainer(Ctx(t), &runtimeapi.StopContainerRequest{ContainerId: id, Timeout: 2})
+	step("StopContainer", err)
+	st, err := d.Runtime.ContainerStatus(Ctx(t), &runtimeapi.ContainerStatusRequest{ContainerId: id})
+	step("ContainerStatus", err)
+	if st.Status.State != runtimeapi.ContainerState_CONTAINER_EXITED {
+		t.Errorf("container after StopContainer: %s, want EXITED", st.Status.State)
+	}
+	_, err = d.Runtime.RemoveContainer(Ctx(t), &runtimeapi.RemoveContainerRequest{ContainerId: id})
+	step("RemoveContainer", err)
+	_, err = d.Runtime.StopPodSandbox(Ctx(t), &runtimeapi.StopPodSandboxRequest{PodSandboxId: pod})
+	step("StopPodSandbox", err)
+	_, err = d.Runtime.RemovePodSandbox(Ctx(t), &runtimeapi.RemovePodSandboxRequest{PodSandboxId: pod})
+	step("RemovePodSandbox", err)
+	if f := free(); f < 16<<20 {
+		t.Errorf("after the eviction %d bytes are free, want the container's writes back", f)
+	}
+	if _, err := d.Runtime.PodSandboxStatus(Ctx(t), &runtimeapi.PodSandboxStatusRequest{PodSandboxId: pod}); status.Code(err) != codes.NotFound {
+		t.Errorf("the evicted pod's status: %v, want NotFound", err)
 	}
 }
 
