@@ -127,8 +127,10 @@ func (s *Server) restorePod(ctx context.Context, id string) error {
 		}
 		if reason != "" {
 			log.G(ctx).WithField("sandbox", id).Warnf("restore: sandbox is NotReady: %s", reason)
-			if uerr := sb.UpdateStatus(func(st *sandbox.Status) {
-				st.State, st.Reason = sandbox.StateNotReady, reason
+			if uerr := s.spare(ctx, func() error {
+				return sb.UpdateStatus(func(st *sandbox.Status) {
+					st.State, st.Reason = sandbox.StateNotReady, reason
+				})
 			}); uerr != nil {
 				return uerr
 			}
