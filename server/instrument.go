@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/url"
 	"runtime/debug"
-	"syscall"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -197,7 +196,7 @@ func errCode(err error) codes.Code {
 	// errors.Is walks foreign errors, whose Unwrap may panic (a typed nil
 	// *net.DNSError): such an error is simply not a full disk.
 	if full, _ := protect(func() (bool, bool) {
-		return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT), true
+		return isFull(err), true
 	}); full {
 		return codes.ResourceExhausted
 	}
