@@ -326,7 +326,10 @@ func (r *Runtime) conmonArgs(o CreateOptions) []string {
 		"-b", o.Bundle,
 		"-p", filepath.Join(o.Bundle, "pidfile"),
 		"-P", filepath.Join(o.Bundle, "conmon.pid"),
-		"--persist-dir", o.Bundle,
+		// No --persist-dir: conmon writes its "exit" file there before the
+		// exit dir's, and gives up without the second when the first fails,
+		// as it does on the full disk kubelet evicts containers from. The
+		// oom file goes to the bundle all the same (conmon's cwd).
 		"--exit-dir", o.ExitDir,
 		// The attach socket goes straight into the bundle, bound through
 		// /proc/self/fd, with no symlink under a socket dir: conmon cuts a

@@ -335,7 +335,7 @@ func (r *Runtime) Stop(ctx context.Context, id string, sig syscall.Signal, timeo
 				return err
 			}
 		}
-		if waitExitFile(ctx, exitFile, timeout) {
+		if waitExitFile(ctx, exitFile, timeout, rec) {
 			return nil
 		}
 		log.G(ctx).WithField("container", id).Debugf("container did not stop within %s after %s; killing", timeout, sig)
@@ -345,10 +345,18 @@ func (r *Runtime) Stop(ctx context.Context, id string, sig syscall.Signal, timeo
 			return err
 		}
 	}
-	if !waitExitFile(ctx, exitFile, 0) {
-		return fmt.Errorf("container %s did not exit after SIGKILL: %w", id, ctx.Err())
+	if waitExitFile(ctx, exitFile, 0, rec) {
+		return nil
 	}
-	return nil
+	if ctx.Err() == nil {
+		// conmon is gone without an exit file: the runtime says whether
+		// the container is stopped.
+		if rs, known, err := r.runtimeState(ctx, id); err == nil && (!known || Status(rs.Status) == StatusStopped) {
+			return nil
+		}
+		return fmt.Errorf("container %s: its monitor is gone and the runtime does not say it stopped: %w", id, errdefs.ErrUnknown)
+	}
+	return fmt.Errorf("container %s did not exit after SIGKILL: %w", id, ctx.Err())
 }
 
 // killInit SIGKILLs the init of a container that has a PID namespace of
@@ -446,9 +454,15 @@ func parentPid(pid int) int {
 // be short.
 const exitPoll = 5 * time.Millisecond
 
+// monitorPoll is how many exit polls pass between two looks at whether
+// conmon still runs.
+const monitorPoll = 20
+
 // waitExitFile waits until conmon wrote the exit file p (so the container
 // has exited and its log is drained), for at most d (0 = until ctx ends).
-func waitExitFile(ctx context.Context, p string, d time.Duration) bool {
+// With rec, it gives up once rec's conmon is gone without writing it
+// (killed, or its write failed): nothing else ever will.
+func waitExitFile(ctx context.Context, p string, d time.Duration, rec *record) bool {
 	var deadline <-chan time.Time
 	if d > 0 {
 		t := time.NewTimer(d)
@@ -457,9 +471,13 @@ func waitExitFile(ctx context.Context, p string, d time.Duration) bool {
 	}
 	tick := time.NewTicker(exitPoll)
 	defer tick.Stop()
-	for {
+	for i := 1; ; i++ {
 		if _, _, ok := readExitFile(p); ok {
 			return true
+		}
+		if rec != nil && i%monitorPoll == 0 && !monitorAlive(rec.Bundle, rec.ID) {
+			_, _, ok := readExitFile(p) // written just before it went
+			return ok
 		}
 		select {
 		case <-ctx.Done():
@@ -534,10 +552,17 @@ func (r *Runtime) Reap(ctx context.Context, id string) error {
 	return nil
 }
 
-// forget drops what pinrt kept of a deleted container.
+// forget drops what pinrt kept of a deleted container: its exit file
+// first (the exit directory may be shared by every container, where
+// nothing else would remove it), then the record that names it.
 func (r *Runtime) forget(id string) error {
 	if err := r.removeLegacyAttachLinks(id); err != nil {
 		return err
+	}
+	if rec, err := r.loadRecord(id); err == nil && rec.ExitDir != "" {
+		if err := os.Remove(filepath.Join(rec.ExitDir, id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
 	}
 	if err := os.Remove(r.recordPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
@@ -623,6 +648,19 @@ func (r *Runtime) ExitState(id string) (st *State, ok bool) {
 		st.OOMKilled = true
 	}
 	return st, true
+}
+
+// ExitFile is where conmon writes the container's exit file, from its
+// record; "" without one.
+func (r *Runtime) ExitFile(id string) string {
+	if validateID(id) != nil {
+		return ""
+	}
+	rec, err := r.loadRecord(id)
+	if err != nil {
+		return ""
+	}
+	return filepath.Join(rec.ExitDir, id)
 }
 
 func readExitFile(p string) (int32, time.Time, bool) {

@@ -159,7 +159,7 @@ func (e *testEnv) waitStopped(id string) *State {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if !waitExitFile(ctx, filepath.Join(e.exitDir, id), 0) {
+	if !waitExitFile(ctx, filepath.Join(e.exitDir, id), 0, nil) {
 		e.t.Fatalf("container %s did not stop", id)
 	}
 	st, err := e.rt.State(ctx, id)
@@ -466,7 +466,7 @@ func BenchmarkContainerLifecycle(b *testing.B) {
 		i++
 		id := fmt.Sprintf("bench-%d", i)
 		e.create(id, true, "sh", "-c", "exit 0")
-		if !waitExitFile(ctx, filepath.Join(e.exitDir, id), 10*time.Second) {
+		if !waitExitFile(ctx, filepath.Join(e.exitDir, id), 10*time.Second, nil) {
 			b.Fatal("container did not exit")
 		}
 		if err := e.rt.Delete(ctx, id, false); err != nil {
@@ -588,6 +588,30 @@ func TestStopSignalsInitItself(t *testing.T) {
 	}
 	if got := kills(); len(got) != 0 {
 		t.Errorf("runc calls of a graceful stop = %q, want none", got)
+	}
+}
+
+// TestStopWithoutMonitor: a container whose conmon is gone (killed, or
+// its exit-file write failed) gets no exit file, ever. Stop must not wait
+// for one until its caller gives up: it kills the container and takes
+// the runtime's word that it stopped.
+func TestStopWithoutMonitor(t *testing.T) {
+	e := newTestEnv(t)
+	id := "orphan-" + randID(t)
+	e.create(id, true, "sh", "-c", "trap '' TERM; sleep 1000 & wait")
+	bundle := filepath.Join(e.dir, "bundles", id)
+	killConmon(bundle)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := e.rt.Stop(ctx, id, syscall.SIGTERM, 15*time.Second); err != nil {
+		t.Fatalf("stop without a monitor: %v", err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("stop returned only when its context ended")
+	}
+	st, err := e.rt.State(ctx, id)
+	if err != nil || st.Status != StatusStopped {
+		t.Errorf("state = %+v, %v; want stopped", st, err)
 	}
 }
 

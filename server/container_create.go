@@ -566,7 +566,7 @@ func (s *Server) createRuntimeContainer(rt ContainerRuntime, md *sandbox.Contain
 	}
 	if err := rt.Prepare(oci.CreateOptions{
 		ID: md.ID, Bundle: dir, Spec: spec, LogPath: md.LogPath,
-		Stdin: cfg.Stdin, StdinOnce: cfg.StdinOnce, Tty: cfg.Tty, ExitDir: dir,
+		Stdin: cfg.Stdin, StdinOnce: cfg.StdinOnce, Tty: cfg.Tty, ExitDir: s.exitDir(),
 	}); err != nil {
 		return nil, fmt.Errorf("creating container %q: %w", md.Name, err)
 	}

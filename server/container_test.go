@@ -173,6 +173,9 @@ func (f *ctrFixture) nothingLeft(t *testing.T) {
 	if n := len(f.srv.containers.List()); n > 0 {
 		t.Errorf("%d containers still in the store", n)
 	}
+	if entries, _ := os.ReadDir(f.srv.exitDir()); len(entries) > 0 {
+		t.Errorf("%d exit files left, the first %s", len(entries), entries[0].Name())
+	}
 }
 
 func TestContainerLogPath(t *testing.T) {

@@ -192,9 +192,16 @@ func shortID(id string) string {
 
 // exitWatcher notices container exits as conmon records them: conmon
 // writes <exit dir>/<id> when the container dies (through a temporary
-// file and a rename), and inotify on each container's directory reports
-// that within milliseconds, where polling would cost a stat per
-// container per tick and still lag.
+// file and a rename), and inotify on the exit directory reports that
+// within milliseconds, where polling would cost a stat per container per
+// tick and still lag.
+//
+// The exit directory is one for all containers, on the run root (tmpfs),
+// as in CRI-O: conmon's write of an exit cannot fail there when the
+// containers have filled the root's disk, which is when kubelet evicts
+// them and waits for their exits. Containers created before it moved
+// there keep their exit files in their own directories, which are
+// watched too once restored.
 type exitWatcher struct {
 	once sync.Once
 	w    *fsnotify.Watcher
@@ -205,6 +212,17 @@ type exitWatcher struct {
 	// unwatched holds the IDs of containers whose directory could not be
 	// watched: their exits are looked for on every read.
 	unwatched sync.Map
+	// own maps the IDs of restored containers that keep their exit file
+	// in their own directory to that file.
+	own sync.Map
+}
+
+// exitFile is the path of c's exit file.
+func (s *Server) exitFile(c *sandbox.Container) string {
+	if p, ok := s.exits.own.Load(c.ID); ok {
+		return p.(string)
+	}
+	return filepath.Join(s.exitDir(), c.ID)
 }
 
 // watched says whether c's exits reach the watcher, so that a list may
@@ -224,17 +242,43 @@ func background(ctx context.Context, component string) context.Context {
 	return log.WithLogger(context.Background(), logrus.NewEntry(log.G(ctx).Logger).WithField("component", component))
 }
 
+// exitDir is where conmon writes every container's exit file.
+func (s *Server) exitDir() string { return filepath.Join(s.cfg.RunRoot, "exits") }
+
 func (s *Server) exitWatch(ctx context.Context) *fsnotify.Watcher {
 	s.exits.once.Do(func() {
-		s.exits.w, s.exits.err = fsnotify.NewWatcher()
-		if s.exits.err != nil {
-			log.G(ctx).WithError(s.exits.err).Warn("no inotify: container exits are noticed on the next status call only")
+		w, err := fsnotify.NewWatcher()
+		if err == nil {
+			if err = os.MkdirAll(s.exitDir(), 0o700); err == nil {
+				err = w.Add(s.exitDir())
+			}
+			if err != nil {
+				_ = w.Close()
+			}
+		}
+		if err != nil {
+			s.exits.err = err
+			log.G(ctx).WithError(err).Warn("no inotify: container exits are noticed on the next status call only")
 			return
 		}
+		s.exits.w = w
 		go s.exitLoop(background(ctx, "exit-watcher"), s.exits.w)
 		s.exits.active.Store(true)
 	})
 	return s.exits.w
+}
+
+// adoptExitFile notes where a restored container's conmon writes its
+// exit file: in its own directory for one created before the exit files
+// moved to the run root (see exitWatcher).
+func (s *Server) adoptExitFile(c *sandbox.Container) {
+	rt, err := s.runtimeFor(c.Handler)
+	if err != nil {
+		return
+	}
+	if p := rt.ExitFile(c.ID); p == filepath.Join(c.Dir, c.ID) {
+		s.exits.own.Store(c.ID, p)
+	}
 }
 
 // watchExit starts watching c's exit file. A container whose exit file
@@ -245,20 +289,47 @@ func (s *Server) watchExit(ctx context.Context, c *sandbox.Container) {
 	if w == nil {
 		return
 	}
-	if err := w.Add(c.Dir); err != nil {
-		log.G(ctx).WithError(err).WithField("container", c.ID).Warn("watching for the container's exit")
-		s.exits.unwatched.Store(c.ID, struct{}{})
-		return
+	if _, own := s.exits.own.Load(c.ID); own {
+		if err := w.Add(c.Dir); err != nil {
+			log.G(ctx).WithError(err).WithField("container", c.ID).Warn("watching for the container's exit")
+			s.exits.unwatched.Store(c.ID, struct{}{})
+			return
+		}
 	}
-	if _, err := os.Stat(filepath.Join(c.Dir, c.ID)); err == nil {
+	if _, err := os.Stat(s.exitFile(c)); err == nil {
 		s.refreshContainer(ctx, c, false)
 	}
 }
 
+// unwatchExit forgets c, removed, and its exit file: a conmon that wrote
+// it after the runtime's delete would leave it behind.
 func (s *Server) unwatchExit(c *sandbox.Container) {
 	s.exits.unwatched.Delete(c.ID)
-	if s.exits.w != nil {
+	_ = os.Remove(filepath.Join(s.exitDir(), c.ID))
+	if _, own := s.exits.own.LoadAndDelete(c.ID); own && s.exits.w != nil {
 		_ = s.exits.w.Remove(c.Dir) // gone with the directory already
+	}
+}
+
+// pruneExits removes the exit files of containers and infra processes
+// the server does not know: those whose conmon wrote them after the
+// removal, just before a crash. It runs once restored, before serving.
+func (s *Server) pruneExits(ctx context.Context) {
+	entries, err := os.ReadDir(s.exitDir())
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		id := e.Name()
+		if _, err := s.containers.Get(id); err == nil {
+			continue
+		}
+		if _, err := s.sandboxes.Get(id); err == nil {
+			continue
+		}
+		if err := os.Remove(filepath.Join(s.exitDir(), id)); err != nil {
+			log.G(ctx).WithError(err).Warn("removing a stale exit file")
+		}
 	}
 }
 
@@ -272,9 +343,9 @@ func (s *Server) exitLoop(ctx context.Context, w *fsnotify.Watcher) {
 			if ev.Op&(fsnotify.Create|fsnotify.Write|fsnotify.Rename) == 0 {
 				continue
 			}
-			id := filepath.Base(ev.Name)
-			if filepath.Base(filepath.Dir(ev.Name)) != id {
-				continue // not <dir>/<id>: a log, the pidfile, a temp file
+			id, dir := filepath.Base(ev.Name), filepath.Dir(ev.Name)
+			if dir != s.exitDir() && filepath.Base(dir) != id {
+				continue // not an exit file: a temp file, the pidfile of a restored container
 			}
 			if c, err := s.containers.Get(id); err == nil && c.ID == id {
 				// A hung runtime must not stop the loop for good.

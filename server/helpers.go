@@ -192,7 +192,7 @@ func (s *Server) observeContainer(ctx context.Context, c *sandbox.Container, mon
 		s.refreshContainer(ctx, c, false)
 		return
 	}
-	if _, err := os.Stat(filepath.Join(c.Dir, c.ID)); err == nil {
+	if _, err := os.Stat(s.exitFile(c)); err == nil {
 		s.refreshContainer(ctx, c, false)
 		return
 	}
@@ -224,7 +224,7 @@ func (s *Server) refreshContainer(ctx context.Context, c *sandbox.Container, che
 		}
 	}
 	if cheap && st.State == sandbox.ContainerRunning {
-		if _, err := os.Stat(filepath.Join(c.Dir, c.ID)); errors.Is(err, os.ErrNotExist) {
+		if _, err := os.Stat(s.exitFile(c)); errors.Is(err, os.ErrNotExist) {
 			return
 		}
 	}

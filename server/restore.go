@@ -235,6 +235,7 @@ func (s *Server) restoreContainer(ctx context.Context, id string) error {
 			log.G(ctx).WithError(err).WithField("container", id).Warn("restore: image volumes not mounted")
 		}
 	}
+	s.adoptExitFile(c)
 	s.resetPending(ctx, c)
 	s.finishUpdate(ctx, c)
 	s.refreshContainer(ctx, c, false)

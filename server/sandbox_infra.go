@@ -156,7 +156,7 @@ func (s *Server) startInfra(ctx context.Context, md *sandbox.Metadata) (retErr e
 		return err
 	}
 	bundle := infraBundle(s.sandboxDir(md.ID))
-	if _, err := rt.Create(ctx, oci.CreateOptions{ID: md.ID, Bundle: bundle, Spec: spec, ExitDir: bundle}); err != nil {
+	if _, err := rt.Create(ctx, oci.CreateOptions{ID: md.ID, Bundle: bundle, Spec: spec, ExitDir: s.exitDir()}); err != nil {
 		return fmt.Errorf("creating the infra process: %w", err)
 	}
 	defer func() {

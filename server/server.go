@@ -93,6 +93,9 @@ type ContainerRuntime interface {
 	// ExitState is the state of a container whose exit conmon recorded,
 	// without a runtime call; ok is false while it has not exited.
 	ExitState(id string) (st *oci.State, ok bool)
+	// ExitFile is where conmon writes the container's exit file, "" for
+	// a container the runtime has no record of.
+	ExitFile(id string) string
 	ExecSync(ctx context.Context, id string, cmd []string, timeout time.Duration) ([]byte, []byte, int32, error)
 	Update(ctx context.Context, id string, res *specs.LinuxResources) error
 	// FinishUpdate completes an Update a crash cut short, so that the
@@ -241,6 +244,7 @@ func (s *Server) Restore(ctx context.Context) {
 	s.restoreContainers(ctx, doomed)
 	s.teardownPods(ctx, doomed)
 	s.finishStops(ctx)
+	s.pruneExits(ctx)
 	s.reserve.fill(ctx)
 }
 

@@ -326,6 +326,26 @@ func (r *Runtime) ExitState(id string) (*oci.State, bool) {
 	return &c, true
 }
 
+// MoveExitDir makes id's exit file go to dir from now on, as for a
+// container created with another exit directory.
+func (r *Runtime) MoveExitDir(id, dir string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.exitDirs[id] = dir
+}
+
+// ExitFile is where the container's exit file is written, "" for one
+// never created.
+func (r *Runtime) ExitFile(id string) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	d, ok := r.exitDirs[id]
+	if !ok {
+		return ""
+	}
+	return filepath.Join(d, id)
+}
+
 // StateCalls is how many times State was called.
 func (r *Runtime) StateCalls() int {
 	r.mu.Lock()
