@@ -81,7 +81,7 @@ func newTestEnv(t testing.TB) *testEnv {
 	if err := os.WriteFile(filepath.Join(e.rootfs, "bin/busybox"), bb, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, l := range []string{"sh", "echo", "sleep", "head", "tr", "cat", "printf", "id"} {
+	for _, l := range []string{"sh", "echo", "sleep", "head", "tr", "cat", "printf", "id", "dd"} {
 		if err := os.Symlink("busybox", filepath.Join(e.rootfs, "bin", l)); err != nil {
 			t.Fatal(err)
 		}
@@ -98,8 +98,14 @@ func newTestEnv(t testing.TB) *testEnv {
 	return e
 }
 
-// run creates (and optionally starts) a container running args.
+// create creates (and optionally starts) a container running args.
 func (e *testEnv) create(id string, start bool, args ...string) (logPath string) {
+	e.t.Helper()
+	return e.createLimited(id, start, nil, args...)
+}
+
+// createLimited is create with resource limits.
+func (e *testEnv) createLimited(id string, start bool, res *Resources, args ...string) (logPath string) {
 	t := e.t
 	t.Helper()
 	ctx := context.Background()
@@ -108,6 +114,7 @@ func (e *testEnv) create(id string, start bool, args ...string) (logPath string)
 		Namespaces:   Namespaces{PIDMode: PIDContainer},
 		Seccomp:      SecurityProfile{Type: ProfileRuntimeDefault},
 		CgroupParent: e.cgroup,
+		Resources:    res,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -244,6 +251,19 @@ func TestRuntimeLogsAndExitCode(t *testing.T) {
 	}
 	if _, err := rt2.State(context.Background(), id); !errdefs.IsNotFound(err) {
 		t.Errorf("state after delete: %v, want NotFound", err)
+	}
+}
+
+// TestRuntimeOOMFile: conmon reports an OOM kill through its oom file in
+// the bundle, which State and ExitState read.
+func TestRuntimeOOMFile(t *testing.T) {
+	e := newTestEnv(t)
+	id := "oom-" + randID(t)
+	limit := int64(32 << 20)
+	e.createLimited(id, true, &Resources{MemoryLimit: limit, MemorySwapLimit: limit}, "dd", "if=/dev/zero", "of=/dev/null", "bs=200M", "count=1")
+	st := e.waitStopped(id)
+	if st.ExitCode != 137 || !st.OOMKilled {
+		t.Errorf("state = %+v, want exit 137 and OOMKilled", st)
 	}
 }
 
