@@ -460,7 +460,7 @@ func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *run
 	if err := sandbox.MarkIntent(dir, sandbox.IntentCreating, md); err != nil {
 		return nil, err
 	}
-	rootfs, hostPathsDone, err := s.mountContainerFS(ctx, sb, req, &md, img.ID, dir, &undo)
+	rootfs, hostPathsDone, err := s.mountContainerFS(ctx, sb, req, &md, img, dir, &undo)
 	defer hostPathsDone()
 	if err != nil {
 		return nil, err
@@ -532,22 +532,28 @@ func (s *Server) reserveContainerName(sandboxID string, md *sandbox.ContainerMet
 }
 
 // mountContainerFS makes the volumes' missing host paths, mounts the
-// container's rootfs from image imageID and its image volumes, which go
-// into req's spec; undo unmounts them all and removes what it made. The
+// container's rootfs from img and its image volumes, which go into req's
+// spec with the image's declared volumes; undo unmounts them all and
+// removes what it made. The
 // host paths count as in use until hostPathsDone is called, also after
 // an error: the caller calls it once the container is in the store or
 // the create failed, before undo runs.
-func (s *Server) mountContainerFS(ctx context.Context, sb *sandbox.Sandbox, req *containerRequest, md *sandbox.ContainerMetadata, imageID, dir string, undo *cleanups) (rootfs string, hostPathsDone func(), err error) {
+func (s *Server) mountContainerFS(ctx context.Context, sb *sandbox.Sandbox, req *containerRequest, md *sandbox.ContainerMetadata, img *image.Image, dir string, undo *cleanups) (rootfs string, hostPathsDone func(), err error) {
 	if hostPathsDone, err = s.hostPaths.make(req.spec.Mounts, undo); err != nil {
 		return "", hostPathsDone, err
 	}
-	rootfs, err = s.deps.Images.MountRootfs(ctx, s.mountRequest(sb, md.ID, imageID, dir))
+	rootfs, err = s.deps.Images.MountRootfs(ctx, s.mountRequest(sb, md.ID, img.ID, dir))
 	if err != nil {
 		return "", hostPathsDone, fmt.Errorf("mounting the rootfs: %w", err)
 	}
 	undo.add("unmount rootfs and image volumes", func(ctx context.Context) error {
 		return s.deps.Images.UnmountRootfs(ctx, md.ID, sb.ID, dir)
 	})
+	declared, err := declaredVolumes(rootfs, dir, img.Config.Volumes, md.Mounts)
+	if err != nil {
+		return "", hostPathsDone, err
+	}
+	req.spec.Mounts = append(req.spec.Mounts, declared...)
 	if req.spec.ImageVolumes, err = s.mountImageVolumes(ctx, sb, md, dir); err != nil {
 		return "", hostPathsDone, err
 	}

@@ -28,7 +28,40 @@ func TestContainerSemantics(t *testing.T) {
 	t.Run("ExecSyncBackgroundChild", e.testExecSyncBackgroundChild)
 	t.Run("SupplementalGroupsPolicy", e.testSupplementalGroupsPolicy)
 	t.Run("Resources", e.testResourcesStatus)
+	t.Run("DeclaredVolumes", e.testDeclaredVolumes)
 	removeAllAndCheck(t, e.d)
+}
+
+// testDeclaredVolumes: an image's VOLUME that its layers lack is there,
+// writable by the container's root, in a pod with a user namespace too;
+// one the layers have keeps the image's content; one under kubelet's
+// mount is kubelet's.
+func (e *ctrEnv) testDeclaredVolumes(t *testing.T) {
+	img := e.pull(t, e.reg.Push(t, "volumes:1", testimage.Build(t, testimage.Spec{
+		Cmd:     []string{"sleep", "1000"},
+		Volumes: []string{"/data", "/var/lib/app/", "/etc", "/kube/sub"},
+	})))
+	kube := t.TempDir()
+	for _, userns := range []bool{false, true} {
+		t.Run(map[bool]string{false: "host", true: "userns"}[userns], func(t *testing.T) {
+			podCfg := PodConfig("volumes")
+			if userns {
+				podCfg = UsernsPod(podCfg, 0)
+			}
+			pod, podCfg := e.pod(t, podCfg)
+			cfg := e.ctr("vol")
+			cfg.Image.Image = img
+			cfg.Mounts = []*runtimeapi.Mount{{HostPath: kube, ContainerPath: "/kube"}}
+			id := e.run(t, pod, podCfg, cfg)
+			script := "echo hi > /data/f && cat /data/f && echo hi > /var/lib/app/f && stat -c %u:%g:%a /data /var/lib/app && test -s /etc/passwd && ! test -e /kube/sub"
+			if out := e.mustExec(t, id, "sh", "-c", script); out != "hi\n0:0:755\n0:0:755\n" {
+				t.Errorf("declared volumes: %q, want them there, empty, root's and writable", out)
+			}
+		})
+	}
+	if entries, err := os.ReadDir(kube); err != nil || len(entries) != 0 {
+		t.Errorf("kubelet's volume after the containers: %v %v, want it untouched", entries, err)
+	}
 }
 
 func (e *ctrEnv) privileged(name string, cmd ...string) *runtimeapi.ContainerConfig {

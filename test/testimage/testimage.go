@@ -104,6 +104,8 @@ type Spec struct {
 	StopSignal string
 	WorkingDir string
 	Labels     map[string]string
+	// Volumes are the image's VOLUMEs (its config's Volumes).
+	Volumes []string
 	// Architecture defaults to amd64.
 	Architecture string
 	// Shape is how every layer (the base too) is written and what
@@ -172,6 +174,12 @@ func Build(t testing.TB, spec Spec) v1.Image {
 	cf.Config.StopSignal = spec.StopSignal
 	cf.Config.WorkingDir = spec.WorkingDir
 	cf.Config.Labels = spec.Labels
+	if len(spec.Volumes) > 0 {
+		cf.Config.Volumes = map[string]struct{}{}
+		for _, v := range spec.Volumes {
+			cf.Config.Volumes[v] = struct{}{}
+		}
+	}
 	img, err = mutate.ConfigFile(img, cf)
 	if err != nil {
 		t.Fatalf("testimage: set config: %v", err)
