@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containerd/errdefs"
 )
@@ -202,5 +204,62 @@ func TestPruneLegacyAttachLinks(t *testing.T) {
 	pruneLegacyAttachLinks(state)
 	if exists(dir) {
 		t.Fatalf("prune created %s", dir)
+	}
+}
+
+// standInConmon starts a process whose command line names rec's
+// container, as conmon's does, records it as its conmon and returns it.
+func standInConmon(t *testing.T, rec *record) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command("sh", "-c", "sleep 1000", "conmon", rec.ID)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	if err := os.WriteFile(filepath.Join(rec.Bundle, "conmon.pid"), []byte(strconv.Itoa(cmd.Process.Pid)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if !monitorAlive(rec.Bundle, rec.ID) {
+		t.Fatal("the stand-in conmon is not taken for one")
+	}
+	return cmd
+}
+
+// Stop's wait on conmon: an exit file written while conmon lingers ends
+// it, and so does a conmon gone without one, well before the caller's
+// deadline; a live conmon with no exit file keeps it waiting.
+func TestWaitExitFileOnMonitor(t *testing.T) {
+	rec := &record{ID: strings.Repeat("c", 64), Bundle: t.TempDir()}
+	exitFile := filepath.Join(t.TempDir(), rec.ID)
+
+	standInConmon(t, rec)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	go func() {
+		time.Sleep(200 * time.Millisecond)
+		_ = os.WriteFile(exitFile, []byte("0"), 0o600)
+	}()
+	if !waitExitFile(ctx, exitFile, 0, rec) {
+		t.Fatal("an exit file written while conmon lives did not end the wait")
+	}
+
+	if err := os.Remove(exitFile); err != nil {
+		t.Fatal(err)
+	}
+	if waitExitFile(ctx, exitFile, 300*time.Millisecond, rec) {
+		t.Fatal("the wait ended with no exit file and conmon alive")
+	}
+
+	mon := standInConmon(t, rec)
+	go func() {
+		time.Sleep(200 * time.Millisecond)
+		_ = mon.Process.Kill()
+		_ = mon.Wait()
+	}()
+	if waitExitFile(ctx, exitFile, 0, rec) {
+		t.Fatal("the wait saw an exit file nobody wrote")
+	}
+	if ctx.Err() != nil {
+		t.Fatal("a conmon gone without an exit file kept the wait until its deadline")
 	}
 }

@@ -450,43 +450,95 @@ func parentPid(pid int) int {
 	return ppid
 }
 
-// exitPoll is how often Stop looks for the exit file: a stat, so it can
-// be short.
+// exitPoll is how often Stop looks for the exit file when it cannot wait
+// on conmon: a stat, so it can be short.
 const exitPoll = 5 * time.Millisecond
 
-// monitorPoll is how many exit polls pass between two looks at whether
-// conmon still runs.
-const monitorPoll = 20
+// monitorPoll is how long Stop waits on conmon before it looks at the
+// exit file again, and how often it looks whether conmon still runs
+// when it cannot wait on it.
+const monitorPoll = 100 * time.Millisecond
 
 // waitExitFile waits until conmon wrote the exit file p (so the container
 // has exited and its log is drained), for at most d (0 = until ctx ends).
-// With rec, it gives up once rec's conmon is gone without writing it
-// (killed, or its write failed): nothing else ever will.
+//
+// With rec, it waits on rec's conmon, which writes the file and then
+// exits: a pidfd of conmon turns readable the moment it is gone, with no
+// polling, and a conmon gone without writing the file (killed, or its
+// write failed) ends the wait, since nothing else ever will. Without a
+// pidfd it polls the file, and looks at conmon now and then.
 func waitExitFile(ctx context.Context, p string, d time.Duration, rec *record) bool {
-	var deadline <-chan time.Time
+	var end time.Time
 	if d > 0 {
-		t := time.NewTimer(d)
-		defer t.Stop()
-		deadline = t.C
+		end = time.Now().Add(d)
 	}
-	tick := time.NewTicker(exitPoll)
-	defer tick.Stop()
-	for i := 1; ; i++ {
+	mon, alive := -1, true
+	if rec != nil {
+		mon, alive = openMonitor(rec)
+		if mon >= 0 {
+			defer unix.Close(mon)
+		}
+	}
+	lastLook := time.Now()
+	for {
 		if _, _, ok := readExitFile(p); ok {
 			return true
 		}
-		if rec != nil && i%monitorPoll == 0 && !monitorAlive(rec.Bundle, rec.ID) {
+		if !alive {
 			_, _, ok := readExitFile(p) // written just before it went
 			return ok
 		}
-		select {
-		case <-ctx.Done():
+		wait := exitPoll
+		if mon >= 0 {
+			wait = monitorPoll
+		}
+		if !end.IsZero() {
+			wait = min(wait, time.Until(end))
+		}
+		if dl, ok := ctx.Deadline(); ok {
+			wait = min(wait, time.Until(dl))
+		}
+		if ctx.Err() != nil || wait <= 0 {
 			return false
-		case <-deadline:
-			return false
-		case <-tick.C:
+		}
+		switch {
+		case mon >= 0:
+			alive = !pidfdReadable(mon, wait)
+		default:
+			time.Sleep(wait)
+			if rec != nil && time.Since(lastLook) >= monitorPoll {
+				alive, lastLook = monitorAlive(rec.Bundle, rec.ID), time.Now()
+			}
 		}
 	}
+}
+
+// openMonitor opens a pidfd of rec's conmon. alive is false when conmon
+// is gone; fd is -1 then, and also where pidfds are missing (before
+// Linux 5.3).
+func openMonitor(rec *record) (fd int, alive bool) {
+	pid, ok := readPid(filepath.Join(rec.Bundle, "conmon.pid"))
+	if !ok || !monitorAlive(rec.Bundle, rec.ID) {
+		return -1, false
+	}
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return -1, !errors.Is(err, unix.ESRCH)
+	}
+	// The pid may have been reused between the look and the open.
+	if !monitorAlive(rec.Bundle, rec.ID) {
+		_ = unix.Close(fd)
+		return -1, false
+	}
+	return fd, true
+}
+
+// pidfdReadable waits up to d for pidfd fd's process to exit and says
+// whether it did.
+func pidfdReadable(fd int, d time.Duration) bool {
+	p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}} //nolint:gosec // an fd fits
+	n, err := unix.Poll(p, int(max(d.Milliseconds(), 1)))
+	return err == nil && n > 0
 }
 
 // Delete removes the container from the runtime and forgets it. Deleting
