@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -321,6 +322,9 @@ func (s *Server) pruneExits(ctx context.Context) {
 	}
 	for _, e := range entries {
 		id := e.Name()
+		if strings.Contains(id, ".") {
+			continue // the temporary file of a conmon writing now
+		}
 		if _, err := s.containers.Get(id); err == nil {
 			continue
 		}

@@ -98,7 +98,15 @@ func TestExitFilesOnTheRunRoot(t *testing.T) {
 	if err := os.WriteFile(exitFile(ids[1]), []byte("137"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// A conmon writing now: its temporary file is not touched.
+	if err := os.WriteFile(exitFile(ids[0])+".XY12AB", []byte("0"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	f.srv.pruneExits(ctx)
+	if _, err := os.Stat(exitFile(ids[0]) + ".XY12AB"); err != nil {
+		t.Errorf("a conmon's temporary file after the prune: %v", err)
+	}
+	_ = os.Remove(exitFile(ids[0]) + ".XY12AB")
 	if _, err := os.Stat(exitFile(ids[1])); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("stale exit file after the restore's prune: %v, want it gone", err)
 	}
