@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -211,11 +212,14 @@ func TestPruneLegacyAttachLinks(t *testing.T) {
 // container, as conmon's does, records it as its conmon and returns it.
 func standInConmon(t *testing.T, rec *record) *exec.Cmd {
 	t.Helper()
-	cmd := exec.Command("sh", "-c", "sleep 1000", "conmon", rec.ID)
+	// Two commands: a shell would exec a lone one, and its command line
+	// with it.
+	cmd := exec.Command("sh", "-c", "sleep 1000; exit 0", "conmon", rec.ID)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	t.Cleanup(func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); _ = cmd.Wait() })
 	if err := os.WriteFile(filepath.Join(rec.Bundle, "conmon.pid"), []byte(strconv.Itoa(cmd.Process.Pid)), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -253,8 +257,7 @@ func TestWaitExitFileOnMonitor(t *testing.T) {
 	mon := standInConmon(t, rec)
 	go func() {
 		time.Sleep(200 * time.Millisecond)
-		_ = mon.Process.Kill()
-		_ = mon.Wait()
+		_ = mon.Process.Kill() // a zombie until the cleanup's Wait, as conmon until its reaper's
 	}()
 	if waitExitFile(ctx, exitFile, 0, rec) {
 		t.Fatal("the wait saw an exit file nobody wrote")

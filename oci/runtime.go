@@ -348,13 +348,17 @@ func (r *Runtime) Stop(ctx context.Context, id string, sig syscall.Signal, timeo
 	if waitExitFile(ctx, exitFile, 0, rec) {
 		return nil
 	}
-	if ctx.Err() == nil {
-		// conmon is gone without an exit file: the runtime says whether
-		// the container is stopped.
+	// conmon is gone without an exit file: the runtime says when the
+	// container has stopped (a kill takes effect a moment after it is
+	// sent).
+	for ctx.Err() == nil {
 		if rs, known, err := r.runtimeState(ctx, id); err == nil && (!known || Status(rs.Status) == StatusStopped) {
 			return nil
 		}
-		return fmt.Errorf("container %s: its monitor is gone and the runtime does not say it stopped: %w", id, errdefs.ErrUnknown)
+		select {
+		case <-ctx.Done():
+		case <-time.After(monitorPoll / 2):
+		}
 	}
 	return fmt.Errorf("container %s did not exit after SIGKILL: %w", id, ctx.Err())
 }
