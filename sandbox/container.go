@@ -78,7 +78,8 @@ type ContainerMetadata struct {
 	Image    string `json:"image"`
 	ImageID  string `json:"imageId"`
 	ImageRef string `json:"imageRef"`
-	// StopSignal is the image's STOPSIGNAL ("" means SIGTERM).
+	// StopSignal is the pod's stop signal for the container, else the
+	// image's STOPSIGNAL ("" means SIGTERM).
 	StopSignal string `json:"stopSignal,omitempty"`
 	// LogPath is the absolute CRI log path; "" means no log.
 	LogPath string           `json:"logPath,omitempty"`

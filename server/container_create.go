@@ -62,11 +62,15 @@ func (s *Server) containerRequest(sb *sandbox.Sandbox, cfg *runtimeapi.Container
 	if err := validProcess(cfg); err != nil {
 		return nil, err
 	}
+	stop, err := criSignalName(cfg.GetStopSignal())
+	if err != nil {
+		return nil, err
+	}
 	r := &containerRequest{
 		md: sandbox.ContainerMetadata{
 			SandboxID: sb.ID, Name: m.Name, Attempt: m.Attempt,
 			Labels: cfg.Labels, Annotations: cfg.Annotations, Image: cfg.Image.Image,
-			LogPath: logPath, Handler: sb.Handler,
+			LogPath: logPath, Handler: sb.Handler, StopSignal: stop,
 		},
 		spec: oci.ContainerSpec{
 			SandboxID: sb.ID,
@@ -111,15 +115,22 @@ func (s *Server) containerRequest(sb *sandbox.Sandbox, cfg *runtimeapi.Container
 	if r.pidMode, err = containerPIDMode(sb, ns); err != nil {
 		return nil, err
 	}
-	r.spec.Annotations = map[string]string{}
-	for k, v := range cfg.Annotations {
-		r.spec.Annotations[k] = v
-	}
-	r.spec.Annotations[annContainerType] = "container"
-	r.spec.Annotations[annSandboxID] = sb.ID
-	r.spec.Annotations[annContainerName] = m.Name
-	r.spec.Annotations[annImageName] = cfg.Image.Image
+	r.spec.Annotations = specAnnotations(sb, cfg)
 	return r, nil
+}
+
+// specAnnotations are the OCI spec's annotations: the container's own
+// and those saying which pod and image it belongs to.
+func specAnnotations(sb *sandbox.Sandbox, cfg *runtimeapi.ContainerConfig) map[string]string {
+	out := map[string]string{}
+	for k, v := range cfg.Annotations {
+		out[k] = v
+	}
+	out[annContainerType] = "container"
+	out[annSandboxID] = sb.ID
+	out[annContainerName] = cfg.GetMetadata().GetName()
+	out[annImageName] = cfg.GetImage().GetImage()
+	return out
 }
 
 // addMounts converts the requested mounts: each is recorded, and each but
@@ -512,7 +523,12 @@ func (s *Server) newContainerMetadata(req *containerRequest) (sandbox.ContainerM
 		return sandbox.ContainerMetadata{}, nil, err
 	}
 	md.ID, md.CreatedAt = newID(), time.Now()
-	md.ImageID, md.ImageRef, md.StopSignal = img.ID, img.ID, img.Config.StopSignal
+	md.ImageID, md.ImageRef = img.ID, img.ID
+	if md.StopSignal == "" {
+		// The pod's lifecycle.stopSignal, when kubelet sent one, wins
+		// over the image's STOPSIGNAL, as KEP-4960 orders them.
+		md.StopSignal = img.Config.StopSignal
+	}
 	if len(img.RepoDigests) > 0 {
 		md.ImageRef = img.RepoDigests[0]
 	}

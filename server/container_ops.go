@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"os"
 	"slices"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -15,7 +13,6 @@ import (
 	"github.com/containerd/log"
 	nriapi "github.com/containerd/nri/pkg/api"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
-	"golang.org/x/sys/unix"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pinrt/pinrt/oci"
@@ -97,24 +94,6 @@ func (s *Server) createInRuntime(ctx context.Context, rt ContainerRuntime, c *sa
 		return err
 	}
 	return c.UpdateStatus(func(st *sandbox.ContainerStatus) { st.Pid, st.RuntimePending = pid, false })
-}
-
-// stopSignal parses an image STOPSIGNAL ("SIGUSR1", "USR1" or "10").
-func stopSignal(v string) (syscall.Signal, error) {
-	if v == "" {
-		return syscall.SIGTERM, nil
-	}
-	if n, err := strconv.Atoi(v); err == nil && n > 0 && n < 65 {
-		return syscall.Signal(n), nil
-	}
-	name := strings.ToUpper(v)
-	if !strings.HasPrefix(name, "SIG") {
-		name = "SIG" + name
-	}
-	if sig := unix.SignalNum(name); sig != 0 {
-		return sig, nil
-	}
-	return 0, invalid("unknown stop signal %q", v)
 }
 
 // stopContainer sends the image's stop signal, waits up to timeout, then

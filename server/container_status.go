@@ -103,6 +103,7 @@ func containerStatus(c *sandbox.Container) *runtimeapi.ContainerStatus {
 		CreatedAt: c.CreatedAt.UnixNano(), ExitCode: st.ExitCode, Reason: st.Reason, Message: st.Message,
 		Image: &runtimeapi.ImageSpec{Image: c.Image}, ImageRef: c.ImageRef, ImageId: c.ImageID,
 		Labels: c.Labels, Annotations: c.Annotations, LogPath: c.LogPath,
+		StopSignal: criSignal(c.StopSignal),
 		User: &runtimeapi.ContainerUser{Linux: &runtimeapi.LinuxContainerUser{
 			Uid: int64(c.User.UID), Gid: int64(c.User.GID),
 		}},

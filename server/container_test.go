@@ -218,8 +218,21 @@ func TestStopSignal(t *testing.T) {
 		{"usr1", syscall.SIGUSR1, false},
 		{"SIGKILL", syscall.SIGKILL, false},
 		{"15", syscall.SIGTERM, false},
+		{"64", 64, false},
+		{"SIGRTMIN+3", 37, false}, // systemd's, in kind's node image
+		{"rtmin", 34, false},
+		{"SIGRTMAX-1", 63, false},
+		{"SIGRTMAX", 64, false},
+		{"SIGIOT", syscall.SIGABRT, false},
+		{"cld", syscall.SIGCHLD, false},
 		{"SIGNOPE", 0, true},
 		{"99", 0, true},
+		{"65", 0, true},
+		{"SIGRTMIN+31", 0, true},
+		{"SIGRTMIN-1", 0, true},
+		{"SIGRTMAX+1", 0, true},
+		{"SIGRTMIN+03", 0, true},
+		{"SIGRTMIN+", 0, true},
 	}
 	for _, tc := range tests {
 		got, err := stopSignal(tc.in)
@@ -227,6 +240,99 @@ func TestStopSignal(t *testing.T) {
 			t.Errorf("stopSignal(%q) = %v, %v; want %v (bad=%v)", tc.in, got, err, tc.want, tc.bad)
 		}
 	}
+}
+
+// Every signal CRI names survives the trip kubelet's lifecycle.stopSignal
+// takes: the enum to the recorded name, and back in ContainerStatus.
+func TestCRISignalRoundTrip(t *testing.T) {
+	for n, enum := range runtimeapi.Signal_name {
+		want := runtimeapi.Signal(n)
+		name, err := criSignalName(want)
+		if err != nil {
+			t.Errorf("%s: %v", enum, err)
+			continue
+		}
+		if want == runtimeapi.Signal_SIGNAL_RUNTIME_DEFAULT {
+			if name != "" {
+				t.Errorf("RUNTIME_DEFAULT recorded as %q, want the image's", name)
+			}
+			continue
+		}
+		if got := criSignal(name); got != want {
+			t.Errorf("%s recorded as %q reads back as %s", enum, name, got)
+		}
+	}
+	if _, err := criSignalName(999); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("signal 999: %v, want InvalidArgument", err)
+	}
+	// What an image gives is reported by the signal's CRI name.
+	for in, want := range map[string]runtimeapi.Signal{
+		"":            runtimeapi.Signal_SIGNAL_SIGTERM,
+		"10":          runtimeapi.Signal_SIGNAL_SIGUSR1,
+		"usr2":        runtimeapi.Signal_SIGNAL_SIGUSR2,
+		"SIGRTMIN+3":  runtimeapi.Signal_SIGNAL_SIGRTMINPLUS3,
+		"SIGRTMIN+20": runtimeapi.Signal_SIGNAL_SIGRTMAXMINUS10,
+		"37":          runtimeapi.Signal_SIGNAL_SIGRTMINPLUS3,
+		"SIGNOPE":     runtimeapi.Signal_SIGNAL_RUNTIME_DEFAULT,
+	} {
+		if got := criSignal(in); got != want {
+			t.Errorf("criSignal(%q) = %s, want %s", in, got, want)
+		}
+	}
+}
+
+// The pod's stop signal (lifecycle.stopSignal, KEP-4960) wins over the
+// image's: it is what StopContainer sends and what ContainerStatus
+// reports; without one the image's is both.
+func TestContainerStopSignal(t *testing.T) {
+	tests := []struct {
+		name     string
+		signal   runtimeapi.Signal
+		want     runtimeapi.Signal
+		wantExit int32
+	}{
+		{"image's", runtimeapi.Signal_SIGNAL_RUNTIME_DEFAULT, runtimeapi.Signal_SIGNAL_SIGUSR1, 128 + 10},
+		{"pod's", runtimeapi.Signal_SIGNAL_SIGQUIT, runtimeapi.Signal_SIGNAL_SIGQUIT, 128 + 3},
+		{"real-time", runtimeapi.Signal_SIGNAL_SIGRTMINPLUS3, runtimeapi.Signal_SIGNAL_SIGRTMINPLUS3, 128 + 37},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newCtrFixture(t)
+			ctx := context.Background()
+			pod, podCfg := f.pod(t, false)
+			cfg := unitCtr("stopper")
+			cfg.StopSignal = tc.signal
+			resp, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: cfg, SandboxConfig: podCfg})
+			if err != nil {
+				t.Fatal(err)
+			}
+			id := resp.ContainerId
+			st, err := f.srv.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id})
+			if err != nil || st.Status.StopSignal != tc.want {
+				t.Fatalf("status stop signal = %v, %v; want %s", st.GetStatus().GetStopSignal(), err, tc.want)
+			}
+			if _, err := f.srv.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: id}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.srv.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: id, Timeout: 5}); err != nil {
+				t.Fatal(err)
+			}
+			// The fake runtime exits 128 + the signal it was sent.
+			st, _ = f.srv.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id})
+			if st.Status.ExitCode != tc.wantExit || st.Status.StopSignal != tc.want {
+				t.Errorf("after stop: exit %d, stop signal %s; want %d, %s", st.Status.ExitCode, st.Status.StopSignal, tc.wantExit, tc.want)
+			}
+		})
+	}
+	f := newCtrFixture(t)
+	pod, podCfg := f.pod(t, false)
+	cfg := unitCtr("bad")
+	cfg.StopSignal = 999
+	_, err := f.srv.CreateContainer(context.Background(), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: cfg, SandboxConfig: podCfg})
+	if !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("stop signal 999: %v, want InvalidArgument", err)
+	}
+	f.nothingLeft(t)
 }
 
 func TestApplyState(t *testing.T) {

@@ -537,7 +537,8 @@ func (e *ctrEnv) testOOM(t *testing.T) {
 	}
 }
 
-// stopOnUSR1 exits 42 on SIGUSR1 and ignores SIGTERM.
+// stopOnUSR1 exits 42 on SIGUSR1, 44 on SIGRTMIN+3 (signal 37, systemd's
+// stop signal) and ignores SIGTERM.
 const stopOnUSR1 = `package main
 
 import (
@@ -548,10 +549,13 @@ import (
 
 func main() {
 	c := make(chan os.Signal, 1)
-	signal.Notify(c, syscall.SIGUSR1, syscall.SIGTERM)
+	signal.Notify(c, syscall.SIGUSR1, syscall.Signal(37), syscall.SIGTERM)
 	for s := range c {
-		if s == syscall.SIGUSR1 {
+		switch s {
+		case syscall.SIGUSR1:
 			os.Exit(42)
+		case syscall.Signal(37):
+			os.Exit(44)
 		}
 	}
 }
@@ -568,7 +572,18 @@ func (e *ctrEnv) testStop(t *testing.T) {
 	cfg := e.ctr("usr1")
 	cfg.Image.Image = img
 	usr1 := e.run(t, pod, podCfg, cfg)
-	time.Sleep(300 * time.Millisecond) // let the program install its handler
+	// The pod's stop signal (lifecycle.stopSignal) wins over the image's.
+	cfg = e.ctr("rtmin3")
+	cfg.Image.Image, cfg.StopSignal = img, runtimeapi.Signal_SIGNAL_SIGRTMINPLUS3
+	rtmin3 := e.run(t, pod, podCfg, cfg)
+	time.Sleep(300 * time.Millisecond) // let the programs install their handlers
+	for id, want := range map[string]runtimeapi.Signal{
+		stubborn: runtimeapi.Signal_SIGNAL_SIGTERM, usr1: runtimeapi.Signal_SIGNAL_SIGUSR1, rtmin3: runtimeapi.Signal_SIGNAL_SIGRTMINPLUS3,
+	} {
+		if got := e.status(t, id).StopSignal; got != want {
+			t.Errorf("container %s reports stop signal %s, want %s", id, got, want)
+		}
+	}
 
 	start := time.Now()
 	if _, err := e.d.Runtime.StopContainer(Ctx(t), &runtimeapi.StopContainerRequest{ContainerId: stubborn, Timeout: 2}); err != nil {
@@ -586,6 +601,13 @@ func (e *ctrEnv) testStop(t *testing.T) {
 	}
 	if st := e.status(t, usr1); st.ExitCode != 42 || time.Since(start) > 10*time.Second {
 		t.Errorf("STOPSIGNAL SIGUSR1: exit %d after %v, want 42 at once", st.ExitCode, time.Since(start))
+	}
+	start = time.Now()
+	if _, err := e.d.Runtime.StopContainer(Ctx(t), &runtimeapi.StopContainerRequest{ContainerId: rtmin3, Timeout: 20}); err != nil {
+		t.Fatalf("StopContainer: %v", err)
+	}
+	if st := e.status(t, rtmin3); st.ExitCode != 44 || time.Since(start) > 10*time.Second {
+		t.Errorf("the pod's stop signal SIGRTMIN+3: exit %d after %v, want 44 at once", st.ExitCode, time.Since(start))
 	}
 	// Stopping again is fine.
 	if _, err := e.d.Runtime.StopContainer(Ctx(t), &runtimeapi.StopContainerRequest{ContainerId: usr1, Timeout: 1}); err != nil {
