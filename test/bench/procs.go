@@ -23,17 +23,27 @@ import (
 // "runc init", a CNI plugin). Nothing is polled, so a runc call of a few
 // milliseconds is counted as surely as a long-lived conmon. Events of
 // other processes on the machine are ignored.
+//
+// Where the kernel has taskstats, the watch also adds up the CPU time
+// of each of those processes when it exits, under the command it last
+// ran (a runc create's init that becomes the container's process counts
+// as that process): which of them a pod's CPU goes to.
 type ProcWatch struct {
-	fd   int
-	root int
-	done chan struct{}
-	stop atomic.Bool
+	fd    int
+	root  int
+	done  chan struct{}
+	stop  atomic.Bool
+	tasks *taskExits // nil without taskstats
 
 	mu    sync.Mutex
 	tree  map[uint32]bool // the daemon and its descendants, by tgid
 	forks int
 	execs map[string]int
 	lost  int // receive errors: the counts are lower bounds
+	// names are the commands the daemon's descendants ran, by tgid,
+	// kept past their exit: taskstats may report a thread after it.
+	names map[uint32]string
+	cpu   map[string]time.Duration
 }
 
 // ProcCounts is a snapshot of a ProcWatch.
@@ -41,6 +51,9 @@ type ProcCounts struct {
 	Forks int
 	Execs map[string]int
 	Lost  int
+	// CPU is the CPU time of the processes that exited, by command; nil
+	// without taskstats.
+	CPU map[string]time.Duration
 }
 
 // Sub is what happened between before and c.
@@ -49,6 +62,14 @@ func (c ProcCounts) Sub(before ProcCounts) ProcCounts {
 	for k, v := range c.Execs {
 		if d := v - before.Execs[k]; d != 0 {
 			out.Execs[k] = d
+		}
+	}
+	if c.CPU != nil {
+		out.CPU = map[string]time.Duration{}
+		for k, v := range c.CPU {
+			if d := v - before.CPU[k]; d != 0 {
+				out.CPU[k] = d
+			}
 		}
 	}
 	return out
@@ -88,9 +109,23 @@ func WatchProcs(root int) (*ProcWatch, error) {
 		_ = unix.Close(fd)
 		return nil, fmt.Errorf("subscribe to process events: %w", err)
 	}
-	w := &ProcWatch{fd: fd, root: root, done: make(chan struct{}), tree: map[uint32]bool{uint32(root): true}, execs: map[string]int{}}
+	w := &ProcWatch{fd: fd, root: root, done: make(chan struct{}), tree: map[uint32]bool{uint32(root): true}, execs: map[string]int{},
+		names: map[uint32]string{}}
+	// Without taskstats the counts stand alone.
+	if tasks, err := watchTaskExits(w.exited); err == nil {
+		w.tasks, w.cpu = tasks, map[string]time.Duration{}
+	}
 	go w.loop()
 	return w, nil
+}
+
+// exited adds a thread's CPU time to its process's command.
+func (w *ProcWatch) exited(tgid uint32, cpu time.Duration) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if name, ok := w.names[tgid]; ok {
+		w.cpu[name] += cpu
+	}
 }
 
 func sendMcast(fd int, op uint32) error {
@@ -115,6 +150,12 @@ func (w *ProcWatch) Counts() ProcCounts {
 	for k, v := range w.execs {
 		c.Execs[k] = v
 	}
+	if w.cpu != nil {
+		c.CPU = make(map[string]time.Duration, len(w.cpu))
+		for k, v := range w.cpu {
+			c.CPU[k] = v
+		}
+	}
 	return c
 }
 
@@ -124,6 +165,9 @@ func (w *ProcWatch) Close() {
 	w.stop.Store(true)
 	<-w.done
 	_ = unix.Close(w.fd)
+	if w.tasks != nil {
+		w.tasks.Close()
+	}
 }
 
 func (w *ProcWatch) loop() {
@@ -185,6 +229,12 @@ func (w *ProcWatch) event(b []byte) {
 		if w.tree[parentTgid] {
 			w.tree[childTgid] = true
 			w.forks++
+			// Until it execs, a child is its parent's: conmon's
+			// daemonised half is conmon.
+			w.names[childTgid] = w.names[parentTgid]
+			if int(parentTgid) == w.root {
+				w.names[childTgid] = "?"
+			}
 		}
 		w.mu.Unlock()
 	case procEventExit:
@@ -208,6 +258,7 @@ func (w *ProcWatch) event(b []byte) {
 		name := procName(tgid)
 		w.mu.Lock()
 		w.execs[name]++
+		w.names[tgid] = name
 		w.mu.Unlock()
 	}
 }

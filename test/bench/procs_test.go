@@ -42,3 +42,45 @@ func TestFormatExecs(t *testing.T) {
 		t.Errorf("FormatExecs = %q, want %q", got, want)
 	}
 }
+
+// With taskstats, a child's CPU time is added up under its command when
+// it exits: a shell that burns a known amount shows it, and a process of
+// no descendant's does not.
+func TestWatchProcsCPU(t *testing.T) {
+	if err := exec.Command("true").Run(); err != nil {
+		t.Fatal(err)
+	}
+	w, err := WatchProcs(os.Getpid())
+	if err != nil {
+		t.Skipf("no process events connector (needs root): %v", err)
+	}
+	defer w.Close()
+	if w.tasks == nil {
+		t.Skip("no taskstats in this kernel (or no CAP_NET_ADMIN)")
+	}
+	before := w.Counts()
+	// awk spins for about 300 ms of user time after sleep lets its
+	// command line be read.
+	burn := exec.Command("sh", "-c", `sleep 0.2; awk 'BEGIN { t = systime() + 1; while (systime() < t) n++ }'`)
+	if err := burn.Run(); err != nil {
+		t.Fatal(err)
+	}
+	var d ProcCounts
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if d = w.Counts().Sub(before); d.CPU["awk"] > 0 {
+			break
+		}
+	}
+	// systime() counts whole seconds: awk spins between 0 and 1 s.
+	if got := d.CPU["awk"]; got <= 0 || got > 2*time.Second {
+		t.Errorf("awk's CPU = %v, want (0, 1s]; all: %v", got, d.CPU)
+	}
+	if got := d.CPU["sleep"]; got > 100*time.Millisecond {
+		t.Errorf("sleep's CPU = %v, want next to none", got)
+	}
+	for name := range d.CPU {
+		if name != "awk" && name != "sleep" && name != "sh" {
+			t.Errorf("CPU counted for %q, which the test did not run", name)
+		}
+	}
+}

@@ -943,7 +943,10 @@ func (r *runner) watchProcs(scenario string) ProcCounts {
 
 // procMetrics reports the processes the daemon started per pod (forks,
 // threads not counted) and the commands it ran per pod, as
-// execs_per_pod.<command>, e.g. execs_per_pod.runc_state.
+// execs_per_pod.<command>, e.g. execs_per_pod.runc_state; with
+// taskstats, also the CPU time of those that exited, per pod, as
+// exec_cpu_ms_per_pod.<command> (a container's own process is there too,
+// under its command, when it exited during the run).
 func (r *runner) procMetrics(d ProcCounts) {
 	pods := r.cfg.N
 	if r.pods > 0 {
@@ -952,6 +955,9 @@ func (r *runner) procMetrics(d ProcCounts) {
 	r.setMetric("procs_per_pod", float64(d.Forks)/float64(pods))
 	for k, v := range d.Execs {
 		r.setMetric("execs_per_pod."+strings.ReplaceAll(k, " ", "_"), float64(v)/float64(pods))
+	}
+	for k, v := range d.CPU {
+		r.setMetric("exec_cpu_ms_per_pod."+strings.ReplaceAll(k, " ", "_"), ms(v)/float64(pods))
 	}
 	if d.Lost > 0 {
 		r.setMetric("procs_events_lost", float64(d.Lost))
