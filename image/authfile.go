@@ -99,11 +99,11 @@ func authHost(key string) string {
 // holding the secret itself: concurrent pulls share a download only when
 // they would have authenticated the same way.
 func credKey(a *Auth) string {
-	if a == nil || *a == (Auth{}) {
+	if a.empty() {
 		return "anonymous"
 	}
 	h := sha256.New()
-	for _, f := range []string{a.Username, a.Password, a.Auth, a.IdentityToken, a.RegistryToken} {
+	for _, f := range []string{a.Username, a.Password, a.Auth, a.IdentityToken, a.RegistryToken, a.ServerAddress} {
 		// Length-prefixed, so ("ab","c") and ("a","bc") differ.
 		fmt.Fprintf(h, "%d:%s;", len(f), f)
 	}

@@ -31,10 +31,27 @@ import (
 	"github.com/pinrt/pinrt/internal/atomicfile"
 )
 
+// empty reports credentials that authenticate nothing: none, or only a
+// server address.
+func (a *Auth) empty() bool {
+	return a == nil || *a == (Auth{ServerAddress: a.ServerAddress})
+}
+
+// forHost is a's credentials for one registry host, or nil: they go to
+// every endpoint of a pull, its mirrors too, unless they name their
+// server; then, as containerd reads CRI's credentials, to that server
+// only ("https://index.docker.io/v1/" is Docker Hub).
+func (a *Auth) forHost(host string) *Auth {
+	if a.empty() || (a.ServerAddress != "" && authHost(a.ServerAddress) != authHost(host)) {
+		return nil
+	}
+	return a
+}
+
 // authenticator turns CRI credentials into a go-containerregistry
 // authenticator; no credentials means anonymous.
 func (a *Auth) authenticator() authn.Authenticator {
-	if a == nil || *a == (Auth{}) {
+	if a.empty() {
 		return authn.Anonymous
 	}
 	return authn.FromConfig(authn.AuthConfig{
@@ -54,11 +71,11 @@ type endpoint struct {
 
 // endpoints lists the mirrors of r's registry in order, then the
 // registry itself unless SkipOrigin. auth is the caller's credentials;
-// without them each endpoint gets the auth file's entry for its host.
+// an endpoint they are not for gets the auth file's entry for its host.
 func (s *Store) endpoints(ctx context.Context, r name.Reference, auth *Auth, files authFileCreds, prog *pullProgress, blobs *blobChecks) ([]endpoint, error) {
 	credsFor := func(ref name.Reference) *Auth {
-		if auth != nil && *auth != (Auth{}) {
-			return auth
+		if a := auth.forHost(registryHost(ref)); a != nil {
+			return a
 		}
 		return files.lookup(registryHost(ref))
 	}
@@ -300,7 +317,7 @@ func (s *Store) pullShared(ctx context.Context, r name.Reference, auth *Auth, re
 	// The policy is checked before anything is fetched; what is fetched
 	// is then the manifest it accepted, by digest. r keeps naming the
 	// image for its record.
-	fetchRef, err := s.verify(ctx, r, auth, req)
+	fetchRef, err := s.verify(ctx, r, auth.forHost(registryHost(r)), req)
 	if err != nil {
 		return nil, nil, "", err
 	}
@@ -308,7 +325,7 @@ func (s *Store) pullShared(ctx context.Context, r name.Reference, auth *Auth, re
 	defer s.unpin(pins)
 
 	var files authFileCreds
-	if auth == nil || *auth == (Auth{}) {
+	if auth.empty() || auth.ServerAddress != "" {
 		var err error
 		if files, err = loadAuthFile(s.opts.AuthFile); err != nil {
 			return nil, nil, "", fmt.Errorf("pull %s: %w", normalize(r), err)

@@ -634,6 +634,12 @@ func TestPullAuthFile(t *testing.T) {
 		{name: "other host only", file: `{"auths": {"other.example": {"auth": "` + b64("puller:s3cret") + `"}}}`, wantErr: errdefs.ErrUnauthenticated},
 		{name: "kubelet's credentials win", file: `{"auths": {"` + reg.addr + `": {"auth": "` + b64("puller:s3cret") + `"}}}`,
 			auth: &Auth{Username: "puller", Password: "wrong"}, wantErr: errdefs.ErrUnauthenticated},
+		{name: "credentials for their server", auth: &Auth{Username: "puller", Password: "s3cret", ServerAddress: "http://" + reg.addr + "/v2/"}},
+		{name: "credentials for another server", auth: &Auth{Username: "puller", Password: "s3cret", ServerAddress: "other.example"},
+			wantErr: errdefs.ErrUnauthenticated},
+		{name: "the file's for this host, kubelet's for another", file: `{"auths": {"` + reg.addr + `": {"auth": "` + b64("puller:s3cret") + `"}}}`,
+			auth: &Auth{Username: "puller", Password: "wrong", ServerAddress: "https://other.example"}},
+		{name: "a server address alone is no credentials", auth: &Auth{ServerAddress: reg.addr}, wantErr: errdefs.ErrUnauthenticated},
 		{name: "malformed json", file: `{"auths": `, wantErr: errdefs.ErrInvalidArgument, wantMsg: "auth.json"},
 		{name: "auth not base64", file: `{"auths": {"` + reg.addr + `": {"auth": "%%%"}}}`, wantErr: errdefs.ErrInvalidArgument, wantMsg: "auth.json"},
 	}
@@ -673,6 +679,58 @@ func TestPullAuthFile(t *testing.T) {
 	}
 	if _, err := s.Pull(context.Background(), reg.ref("private:1"), nil); err != nil {
 		t.Fatalf("pull after writing the file = %v", err)
+	}
+}
+
+// kubelet's credentials go to a registry's mirrors too, as containerd
+// and CRI-O send them, unless they name their server: then a mirror that
+// asks for credentials gets none, and the origin serves the pull.
+func TestPullCredentialsToMirrors(t *testing.T) {
+	requireRoot(t)
+	origin, mirror := startTestRegistry(t), startTestRegistry(t)
+	img := imageOf(t, types.OCIManifestSchema1, types.OCIConfigJSON, fileLayer(t, "m", []byte("m")))
+	origin.push(t, "private:1", img)
+	mirror.push(t, "private:1", img)
+	origin.pulls(basicAuth("puller", "s3cret"))
+	var sent atomic.Int32
+	mirror.pulls(func(inner http.Handler) http.Handler {
+		auth := basicAuth("puller", "s3cret")(inner)
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Header.Get("Authorization") != "" {
+				sent.Add(1)
+			}
+			auth.ServeHTTP(w, r)
+		})
+	})
+	for _, tc := range []struct {
+		name         string
+		server       string
+		toMirror     bool
+		originPulled bool
+	}{
+		{"no server address", "", true, false},
+		{"the origin's address", "https://" + origin.addr + "/v2/", false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sent.Store(0)
+			s := newTestStore(t, Options{Registries: map[string]RegistryConfig{origin.addr: {Mirrors: []string{mirror.addr}}}})
+			ctx, buf := jsonLog()
+			if _, err := s.Pull(ctx, origin.ref("private:1"), &Auth{Username: "puller", Password: "s3cret", ServerAddress: tc.server}); err != nil {
+				t.Fatalf("Pull = %v", err)
+			}
+			if got := sent.Load() > 0; got != tc.toMirror {
+				t.Errorf("credentials sent to the mirror: %v, want %v", got, tc.toMirror)
+			}
+			from := ""
+			for _, m := range parseJSONLog(t, buf) {
+				if m["msg"] == "pulling image" {
+					from, _ = m["endpoint"].(string)
+				}
+			}
+			if want := map[bool]string{true: origin.addr, false: mirror.addr}[tc.originPulled]; from != want {
+				t.Errorf("pulled from %q, want %q", from, want)
+			}
+		})
 	}
 }
 

@@ -34,6 +34,10 @@ type Auth struct {
 	Auth          string // base64("user:pass")
 	IdentityToken string
 	RegistryToken string
+	// ServerAddress, when set, is the one registry the credentials are
+	// for (CRI's AuthConfig.server_address): a mirror of it, another
+	// host, gets none of them.
+	ServerAddress string
 }
 
 // Image is the record of one pulled image.

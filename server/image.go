@@ -136,7 +136,7 @@ func toAuth(a *runtimeapi.AuthConfig) *image.Auth {
 	}
 	return &image.Auth{
 		Username: a.Username, Password: a.Password, Auth: a.Auth,
-		IdentityToken: a.IdentityToken, RegistryToken: a.RegistryToken,
+		IdentityToken: a.IdentityToken, RegistryToken: a.RegistryToken, ServerAddress: a.ServerAddress,
 	}
 }
 

@@ -103,7 +103,7 @@ func TestPullImage(t *testing.T) {
 				IdentityToken: "idt", RegistryToken: "rt",
 			},
 			wantRef:  idB,
-			wantAuth: &image.Auth{Username: "u", Password: "p", Auth: "dTpw", IdentityToken: "idt", RegistryToken: "rt"},
+			wantAuth: &image.Auth{Username: "u", Password: "p", Auth: "dTpw", IdentityToken: "idt", RegistryToken: "rt", ServerAddress: "reg"},
 		},
 	}
 	for _, tc := range tests {
