@@ -178,7 +178,7 @@ type ImageConfig struct {
 	MaxConcurrentDownloads int `toml:"max_concurrent_downloads" comment:"Layers of one pull downloaded at once."`
 	// AuthFile is a docker/podman config.json whose "auths" supply
 	// credentials when kubelet sends none. Read on every pull.
-	AuthFile string `toml:"auth_file" comment:"config.json in docker/podman format ({\"auths\": {\"host\": {\"auth\": \"base64(user:pass)\"}}}) used when kubelet sends no credentials; read on every pull. Empty: none."`
+	AuthFile string `toml:"auth_file" comment:"config.json in docker/podman format ({\"auths\": {\"host\": {\"auth\": \"base64(user:pass)\"}}}) used when kubelet sends no credentials, or sends credentials for another host (server_address) than a mirror's; read on every pull. Empty: none."`
 	// Registries configures mirrors, TLS and plain HTTP per registry host.
 	Registries map[string]Registry `toml:"registries" comment:"Per registry host: mirrors, skip_origin, insecure, ca_file. localhost and 127.0.0.0/8 use plain HTTP without config.\nExample, an air-gapped node pulling docker.io images from a local mirror only:\n[image.registries.\"docker.io\"]\n  mirrors = [\"mirror.example.internal:5000\", \"backup.example.internal/dockerhub\"]\n  skip_origin = true\n[image.registries.\"mirror.example.internal:5000\"]\n  ca_file = \"/etc/pinrt/certs/mirror-ca.pem\"\n[image.registries.\"backup.example.internal\"]\n  insecure = true"`
 	// PinnedImages are reported pinned in ListImages and ImageStatus, so
