@@ -173,7 +173,6 @@ func (w *ProcWatch) Close() {
 func (w *ProcWatch) loop() {
 	defer close(w.done)
 	buf := make([]byte, 1<<16)
-	le := binary.LittleEndian
 	for {
 		if w.stop.Load() {
 			return
@@ -194,18 +193,24 @@ func (w *ProcWatch) loop() {
 		if n == 0 {
 			return // shut down
 		}
-		for msg := buf[:n]; len(msg) >= nlmsgHdrLen; {
-			l := int(le.Uint32(msg[0:]))
-			if l < nlmsgHdrLen || l > len(msg) {
-				break
-			}
-			w.event(msg[nlmsgHdrLen:l])
-			adv := (l + 3) &^ 3
-			if adv >= len(msg) {
-				break
-			}
-			msg = msg[adv:]
+		eachMessage(buf[:n], w.event)
+	}
+}
+
+// eachMessage calls f with the payload of each netlink message in b.
+func eachMessage(b []byte, f func(payload []byte)) {
+	le := binary.LittleEndian
+	for len(b) >= nlmsgHdrLen {
+		l := int(le.Uint32(b[0:]))
+		if l < nlmsgHdrLen || l > len(b) {
+			return
 		}
+		f(b[nlmsgHdrLen:l])
+		adv := (l + 3) &^ 3
+		if adv >= len(b) {
+			return
+		}
+		b = b[adv:]
 	}
 }
 

@@ -149,7 +149,6 @@ func (t *taskExits) Close() {
 func (t *taskExits) loop() {
 	defer close(t.done)
 	buf := make([]byte, 1<<16)
-	le := binary.LittleEndian
 	for !t.stop.Load() {
 		n, _, err := unix.Recvfrom(t.fd, buf, 0)
 		if err != nil {
@@ -158,18 +157,11 @@ func (t *taskExits) loop() {
 			}
 			return
 		}
-		for msg := buf[:n]; len(msg) >= nlmsgHdrLen+genlHdrLen; {
-			l := int(le.Uint32(msg[0:]))
-			if l < nlmsgHdrLen+genlHdrLen || l > len(msg) {
-				break
+		eachMessage(buf[:n], func(payload []byte) {
+			if len(payload) >= genlHdrLen {
+				eachAttr(payload[genlHdrLen:], t.aggregate)
 			}
-			eachAttr(msg[nlmsgHdrLen+genlHdrLen:l], t.aggregate)
-			adv := (l + 3) &^ 3
-			if adv >= len(msg) {
-				break
-			}
-			msg = msg[adv:]
-		}
+		})
 	}
 }
 
