@@ -151,7 +151,7 @@ func TestWithCDIDevices(t *testing.T) {
 	idmap := &Features{IDMapMounts: true}
 
 	t.Run("host user namespace: a device node", func(t *testing.T) {
-		s, err := gen(t, WithEnv(nil, []string{"A=1"}), WithDevices(nil, false), WithCDIDevices(r, names, nil))
+		s, err := gen(t, WithEnv(nil, []string{"A=1"}), WithDevices(nil, false, nil), WithCDIDevices(r, names, nil))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -176,7 +176,7 @@ func TestWithCDIDevices(t *testing.T) {
 	})
 
 	t.Run("pod user namespace: a bind mount and an idmapped mount", func(t *testing.T) {
-		s, err := gen(t, WithNamespaces(Namespaces{User: "/run/x/user"}, false), WithDevices(nil, false),
+		s, err := gen(t, WithNamespaces(Namespaces{User: "/run/x/user"}, false), WithDevices(nil, false, nil),
 			WithCDIDevices(r, names, &PodUserNS{UIDMappings: podMap, GIDMappings: podMap, Features: idmap}))
 		if err != nil {
 			t.Fatal(err)

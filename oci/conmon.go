@@ -260,7 +260,11 @@ func (r *Runtime) startConmon(o CreateOptions) (syncR *os.File, retErr error) {
 	cmd.Dir = o.Bundle
 	// ExtraFiles start at fd 3.
 	cmd.ExtraFiles = []*os.File{syncW, startR}
-	cmd.Env = []string{"_OCI_SYNCPIPE=3", "_OCI_STARTPIPE=4", "PATH=" + os.Getenv("PATH")}
+	// CHARSET tells glib, which parses conmon's options, that its
+	// arguments are UTF-8: in the C locale it converts them from ASCII
+	// and exits on the first other byte, so a log path with an "ü" failed
+	// the start (option parsing failed: Invalid byte sequence).
+	cmd.Env = []string{"_OCI_SYNCPIPE=3", "_OCI_STARTPIPE=4", "PATH=" + os.Getenv("PATH"), "CHARSET=UTF-8"}
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}

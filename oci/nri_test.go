@@ -18,7 +18,7 @@ func nriBaseSpec(t *testing.T) *specs.Spec {
 	s, err := gen(t,
 		WithNamespaces(Namespaces{User: "/run/x/ns/user/p", Net: "/run/x/ns/net/p", PIDMode: PIDContainer}, false),
 		WithEnv(nil, []string{"KEEP=1", "DROP=1"}),
-		WithDevices(nil, false),
+		WithDevices(nil, false, nil),
 		WithAnnotations(map[string]string{"io.kubernetes.cri.sandbox-id": "p"}),
 	)
 	if err != nil {

@@ -258,7 +258,7 @@ func BuildContainerSpec(ctx context.Context, c *ContainerSpec) (*specs.Spec, err
 		WithPodFiles(c.HostsPath, c.ResolvPath, c.HostnamePath, c.ShmPath, c.ReadonlyRootfs),
 		WithMounts(c.Mounts, hasUserNS, c.PodUIDMappings, c.PodGIDMappings, c.RuntimeFeatures),
 		WithImageVolumes(c.ImageVolumes, c.RuntimeFeatures),
-		WithDevices(c.Devices, c.Privileged),
+		WithDevices(c.Devices, c.Privileged, c.PodUserNS()),
 		WithCDIDevices(c.CDI, c.CDIDevices, c.PodUserNS()),
 		WithResources(c.Resources, host),
 		WithOOMScoreAdj(resOOM(c.Resources), host.OOMFloor),

@@ -393,13 +393,18 @@ var statDevice = func(p string) (typ string, major, minor int64, mode uint32, er
 }
 
 // WithDevices adds the default device cgroup rules and the requested host
-// devices (stat'ed for type and numbers).
-func WithDevices(devs []Device, privileged bool) SpecOpt {
+// devices (stat'ed for type and numbers). In a pod with a user namespace
+// (u set) runc cannot make device nodes, and binds each from the host
+// path equal to its container path: a device kubelet puts at another path
+// becomes a bind mount of its host node instead (rewriteForUserNS), as a
+// CDI device does.
+func WithDevices(devs []Device, privileged bool, u *PodUserNS) SpecOpt {
 	return func(g *Generator) error {
 		r := g.resources()
 		if !privileged {
 			r.Devices = append(r.Devices, defaultDeviceRules...)
 		}
+		nodes := make([]hostNode, 0, len(devs))
 		for _, d := range devs {
 			if !filepath.IsAbs(d.HostPath) || !path.IsAbs(d.ContainerPath) {
 				return fmt.Errorf("device %q -> %q: paths must be absolute: %w", d.HostPath, d.ContainerPath, errdefs.ErrInvalidArgument)
@@ -422,8 +427,9 @@ func WithDevices(devs []Device, privileged bool) SpecOpt {
 			if !privileged {
 				r.Devices = append(r.Devices, specs.LinuxDeviceCgroup{Allow: true, Type: typ, Major: i64(major), Minor: i64(minor), Access: perms})
 			}
+			nodes = append(nodes, hostNode{Path: d.ContainerPath, HostPath: d.HostPath})
 		}
-		return nil
+		return rewriteForUserNS(g.Config, nodes, nil, u)
 	}
 }
 

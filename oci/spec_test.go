@@ -183,6 +183,12 @@ func TestWithUser(t *testing.T) {
 		{name: "strict image user", imageUser: "app", user: User{GroupsPolicy: GroupsStrict}, wantUID: 1000, wantGID: 1001, wantGids: []uint32{1001}, wantHome: "HOME=/home/app"},
 		{name: "unknown name", user: User{Username: "nobody-here"}, wantErr: errdefs.ErrInvalidArgument},
 		{name: "negative uid", user: User{UID: i64v(-1)}, wantErr: errdefs.ErrInvalidArgument},
+		{name: "uid (uid_t)-1", user: User{UID: i64v(1<<32 - 1)}, wantErr: errdefs.ErrInvalidArgument},
+		{name: "gid past 32 bits", user: User{UID: i64v(0), GID: i64v(1 << 40)}, wantErr: errdefs.ErrInvalidArgument},
+		// 2^32 once wrapped around to root's group.
+		{name: "supplemental group 2^32", user: User{UID: i64v(0), SupplementalGroups: []int64{1 << 32}}, wantErr: errdefs.ErrInvalidArgument},
+		{name: "supplemental group 2^31", user: User{UID: i64v(0), SupplementalGroups: []int64{1 << 31}}, wantErr: errdefs.ErrInvalidArgument},
+		{name: "largest ids", user: User{UID: i64v(1<<31 - 1), GID: i64v(1<<31 - 1), SupplementalGroups: []int64{1<<31 - 1}}, wantUID: 1<<31 - 1, wantGID: 1<<31 - 1, wantGids: []uint32{1<<31 - 1}, wantHome: "HOME=/"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -595,7 +601,7 @@ func TestWithDevices(t *testing.T) {
 		}
 		return "", 0, 0, 0, os.ErrNotExist
 	}
-	s, err := gen(t, WithDevices([]Device{{HostPath: "/dev/fuse", ContainerPath: "/dev/fuse", Permissions: "rw"}}, false))
+	s, err := gen(t, WithDevices([]Device{{HostPath: "/dev/fuse", ContainerPath: "/dev/fuse", Permissions: "rw"}}, false, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -609,9 +615,38 @@ func TestWithDevices(t *testing.T) {
 		t.Errorf("device rule = %+v", last)
 	}
 	for _, d := range []Device{{HostPath: "dev/x", ContainerPath: "/x"}, {HostPath: "/dev/fuse", ContainerPath: "/x", Permissions: "rwx"}, {HostPath: "/dev/none", ContainerPath: "/x"}} {
-		if _, err := gen(t, WithDevices([]Device{d}, false)); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		if _, err := gen(t, WithDevices([]Device{d}, false, nil)); !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Errorf("device %+v: err = %v, want InvalidArgument", d, err)
 		}
+	}
+}
+
+// In a pod with a user namespace runc binds a device node from the host
+// path equal to its container path: a device kubelet puts elsewhere is a
+// bind mount of its host node, with its cgroup rule kept. One at its own
+// path stays a device.
+func TestWithDevicesUserNS(t *testing.T) {
+	old := statDevice
+	t.Cleanup(func() { statDevice = old })
+	statDevice = func(p string) (string, int64, int64, uint32, error) { return "c", 1, 3, 0o666, nil }
+	u := &PodUserNS{UIDMappings: []specs.LinuxIDMapping{{HostID: 100000, Size: 65536}}}
+	u.GIDMappings = u.UIDMappings
+	s, err := gen(t, WithDevices([]Device{
+		{HostPath: "/dev/null", ContainerPath: "/dev/x", Permissions: "rw"},
+		{HostPath: "/dev/fuse", ContainerPath: "/dev/fuse/"},
+	}, false, u))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Linux.Devices) != 1 || s.Linux.Devices[0].Path != "/dev/fuse" {
+		t.Errorf("devices = %+v, want only /dev/fuse", s.Linux.Devices)
+	}
+	i := specMount(s, "/dev/x")
+	if i < 0 || s.Mounts[i].Source != "/dev/null" || !isBind(s.Mounts[i]) {
+		t.Fatalf("mounts = %+v, want /dev/null bound at /dev/x", s.Mounts)
+	}
+	if last := s.Linux.Resources.Devices[len(s.Linux.Resources.Devices)-2]; !last.Allow || *last.Major != 1 || *last.Minor != 3 || last.Access != "rw" {
+		t.Errorf("device rule = %+v, want the bound device allowed", last)
 	}
 }
 

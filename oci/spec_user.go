@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -45,22 +46,33 @@ func WithUser(rootfs string, u User, imageUser string) SpecOpt {
 	}
 }
 
+// checkID refuses a uid or gid outside 0-2147483647, the range the
+// Kubernetes API and the image's passwd parsing accept: past 32 bits one
+// would wrap around (2^32 to root's 0), and 2^32-1 is (uid_t)-1, "no ID",
+// to the kernel.
+func checkID(kind string, id int64) error {
+	if id < 0 || id > math.MaxInt32 {
+		return fmt.Errorf("%s %d is outside 0-%d: %w", kind, id, math.MaxInt32, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
 // userSpec is the user[:group] to resolve: the request's UID or username
 // over the image USER, with a requested GID replacing the group.
 func userSpec(u User, imageUser string) (string, error) {
 	spec := imageUser
 	switch {
 	case u.UID != nil:
-		if *u.UID < 0 {
-			return "", fmt.Errorf("negative uid %d: %w", *u.UID, errdefs.ErrInvalidArgument)
+		if err := checkID("uid", *u.UID); err != nil {
+			return "", err
 		}
 		spec = strconv.FormatInt(*u.UID, 10)
 	case u.Username != "":
 		spec = u.Username
 	}
 	if u.GID != nil {
-		if *u.GID < 0 {
-			return "", fmt.Errorf("negative gid %d: %w", *u.GID, errdefs.ErrInvalidArgument)
+		if err := checkID("gid", *u.GID); err != nil {
+			return "", err
 		}
 		name, _, _ := strings.Cut(spec, ":")
 		if name == "" {
@@ -126,8 +138,8 @@ func additionalGids(eu *user.ExecUser, u User) ([]uint32, error) {
 		}
 	}
 	for _, sg := range u.SupplementalGroups {
-		if sg < 0 {
-			return nil, fmt.Errorf("negative supplemental group %d: %w", sg, errdefs.ErrInvalidArgument)
+		if err := checkID("supplemental group", sg); err != nil {
+			return nil, err
 		}
 		addGid(uint32(sg))
 	}

@@ -90,7 +90,7 @@ func (s *Server) containerRequest(sb *sandbox.Sandbox, cfg *runtimeapi.Container
 	if err := r.addMounts(cfg.Mounts); err != nil {
 		return nil, err
 	}
-	if err := mappingsNeedUserns(sb, r.md.Mounts); err != nil {
+	if err := checkMountMappings(sb, r.md.Mounts); err != nil {
 		return nil, err
 	}
 	if err := r.addDevices(cfg.Devices); err != nil {
@@ -159,8 +159,10 @@ func (r *containerRequest) addMounts(mounts []*runtimeapi.Mount) error {
 // addDevices converts the requested host devices.
 func (r *containerRequest) addDevices(devices []*runtimeapi.Device) error {
 	for _, d := range devices {
-		if err := validate.NoNUL("device path", d.HostPath, d.ContainerPath); err != nil {
-			return err
+		for _, p := range []string{d.HostPath, d.ContainerPath} {
+			if err := validate.Path("device path", p); err != nil {
+				return err
+			}
 		}
 		if !filepath.IsAbs(d.HostPath) || !path.IsAbs(d.ContainerPath) {
 			return invalid("device %q -> %q: paths must be absolute", d.HostPath, d.ContainerPath)
@@ -191,15 +193,25 @@ func (s *Server) cdiDevices(c *oci.ContainerSpec, cfg *runtimeapi.ContainerConfi
 	return nil
 }
 
-// mappingsNeedUserns refuses ID-mapped volumes in a pod without a user
-// namespace, which runc would refuse at the start.
-func mappingsNeedUserns(sb *sandbox.Sandbox, mounts []sandbox.ContainerMount) error {
-	if sb.Modes.User == sandbox.ModePod {
-		return nil
-	}
+// checkMountMappings refuses the ID-mapped volumes runc would refuse only
+// at the start: any in a pod without a user namespace, one with UID but
+// no GID mappings or the reverse, and a mapping that is empty or runs
+// past the 32-bit IDs.
+func checkMountMappings(sb *sandbox.Sandbox, mounts []sandbox.ContainerMount) error {
 	for _, cm := range mounts {
-		if len(cm.UIDMappings)+len(cm.GIDMappings) > 0 {
+		nu, ng := len(cm.UIDMappings), len(cm.GIDMappings)
+		switch {
+		case nu+ng == 0:
+			continue
+		case sb.Modes.User != sandbox.ModePod:
 			return invalid("mount %s has ID mappings, but pod %s has no user namespace", cm.ContainerPath, sb.ID)
+		case nu == 0 || ng == 0:
+			return invalid("mount %s has %d UID and %d GID mappings: an ID-mapped mount needs both", cm.ContainerPath, nu, ng)
+		}
+		for _, m := range slices.Concat(cm.UIDMappings, cm.GIDMappings) {
+			if m.Size == 0 || uint64(m.HostID)+uint64(m.Size) > 1<<32 || uint64(m.ContainerID)+uint64(m.Size) > 1<<32 {
+				return invalid("mount %s: ID mapping %d:%d:%d is empty or runs past the 32-bit IDs", cm.ContainerPath, m.ContainerID, m.HostID, m.Size)
+			}
 		}
 	}
 	return nil
@@ -245,7 +257,7 @@ func containerLogPath(dir, rel string) (string, error) {
 	if !strings.HasPrefix(p, filepath.Clean(dir)+string(filepath.Separator)) {
 		return "", invalid("log path %q escapes the pod's log directory %q", rel, dir)
 	}
-	return p, nil
+	return p, validate.Path("log path", p)
 }
 
 // validProcess refuses a process the kernel cannot start: a NUL in its
@@ -269,7 +281,7 @@ func validProcess(cfg *runtimeapi.ContainerConfig) error {
 // validContainerPath refuses a mount destination that is not an absolute
 // path below the container's root.
 func validContainerPath(what, p string) error {
-	if err := validate.NoNUL(what, p); err != nil {
+	if err := validate.Path(what, p); err != nil {
 		return err
 	}
 	if !path.IsAbs(p) {
@@ -282,7 +294,7 @@ func validContainerPath(what, p string) error {
 }
 
 func convertMount(m *runtimeapi.Mount) (sandbox.ContainerMount, oci.Mount, error) {
-	if err := validate.NoNUL("mount host path", m.HostPath); err != nil {
+	if err := validate.Path("mount host path", m.HostPath); err != nil {
 		return sandbox.ContainerMount{}, oci.Mount{}, err
 	}
 	if !filepath.IsAbs(m.HostPath) {

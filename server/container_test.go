@@ -190,6 +190,8 @@ func TestContainerLogPath(t *testing.T) {
 		{"/var/log/pods/p", "../q/0.log", "", `log path "../q/0.log" escapes the pod's log directory "/var/log/pods/p": invalid argument`},
 		{"/var/log/pods/p", "..", "", `log path ".." escapes the pod's log directory "/var/log/pods/p": invalid argument`},
 		{"/var/log/pods/p", "/etc/passwd", "", `log path "/etc/passwd" must be relative to the pod's log directory: invalid argument`},
+		{"/var/log/pods/p", strings.Repeat("x/", 2100) + "0.log", "", "log path is 4221 bytes long, more than the kernel's 4095: invalid argument"},
+		{"/var/log/pods/p", strings.Repeat("x", 256), "", "log path has a component of 256 bytes, more than the kernel's 255: invalid argument"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.dir+"+"+tc.rel, func(t *testing.T) {
@@ -385,6 +387,15 @@ func TestCreateContainerErrors(t *testing.T) {
 		{"relative container path", "", func(c *runtimeapi.ContainerConfig) {
 			c.Mounts = []*runtimeapi.Mount{{HostPath: "/tmp", ContainerPath: "v"}}
 		}, nil, errdefs.ErrInvalidArgument, `mount container path "v" is not absolute`},
+		{"host path too long", "", func(c *runtimeapi.ContainerConfig) {
+			c.Mounts = []*runtimeapi.Mount{{HostPath: "/" + strings.Repeat("a", 256), ContainerPath: "/v"}}
+		}, nil, errdefs.ErrInvalidArgument, "mount host path has a component of 256 bytes"},
+		{"container path too long", "", func(c *runtimeapi.ContainerConfig) {
+			c.Mounts = []*runtimeapi.Mount{{HostPath: "/tmp", ContainerPath: strings.Repeat("/v", 2048)}}
+		}, nil, errdefs.ErrInvalidArgument, "mount container path is 4096 bytes long"},
+		{"device path too long", "", func(c *runtimeapi.ContainerConfig) {
+			c.Devices = []*runtimeapi.Device{{HostPath: "/dev/null", ContainerPath: "/dev/" + strings.Repeat("d", 300)}}
+		}, nil, errdefs.ErrInvalidArgument, "device path has a component of 300 bytes"},
 		{"mount fails", "", nil, func(f *ctrFixture) { f.images.MountErr = fmt.Errorf("overlay: %w", errdefs.ErrUnavailable) }, errdefs.ErrUnavailable, "mounting the rootfs: overlay"},
 		{"runtime create fails", "", nil, func(f *ctrFixture) { f.rt.CreateErr = fmt.Errorf("runc: %w", errdefs.ErrUnknown) }, errdefs.ErrUnknown, `creating container "c": runc`},
 	}
@@ -896,5 +907,41 @@ func TestSecurityContextPaths(t *testing.T) {
 		if tc.ok != (err == nil) || (err != nil && !errdefs.IsInvalidArgument(err)) {
 			t.Errorf("masked %q read-only %q: %v, want ok %v (InvalidArgument otherwise)", tc.masked, tc.readonly, err, tc.ok)
 		}
+	}
+}
+
+// A volume's ID mappings that runc would refuse only at the start are
+// refused at create.
+func TestCheckMountMappings(t *testing.T) {
+	userns := sandbox.New(sandbox.Metadata{ID: "p", Modes: sandbox.NamespaceModes{User: sandbox.ModePod}}, "")
+	host := sandbox.New(sandbox.Metadata{ID: "p"}, "")
+	m := []specs.LinuxIDMapping{{ContainerID: 0, HostID: 100000, Size: 65536}}
+	for _, tc := range []struct {
+		name       string
+		sb         *sandbox.Sandbox
+		uids, gids []specs.LinuxIDMapping
+		want       string
+	}{
+		{"none", host, nil, nil, ""},
+		{"both", userns, m, m, ""},
+		{"pod without userns", host, m, m, "has no user namespace"},
+		{"uids only", userns, m, nil, "1 UID and 0 GID mappings"},
+		{"gids only", userns, nil, m, "0 UID and 1 GID mappings"},
+		{"empty", userns, m, []specs.LinuxIDMapping{{HostID: 100000}}, "0:100000:0 is empty"},
+		{"past 32 bits", userns, []specs.LinuxIDMapping{{HostID: math.MaxUint32, Size: 2}}, m, "runs past the 32-bit IDs"},
+		{"container IDs past 32 bits", userns, m, []specs.LinuxIDMapping{{ContainerID: math.MaxUint32, HostID: 1, Size: 2}}, "runs past the 32-bit IDs"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := checkMountMappings(tc.sb, []sandbox.ContainerMount{{ContainerPath: "/v", UIDMappings: tc.uids, GIDMappings: tc.gids}})
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("= %v, want nil", err)
+				}
+				return
+			}
+			if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("= %v, want InvalidArgument with %q", err, tc.want)
+			}
+		})
 	}
 }

@@ -265,12 +265,20 @@ func (s *Server) podRequest(req *runtimeapi.RunPodSandboxRequest) (*podRequest, 
 		if err := validName(f.what, f.v); err != nil {
 			return nil, err
 		}
+		if err := validate.CNIArg(f.what, f.v); err != nil {
+			return nil, err
+		}
 	}
 	if err := validate.LabelsAndAnnotations("pod", cfg.Labels, cfg.Annotations); err != nil {
 		return nil, err
 	}
-	if d := cfg.LogDirectory; d != "" && (!filepath.IsAbs(d) || filepath.Clean(d) != d) {
-		return nil, invalid("log directory %q must be a clean absolute path", d)
+	if d := cfg.LogDirectory; d != "" {
+		if !filepath.IsAbs(d) || filepath.Clean(d) != d {
+			return nil, invalid("log directory %q must be a clean absolute path", d)
+		}
+		if err := validate.Path("log directory", d); err != nil {
+			return nil, err
+		}
 	}
 	handler := req.RuntimeHandler
 	if handler == "" {

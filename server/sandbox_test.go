@@ -263,6 +263,9 @@ func TestPodRequestValidation(t *testing.T) {
 		{"nil config", &runtimeapi.RunPodSandboxRequest{}, errdefs.ErrInvalidArgument},
 		{"namespace with slash", mk(func(r *runtimeapi.RunPodSandboxRequest) { r.Config.Metadata.Namespace = "a/b" }), errdefs.ErrInvalidArgument},
 		{"uid with newline", mk(func(r *runtimeapi.RunPodSandboxRequest) { r.Config.Metadata.Uid = "a\nb" }), errdefs.ErrInvalidArgument},
+		{"name breaking CNI_ARGS", mk(func(r *runtimeapi.RunPodSandboxRequest) { r.Config.Metadata.Name = "a;K8S_POD_NAMESPACE=kube-system" }), errdefs.ErrInvalidArgument},
+		{"uid with '='", mk(func(r *runtimeapi.RunPodSandboxRequest) { r.Config.Metadata.Uid = "=" }), errdefs.ErrInvalidArgument},
+		{"log dir too long", mk(func(r *runtimeapi.RunPodSandboxRequest) { r.Config.LogDirectory = strings.Repeat("/d", 2048) }), errdefs.ErrInvalidArgument},
 		{"unclean log dir", mk(func(r *runtimeapi.RunPodSandboxRequest) { r.Config.LogDirectory = "/var/log/../etc" }), errdefs.ErrInvalidArgument},
 		{"hostname with space", mk(func(r *runtimeapi.RunPodSandboxRequest) { r.Config.Hostname = "a b" }), errdefs.ErrInvalidArgument},
 		{"net sysctl on host network", mk(func(r *runtimeapi.RunPodSandboxRequest) {

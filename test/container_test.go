@@ -262,6 +262,11 @@ func (e *ctrEnv) testExitCodesAndLogs(t *testing.T) {
 	ok := e.run(t, pod, podCfg, e.ctr("ok", "sh", "-c", "echo to-stdout; echo to-stderr >&2"))
 	bad := e.run(t, pod, podCfg, e.ctr("bad", "sh", "-c", "exit 3"))
 	long := e.run(t, pod, podCfg, e.ctr("long", "awk", `BEGIN { for (i = 0; i < 20000; i++) printf "a"; print "" }`))
+	// conmon parses its options with glib, which in the C locale refused
+	// a log path that is not ASCII, and the start failed.
+	utf8Cfg := e.ctr("utf8", "echo", "hi")
+	utf8Cfg.LogPath = "ünï/cöde\u202e.log"
+	utf8 := e.run(t, pod, podCfg, utf8Cfg)
 
 	st := e.waitExit(t, ok, 30*time.Second)
 	if st.ExitCode != 0 || st.Reason != "Completed" || st.StartedAt == 0 || st.FinishedAt < st.StartedAt {
@@ -295,6 +300,11 @@ func (e *ctrEnv) testExitCodesAndLogs(t *testing.T) {
 	})
 	if st := e.status(t, bad); st.ExitCode != 3 || st.State != runtimeapi.ContainerState_CONTAINER_EXITED {
 		t.Errorf("bad after runc forgot it: %s exit %d, want EXITED 3", st.State, st.ExitCode)
+	}
+
+	st = e.waitExit(t, utf8, 30*time.Second)
+	if lines := readCRILog(t, filepath.Join(podCfg.LogDirectory, utf8Cfg.LogPath)); st.ExitCode != 0 || len(lines) != 1 || lines[0].text != "hi" {
+		t.Errorf("container with a UTF-8 log path: exit %d, log %+v; want 0 and hi", st.ExitCode, lines)
 	}
 
 	st = e.waitExit(t, long, 30*time.Second)
@@ -389,6 +399,16 @@ func (e *ctrEnv) testUsernsPod(t *testing.T) {
 	}
 	if out := e.mustExec(t, id, "cat", "/proc/self/uid_map"); !strings.Contains(strings.Join(strings.Fields(out), " "), fmt.Sprintf("0 %d 65536", hostRoot)) {
 		t.Errorf("uid_map = %q, want 0 %d 65536", out, hostRoot)
+	}
+
+	// A device kubelet puts at another path than the host's: runc binds
+	// a device node into a user namespace from the host path equal to its
+	// container path, which failed the start (/dev/x: no such file).
+	devCfg := e.ctr("dev", "sleep", "1000")
+	devCfg.Devices = []*runtimeapi.Device{{HostPath: "/dev/null", ContainerPath: "/dev/x", Permissions: "rw"}}
+	dev := e.run(t, pod, podCfg, devCfg)
+	if out := e.mustExec(t, dev, "sh", "-c", "echo hi >/dev/x && stat -c %t:%T /dev/x"); strings.TrimSpace(out) != "1:3" {
+		t.Errorf("/dev/x in the pod with a user namespace: %q, want the host's /dev/null (1:3), writable", out)
 	}
 
 	// The image's files: owned by root in the layer store, by the mapped

@@ -59,6 +59,42 @@ func Name(what, v string) error {
 	return nil
 }
 
+// CNIArg refuses a value pinrt passes to the CNI plugins in CNI_ARGS (a
+// pod's name, namespace and uid): that variable is "K=V;K=V", so a ';' or
+// '=' in a value would make every plugin refuse the whole list.
+func CNIArg(what, v string) error {
+	if strings.ContainsAny(v, ";=") {
+		return invalid("%s %q must not contain ';' or '='", what, v)
+	}
+	return nil
+}
+
+// Linux's PATH_MAX and NAME_MAX: a path the kernel is given holds at most
+// PATH_MAX bytes with its NUL, and each of its components NAME_MAX.
+const (
+	maxPathLen = 4096
+	maxNameLen = 255
+)
+
+// Path refuses a path the kernel would refuse to create or open whatever
+// the file system: one with a NUL, one too long, one with a component too
+// long. The error would otherwise come from mkdir or runc, as a failure
+// of the runtime rather than of the request.
+func Path(what, p string) error {
+	if strings.ContainsRune(p, 0) {
+		return invalid("%s %q contains a NUL", what, p)
+	}
+	if len(p) >= maxPathLen {
+		return invalid("%s is %d bytes long, more than the kernel's %d", what, len(p), maxPathLen-1)
+	}
+	for _, c := range strings.Split(p, "/") {
+		if len(c) > maxNameLen {
+			return invalid("%s has a component of %d bytes, more than the kernel's %d", what, len(c), maxNameLen)
+		}
+	}
+	return nil
+}
+
 // MaxHostnameLen is the kernel's HOST_NAME_MAX: sethostname refuses more.
 const MaxHostnameLen = 64
 

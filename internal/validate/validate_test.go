@@ -143,3 +143,27 @@ func TestNoNUL(t *testing.T) {
 	check(t, NoNUL("argument"), true, "")
 	check(t, NoNUL("argument", "sleep", "1\x002"), false, `argument "1\x002" contains a NUL byte`)
 }
+
+func TestCNIArg(t *testing.T) {
+	check(t, CNIArg("pod name", "nginx-7c5d.x_y"), true, "")
+	for _, v := range []string{"=", "a=b", "a;b", ";IgnoreUnknown=1"} {
+		check(t, CNIArg("pod name", v), false, "must not contain ';' or '='")
+	}
+}
+
+func TestPath(t *testing.T) {
+	for _, tc := range []struct {
+		p   string
+		ok  bool
+		sub string
+	}{
+		{"/var/log/pods/ns_pod_uid/c/0.log", true, ""},
+		{"/" + strings.Repeat("a", 255) + "/b", true, ""},
+		{strings.Repeat("/a", 2047), true, ""},
+		{"/" + strings.Repeat("a", 256), false, "component of 256 bytes"},
+		{strings.Repeat("/a", 2048), false, "4096 bytes long"},
+		{"/a\x00b", false, "NUL"},
+	} {
+		check(t, Path("log path", tc.p), tc.ok, tc.sub)
+	}
+}
