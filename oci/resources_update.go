@@ -26,8 +26,10 @@ const (
 	// MinCPUPeriod and MaxCPUPeriod bound cpu.cfs_period_us (1 ms to 1 s).
 	MinCPUPeriod = 1000
 	MaxCPUPeriod = 1000000
-	// MinCPUQuota is the kernel's smallest cfs quota (1 ms).
+	// MinCPUQuota and MaxCPUQuota bound cpu.cfs_quota_us: the kernel's
+	// smallest quota (1 ms) and its largest bandwidth (MAX_BW, 2^44-1 µs).
 	MinCPUQuota = 1000
+	MaxCPUQuota = 1<<44 - 1
 	// MinMemoryLimit is the smallest memory limit accepted, as Docker
 	// does: below it a container cannot even start its init.
 	MinMemoryLimit = 6 << 20
@@ -45,15 +47,19 @@ func ValidateResources(cpuShares, cpuQuota, cpuPeriod, memory, swap, oomScoreAdj
 		return bad("cpu_shares %d is outside [%d, %d]", cpuShares, MinCPUShares, MaxCPUShares)
 	case cpuPeriod < 0 || cpuPeriod != 0 && (cpuPeriod < MinCPUPeriod || cpuPeriod > MaxCPUPeriod):
 		return bad("cpu_period %d is outside [%d, %d] microseconds", cpuPeriod, MinCPUPeriod, MaxCPUPeriod)
-	case cpuQuota < -1 || cpuQuota > 0 && cpuQuota < MinCPUQuota:
-		return bad("cpu_quota %d must be -1 (unlimited), 0 (unset) or at least %d microseconds", cpuQuota, MinCPUQuota)
+	case cpuQuota < -1 || cpuQuota > 0 && (cpuQuota < MinCPUQuota || cpuQuota > MaxCPUQuota):
+		return bad("cpu_quota %d must be -1 (unlimited), 0 (unset) or in [%d, %d] microseconds", cpuQuota, MinCPUQuota, MaxCPUQuota)
 	case memory < 0:
 		return bad("memory_limit_in_bytes %d is negative", memory)
 	case memory > 0 && memory < MinMemoryLimit:
 		return bad("memory_limit_in_bytes %d is below the minimum of %d (6 MiB)", memory, MinMemoryLimit)
 	case swap < -1:
 		return bad("memory_swap_limit_in_bytes %d must be -1 (unlimited), 0 (unset) or positive", swap)
-	case swap > 0 && memory > 0 && swap < memory:
+	// Memory plus swap under an unlimited memory is below it (cgroup v1
+	// refuses the write); runc refuses it on v2.
+	case swap > 0 && memory == 0:
+		return bad("memory_swap_limit_in_bytes %d needs a memory_limit_in_bytes", swap)
+	case swap > 0 && swap < memory:
 		return bad("memory_swap_limit_in_bytes %d (memory plus swap) is below memory_limit_in_bytes %d", swap, memory)
 	case oomScoreAdj < -1000 || oomScoreAdj > 1000:
 		return bad("oom_score_adj %d is outside [-1000, 1000]", oomScoreAdj)

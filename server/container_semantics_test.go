@@ -264,7 +264,7 @@ func TestContainerResourcesUpdateAndStatus(t *testing.T) {
 		{"memory below 6 MiB", &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 1 << 20}, "memory_limit_in_bytes 1048576 is below the minimum of 6291456 (6 MiB): invalid argument"},
 		{"cpu shares 1", &runtimeapi.LinuxContainerResources{CpuShares: 1}, "cpu_shares 1 is outside [2, 262144]: invalid argument"},
 		{"negative cpu shares", &runtimeapi.LinuxContainerResources{CpuShares: -2}, "cpu_shares -2 is outside [2, 262144]: invalid argument"},
-		{"cpu quota -5", &runtimeapi.LinuxContainerResources{CpuQuota: -5}, "cpu_quota -5 must be -1 (unlimited), 0 (unset) or at least 1000 microseconds: invalid argument"},
+		{"cpu quota -5", &runtimeapi.LinuxContainerResources{CpuQuota: -5}, "cpu_quota -5 must be -1 (unlimited), 0 (unset) or in [1000, 17592186044415] microseconds: invalid argument"},
 		{"cpu period too long", &runtimeapi.LinuxContainerResources{CpuPeriod: 2000000}, "cpu_period 2000000 is outside [1000, 1000000] microseconds: invalid argument"},
 		{"swap below memory", &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 64 << 20, MemorySwapLimitInBytes: 32 << 20}, "memory_swap_limit_in_bytes 33554432 (memory plus swap) is below memory_limit_in_bytes 67108864: invalid argument"},
 		{"bad cpuset", &runtimeapi.LinuxContainerResources{CpusetCpus: "3-1"}, `cpuset_cpus "3-1": "3-1" is not a valid range: invalid argument`},
