@@ -12,8 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
@@ -77,11 +79,70 @@ func TestHostileRequests(t *testing.T) {
 			h.checkClean(what)
 		}
 	}
+	h.otherCalls(n)
 	if !d.Running() {
 		t.Fatalf("the daemon died; its log:\n%s", d.Log())
 	}
 	t.Logf("answers: %v", h.codes)
 	removeAllAndCheck(t, d)
+}
+
+// hostileCall is one RPC with a valid request to mutate.
+type hostileCall struct {
+	name string
+	req  proto.Message
+	call func(context.Context, proto.Message) error
+}
+
+func callOf[Req proto.Message, Resp any](name string, req Req, f func(context.Context, Req, ...grpc.CallOption) (Resp, error)) hostileCall {
+	return hostileCall{name, req, func(ctx context.Context, m proto.Message) error {
+		_, err := f(ctx, m.(Req))
+		return err
+	}}
+}
+
+// otherCalls sends n hostile requests of every other call that names a
+// container, a pod or an image, about a running container: each is
+// judged as a create is, and the container must still run at the end.
+func (h *hostile) otherCalls(n int) {
+	t, e := h.t, h.e
+	rt, img := e.d.Runtime, e.d.Image
+	pod, podCfg := e.pod(t, PodConfig("hostile-calls"))
+	id := e.run(t, pod, podCfg, e.ctr("target", "sleep", "1000"))
+	res := &runtimeapi.LinuxContainerResources{CpuShares: 512, MemoryLimitInBytes: 128 << 20}
+	calls := []hostileCall{
+		callOf("ExecSync", &runtimeapi.ExecSyncRequest{ContainerId: id, Cmd: []string{"true"}, Timeout: 10}, rt.ExecSync),
+		callOf("Exec", &runtimeapi.ExecRequest{ContainerId: id, Cmd: []string{"true"}, Stdout: true}, rt.Exec),
+		callOf("Attach", &runtimeapi.AttachRequest{ContainerId: id, Stdout: true}, rt.Attach),
+		callOf("PortForward", &runtimeapi.PortForwardRequest{PodSandboxId: pod, Port: []int32{80}}, rt.PortForward),
+		callOf("UpdateContainerResources", &runtimeapi.UpdateContainerResourcesRequest{ContainerId: id, Linux: res}, rt.UpdateContainerResources),
+		callOf("ReopenContainerLog", &runtimeapi.ReopenContainerLogRequest{ContainerId: id}, rt.ReopenContainerLog),
+		callOf("ContainerStatus", &runtimeapi.ContainerStatusRequest{ContainerId: id, Verbose: true}, rt.ContainerStatus),
+		callOf("PodSandboxStatus", &runtimeapi.PodSandboxStatusRequest{PodSandboxId: pod, Verbose: true}, rt.PodSandboxStatus),
+		callOf("ContainerStats", &runtimeapi.ContainerStatsRequest{ContainerId: id}, rt.ContainerStats),
+		callOf("PodSandboxStats", &runtimeapi.PodSandboxStatsRequest{PodSandboxId: pod}, rt.PodSandboxStats),
+		callOf("ListContainers", &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{Id: id}}, rt.ListContainers),
+		callOf("ListPodSandbox", &runtimeapi.ListPodSandboxRequest{Filter: &runtimeapi.PodSandboxFilter{Id: pod}}, rt.ListPodSandbox),
+		callOf("ListContainerStats", &runtimeapi.ListContainerStatsRequest{Filter: &runtimeapi.ContainerStatsFilter{Id: id}}, rt.ListContainerStats),
+		callOf("ListPodSandboxStats", &runtimeapi.ListPodSandboxStatsRequest{Filter: &runtimeapi.PodSandboxStatsFilter{Id: pod}}, rt.ListPodSandboxStats),
+		callOf("ListPodSandboxMetrics", &runtimeapi.ListPodSandboxMetricsRequest{}, rt.ListPodSandboxMetrics),
+		callOf("Status", &runtimeapi.StatusRequest{Verbose: true}, rt.Status),
+		callOf("ImageStatus", &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: e.busybox}, Verbose: true}, img.ImageStatus),
+		callOf("ListImages", &runtimeapi.ListImagesRequest{Filter: &runtimeapi.ImageFilter{Image: &runtimeapi.ImageSpec{Image: e.busybox}}}, img.ListImages),
+	}
+	for range n {
+		c := calls[h.rng.Intn(len(calls))]
+		req := proto.Clone(c.req)
+		what := c.name + " with " + h.mutate(req.ProtoReflect(), fieldPaths(req.ProtoReflect().Descriptor(), 5))
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		err := c.call(ctx, req)
+		cancel()
+		h.judge(c.name, what, err)
+	}
+	if st := e.status(t, id); st.State != runtimeapi.ContainerState_CONTAINER_RUNNING {
+		t.Errorf("the container the calls named is %v, want it still running", st.State)
+	}
+	e.mustExec(t, id, "true")
 }
 
 // hostile is one run of TestHostileRequests.
@@ -157,6 +218,9 @@ func fieldPaths(md protoreflect.MessageDescriptor, depth int) []fieldPath {
 // mutate sets one to three random fields of m to hostile values and says
 // which, for the failure messages.
 func (h *hostile) mutate(m protoreflect.Message, paths []fieldPath) string {
+	if len(paths) == 0 {
+		return "no fields"
+	}
 	var what []string
 	for range 1 + h.rng.Intn(3) {
 		p := paths[h.rng.Intn(len(paths))]
