@@ -257,6 +257,10 @@ func containerLogPath(dir, rel string) (string, error) {
 	if !strings.HasPrefix(p, filepath.Clean(dir)+string(filepath.Separator)) {
 		return "", invalid("log path %q escapes the pod's log directory %q", rel, dir)
 	}
+	// conmon's -l is driver:path and it cuts the path at the next ':'.
+	if strings.ContainsRune(p, ':') {
+		return "", invalid("log path %q: the container monitor takes no ':' in a log path", p)
+	}
 	return p, validate.Path("log path", p)
 }
 

@@ -192,6 +192,8 @@ func TestContainerLogPath(t *testing.T) {
 		{"/var/log/pods/p", "/etc/passwd", "", `log path "/etc/passwd" must be relative to the pod's log directory: invalid argument`},
 		{"/var/log/pods/p", strings.Repeat("x/", 2100) + "0.log", "", "log path is 4221 bytes long, more than the kernel's 4095: invalid argument"},
 		{"/var/log/pods/p", strings.Repeat("x", 256), "", "log path has a component of 256 bytes, more than the kernel's 255: invalid argument"},
+		{"/var/log/pods/p", "c:d/0.log", "", `log path "/var/log/pods/p/c:d/0.log": the container monitor takes no ':' in a log path: invalid argument`},
+		{"/var/log/pods/p:q", "0.log", "", `log path "/var/log/pods/p:q/0.log": the container monitor takes no ':' in a log path: invalid argument`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.dir+"+"+tc.rel, func(t *testing.T) {
