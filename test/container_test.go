@@ -853,6 +853,24 @@ func (e *ctrEnv) testUpdateResources(t *testing.T) {
 	if got := read(); got != strconv.Itoa(96<<20) {
 		t.Errorf("limit after update %s, want %d", got, 96<<20)
 	}
+	if CgroupV2() {
+		return
+	}
+	// cgroup v1 keeps memory plus swap at or above memory: with a swap
+	// limit in force, the memory alone cannot go past it (runc's write
+	// failed, Unknown), and the limits stay.
+	if _, err := e.d.Runtime.UpdateContainerResources(Ctx(t), &runtimeapi.UpdateContainerResourcesRequest{
+		ContainerId: id, Linux: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 96 << 20, MemorySwapLimitInBytes: 128 << 20},
+	}); err != nil {
+		t.Fatalf("UpdateContainerResources with swap: %v", err)
+	}
+	_, err := e.d.Runtime.UpdateContainerResources(Ctx(t), &runtimeapi.UpdateContainerResourcesRequest{
+		ContainerId: id, Linux: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 256 << 20},
+	})
+	wantCode(t, err, codes.InvalidArgument, "above the memory plus swap limit 134217728")
+	if got := read(); got != strconv.Itoa(96<<20) {
+		t.Errorf("limit after the refused update %s, want %d", got, 96<<20)
+	}
 }
 
 func (e *ctrEnv) testList(t *testing.T) {
