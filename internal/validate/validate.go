@@ -81,8 +81,8 @@ const (
 // long. The error would otherwise come from mkdir or runc, as a failure
 // of the runtime rather than of the request.
 func Path(what, p string) error {
-	if strings.ContainsRune(p, 0) {
-		return invalid("%s %q contains a NUL", what, p)
+	if err := NoNUL(what, p); err != nil {
+		return err
 	}
 	if len(p) >= maxPathLen {
 		return invalid("%s is %d bytes long, more than the kernel's %d", what, len(p), maxPathLen-1)
