@@ -199,11 +199,28 @@ func (r *Runtime) checkCreate(o CreateOptions) error {
 	if !filepath.IsAbs(o.Bundle) || !filepath.IsAbs(o.ExitDir) {
 		return fmt.Errorf("create %s: bundle %q and exit dir %q must be absolute: %w", o.ID, o.Bundle, o.ExitDir, errdefs.ErrInvalidArgument)
 	}
-	if o.LogPath != "" && !filepath.IsAbs(o.LogPath) {
-		return fmt.Errorf("create %s: log path %q is not absolute: %w", o.ID, o.LogPath, errdefs.ErrInvalidArgument)
+	if err := CheckLogPath(o.LogPath); err != nil {
+		return fmt.Errorf("create %s: %w", o.ID, err)
 	}
 	if _, err := os.Stat(r.recordPath(o.ID)); err == nil {
 		return fmt.Errorf("container %s: %w", o.ID, errdefs.ErrAlreadyExists)
+	}
+	return nil
+}
+
+// CheckLogPath refuses a container log path conmon cannot take: one
+// that is relative, or that holds a ':', since conmon's -l option is
+// driver:path and it cuts the path at the next ':'. An empty path is no
+// log, and fine.
+func CheckLogPath(p string) error {
+	if p == "" {
+		return nil
+	}
+	if !filepath.IsAbs(p) {
+		return fmt.Errorf("log path %q is not absolute: %w", p, errdefs.ErrInvalidArgument)
+	}
+	if strings.ContainsRune(p, ':') {
+		return fmt.Errorf("log path %q: the container monitor takes no ':' in a log path: %w", p, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }

@@ -257,9 +257,8 @@ func containerLogPath(dir, rel string) (string, error) {
 	if !strings.HasPrefix(p, filepath.Clean(dir)+string(filepath.Separator)) {
 		return "", invalid("log path %q escapes the pod's log directory %q", rel, dir)
 	}
-	// conmon's -l is driver:path and it cuts the path at the next ':'.
-	if strings.ContainsRune(p, ':') {
-		return "", invalid("log path %q: the container monitor takes no ':' in a log path", p)
+	if err := oci.CheckLogPath(p); err != nil {
+		return "", err
 	}
 	return p, validate.Path("log path", p)
 }
