@@ -619,7 +619,11 @@ func (n *node) newService(name, unit string, argv []string) service {
 
 // startPinrt runs pinrt from contrib/pinrt.service with its state under
 // the test's directories and its config naming the cgroup driver, the
-// test's CNI network and the image registries' mirrors.
+// test's CNI network and the image registries' mirrors. The network
+// has portmap, as a real node's has, for the pods' host ports: it adds
+// iptables rules per pod and removes them at CNI DEL; its top-level
+// CNI-HOSTPORT-* chains stay, shared with any other user of portmap on
+// the host, as after critest.
 func (n *node) startPinrt() {
 	t := n.t
 	cniConf := n.path("cni")
@@ -629,7 +633,7 @@ func (n *node) startPinrt() {
   "plugins": [{
     "type": "bridge", "bridge": "k8snbr0", "isGateway": true, "hairpinMode": true,
     "ipam": {"type": "host-local", "dataDir": %q, "ranges": [[{"subnet": "10.254.0.0/24"}]], "routes": [{"dst": "0.0.0.0/0"}]}
-  }]
+  }, {"type": "portmap", "capabilities": {"portMappings": true}}]
 }
 `, n.cniDataDir))
 	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", "k8snbr0").Run() })

@@ -37,11 +37,15 @@ const deselected = `\[Slow\]|\[Serial\]|\[Disruptive\]|\[Flaky\]|\[Feature:[^\]]
 // the rest of test/e2e/node, and the [Conformance] specs of
 // test/e2e/common/node that are not node conformance) and of SIG CLI
 // (kubectl exec, attach, cp, logs, port-forward, debug and the rest of
-// test/e2e/kubectl), as a ginkgo label filter and as the text each
-// selected spec's name holds.
+// test/e2e/kubectl), and SIG Network's host port spec (pods on one port
+// with other host IPs and protocols; SIG Network's others want
+// kube-proxy, cluster DNS or more nodes). ginkgo selects by the label
+// filter, which takes all of SIG Network, and then by the focus, which
+// is the text each selected spec's name holds unless
+// PINRT_NODE_E2E_FOCUS narrows it.
 const (
-	selectedLabels = "NodeConformance || sig-node || sig-cli"
-	selectedName   = `\[NodeConformance\]|\[sig-node\]|\[sig-cli\]`
+	selectedLabels = "NodeConformance || sig-node || sig-cli || sig-network"
+	selectedName   = `\[NodeConformance\]|\[sig-node\]|\[sig-cli\]|\[sig-network\] HostPort `
 )
 
 // TestNodeConformance runs Kubernetes' own [NodeConformance], SIG Node
@@ -335,7 +339,7 @@ func (n *node) runConformance(t *testing.T, dir, out string, skips []skipEntry) 
 	// (selectedLabels); the focus narrows that selection further.
 	focus := os.Getenv("PINRT_NODE_E2E_FOCUS")
 	if focus == "" {
-		focus = "."
+		focus = selectedName
 	}
 	procs := os.Getenv("PINRT_NODE_E2E_PROCS")
 	if procs == "" {

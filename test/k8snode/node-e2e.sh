@@ -14,7 +14,8 @@
 #
 # Environment:
 #   PINRT_NODE_E2E_MODES    the runs, in order (default "host userns sigpolicy")
-#   PINRT_NODE_E2E_FOCUS    ginkgo --focus within [NodeConformance], SIG Node and SIG CLI (default: all)
+#   PINRT_NODE_E2E_FOCUS    ginkgo --focus within [NodeConformance], SIG Node, SIG CLI and SIG
+#                           Network (default: all of the first three, and the host port spec)
 #   PINRT_NODE_E2E_SUBSET   "ci": the subset make test runs (the focus below), unless
 #                           PINRT_NODE_E2E_FOCUS is set
 #   PINRT_NODE_E2E_SKIP     a regexp of specs to leave out as well (the subset's default:
@@ -34,8 +35,8 @@ modes=${PINRT_NODE_E2E_MODES:-host userns sigpolicy}
 # context, downward API, variable expansion, kubelet, sysctls, in-place
 # resize), the volumes every pod has (emptyDir, configMap, secret,
 # projected, downward API), image volumes, and what kubectl does with a
-# pod (exec, attach, cp, logs, port-forward, debug).
-ci_focus='\[sig-node\] (Pods|PodOSRejection|Container Runtime|Container Lifecycle Hook|PreStop|Probing container|Security Context|Downward API|Variable Expansion|Kubelet|kubelet|Sysctls|ConfigMap|Secrets|Pod InPlace Resize|ImageVolume)|\[sig-storage\] (EmptyDir|ConfigMap|Secrets|Projected|Downward API)|\[sig-cli\] (Kubectl Port forwarding|Kubectl logs|Kubectl exec|Kubectl client (Simple pod|Kubectl copy|Update Demo)|kubectl debug)'
+# pod (exec, attach, cp, logs, port-forward, debug), and host ports.
+ci_focus='\[sig-node\] (Pods|PodOSRejection|Container Runtime|Container Lifecycle Hook|PreStop|Probing container|Security Context|Downward API|Variable Expansion|Kubelet|kubelet|Sysctls|ConfigMap|Secrets|Pod InPlace Resize|ImageVolume)|\[sig-storage\] (EmptyDir|ConfigMap|Secrets|Projected|Downward API)|\[sig-cli\] (Kubectl Port forwarding|Kubectl logs|Kubectl exec|Kubectl client (Simple pod|Kubectl copy|Update Demo)|kubectl debug)|\[sig-network\] HostPort '
 # Less the probe specs that watch a container for minutes to see it is
 # not restarted, and the 500 pod spec updates that only the API server
 # and kubelet see: the full run has them.
@@ -107,6 +108,6 @@ for mode in $modes; do
 	summary+=("$line" "$(grep -E 'node conformance \(|node conformance: [0-9]+ passed|ginkgo: (Ran|SUCCESS|FAIL)|pod unsigned: ' "$work/$mode.log" | sed 's/^ *[a-z_]*\.go:[0-9]*: /  /')")
 	[ "$rc" -eq 0 ] || status=1
 done
-echo "node-e2e: ===== summary ($(($(date +%s) - t0))s in all; focus: ${PINRT_NODE_E2E_FOCUS:-all of [NodeConformance], SIG Node and SIG CLI})"
+echo "node-e2e: ===== summary ($(($(date +%s) - t0))s in all; focus: ${PINRT_NODE_E2E_FOCUS:-all of [NodeConformance], SIG Node and SIG CLI, and the host port spec})"
 printf '%s\n' "${summary[@]}"
 exit $status
