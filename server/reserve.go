@@ -26,6 +26,10 @@ const reserveSize = 8 << 20
 type reserve struct {
 	path string
 	mu   sync.Mutex
+	// given counts the times the reserve was given back. A write that
+	// found the disk full retries when the count moved since it began:
+	// a stop beside it gave the room back first.
+	given uint64
 }
 
 // newReserve keeps the reserve in root; without a root (a server that
@@ -69,13 +73,26 @@ func (r *reserve) fill(ctx context.Context) {
 	}
 }
 
-// release gives the reserve back and reports whether there was one.
-func (r *reserve) release(ctx context.Context) bool {
+// seen is the count of give-backs, read before a write that may need
+// the reserve.
+func (r *reserve) seen() uint64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return r.given
+}
+
+// release gives the reserve back and reports whether room came back
+// since seen: by this call, or by another write's after seen was read.
+func (r *reserve) release(ctx context.Context, seen uint64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.given != seen {
+		return true
+	}
 	if r.path == "" || os.Remove(r.path) != nil {
 		return false
 	}
+	r.given++
 	log.G(ctx).WithField("path", r.path).Warnf("pinrt's root is full: gave back its %d MiB reserve to finish a stop or removal", reserveSize>>20)
 	return true
 }
@@ -86,10 +103,13 @@ func isFull(err error) bool {
 }
 
 // spare runs write, a record a stop or a removal needs; when the root
-// is full it gives back the reserve and writes once more.
+// is full it gives back the reserve and writes once more. Two teardowns
+// that find the disk full at once both write again: the first gives the
+// reserve back, the second finds it given since its write began.
 func (s *Server) spare(ctx context.Context, write func() error) error {
+	seen := s.reserve.seen()
 	err := write()
-	if !isFull(err) || !s.reserve.release(ctx) {
+	if !isFull(err) || !s.reserve.release(ctx, seen) {
 		return err
 	}
 	return write()

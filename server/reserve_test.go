@@ -49,7 +49,43 @@ func TestSpareGivesBackTheReserve(t *testing.T) {
 	// A server without a root has no reserve and makes no file.
 	none := newReserve("")
 	none.fill(ctx)
-	if none.release(ctx) {
+	if none.release(ctx, none.seen()) {
 		t.Error("a reserve without a root was released")
+	}
+}
+
+// Two teardowns find the disk full at once: the one whose write failed
+// after the other gave the reserve back writes again too, instead of
+// failing a stop that now has room.
+func TestSpareBesideAnotherGiveBack(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	s := &Server{reserve: newReserve(root)}
+	s.reserve.fill(ctx)
+	full := &os.PathError{Op: "write", Path: "state.json", Err: syscall.ENOSPC}
+	otherCalls, calls := 0, 0
+	other := func() error {
+		if otherCalls++; otherCalls == 1 {
+			return full
+		}
+		return nil
+	}
+	// The first write fails while the other stop gives the reserve back.
+	mine := func() error {
+		if calls++; calls == 1 {
+			if err := s.spare(ctx, other); err != nil || otherCalls != 2 {
+				t.Fatalf("the other stop = %v after %d writes", err, otherCalls)
+			}
+			return full
+		}
+		return nil
+	}
+	if err := s.spare(ctx, mine); err != nil || calls != 2 {
+		t.Errorf("spare beside another give-back = %v after %d writes, want success after 2", err, calls)
+	}
+	// The room is spent: a later full write, with no reserve, fails once.
+	calls = 0
+	if err := s.spare(ctx, func() error { calls++; return full }); !isFull(err) || calls != 1 {
+		t.Errorf("spare after the reserve is spent = %v after %d writes, want the full disk after 1", err, calls)
 	}
 }
