@@ -2,7 +2,9 @@
 // PortForward calls. The CRI calls only return a URL; kubelet (or the API
 // server, or kubectl through them) then connects to it over SPDY or
 // WebSocket, and k8s.io/cri-streaming's server turns the connection into
-// streams and calls the Runtime implemented here:
+// streams and calls the Runtime implemented here. WebSocket clients of
+// the protocols the library lacks (v5 exec and attach, port-forward
+// tunnelled in a WebSocket) are translated to it (websocket.go).
 //
 //   - exec runs `runc exec` through package oci, with pipes or a TTY;
 //   - attach connects to conmon's attach socket through package oci;
@@ -80,6 +82,11 @@ type Server struct {
 	slots  chan struct{}
 	active atomic.Int64
 
+	idleTimeout time.Duration
+	// tokens keeps each URL's stream options for the WebSocket
+	// translation (websocket.go).
+	tokens tokens
+
 	// ctx ends every stream when the server closes: hijacked connections
 	// are not closed by http.Server.Close.
 	ctx    context.Context
@@ -130,6 +137,8 @@ func New(ctx context.Context, cfg Config, targets Targets) (*Server, error) {
 		url:      base.String(),
 		slots:    make(chan struct{}, cfg.MaxStreams),
 		forwards: map[string]map[*forward]struct{}{},
+
+		idleTimeout: cfg.IdleTimeout,
 	}
 	s.ctx, s.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	lib, err := cristreaming.NewServer(libCfg, &runtime{s: s})
@@ -179,22 +188,36 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer func() {
 		l.WithField("active", s.active.Add(-1)).Debug("stream finished")
 	}()
-	s.lib.ServeHTTP(w, r)
+	if !s.serveWebSocket(w, r) {
+		s.lib.ServeHTTP(w, r)
+	}
 }
 
 // GetExec returns the URL of an exec.
 func (s *Server) GetExec(req *runtimeapi.ExecRequest) (*runtimeapi.ExecResponse, error) {
-	return s.lib.GetExec(req)
+	resp, err := s.lib.GetExec(req)
+	if err == nil {
+		s.tokens.add(resp.Url, streamOptions{kind: "exec", stdin: req.Stdin, stdout: req.Stdout, stderr: req.Stderr, tty: req.Tty})
+	}
+	return resp, err
 }
 
 // GetAttach returns the URL of an attach.
 func (s *Server) GetAttach(req *runtimeapi.AttachRequest) (*runtimeapi.AttachResponse, error) {
-	return s.lib.GetAttach(req)
+	resp, err := s.lib.GetAttach(req)
+	if err == nil {
+		s.tokens.add(resp.Url, streamOptions{kind: "attach", stdin: req.Stdin, stdout: req.Stdout, stderr: req.Stderr, tty: req.Tty})
+	}
+	return resp, err
 }
 
 // GetPortForward returns the URL of a port-forward.
 func (s *Server) GetPortForward(req *runtimeapi.PortForwardRequest) (*runtimeapi.PortForwardResponse, error) {
-	return s.lib.GetPortForward(req)
+	resp, err := s.lib.GetPortForward(req)
+	if err == nil {
+		s.tokens.add(resp.Url, streamOptions{kind: "portforward"})
+	}
+	return resp, err
 }
 
 // ClosePod ends the pod's port-forwards; new ones are refused by Targets

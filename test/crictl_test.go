@@ -140,11 +140,17 @@ func TestCrictl(t *testing.T) {
 	if out := c.run(t, "exec", "-s", ctr, "sh", "-c", "echo synced; echo oops >&2"); out != "synced\n\noops\n\n" {
 		t.Errorf("crictl exec -s: %q", out)
 	}
-	// The streaming exec over SPDY, as kubelet's. (crictl's websocket
-	// transport asks for v5.channel.k8s.io only, which Kubernetes' CRI
-	// streaming server, k8s.io/cri-streaming, does not speak yet.)
+	// The streaming exec over SPDY, as kubelet's, and over WebSocket,
+	// which asks for v5.channel.k8s.io only: k8s.io/cri-streaming speaks
+	// up to v4, and pinrt translates.
 	if out := c.run(t, "exec", ctr, "sh", "-c", "echo streamed-$((6*7))"); out != "streamed-42\n" {
 		t.Errorf("crictl exec: %q", out)
+	}
+	if out := c.run(t, "exec", "--transport", "websocket", ctr, "sh", "-c", "echo over-ws-$((6*7))"); out != "over-ws-42\n" {
+		t.Errorf("crictl exec --transport websocket: %q", out)
+	}
+	if _, _, err := c.try("exec", "--transport", "websocket", ctr, "sh", "-c", "exit 3"); err == nil {
+		t.Errorf("crictl exec --transport websocket of a failing command exited 0")
 	}
 	if _, _, err := c.try("exec", "-s", ctr, "sh", "-c", "exit 3"); err == nil {
 		t.Errorf("crictl exec -s of a failing command exited 0")

@@ -97,9 +97,34 @@ func TestCritest(t *testing.T) {
 		t.Fatalf("critest ran no spec:\n%s", out)
 	}
 	t.Logf("%s", summary)
+	critestWebSocket(t, repo, critest, d, filepath.Join(work, "out-websocket"))
 	if left := critestLeftovers(d, cg); len(left) > 0 {
 		t.Errorf("critest's pods and containers are gone, but they left:\n%s", strings.Join(left, "\n"))
 	}
+}
+
+// critestWebSocket runs critest's streaming specs again with WebSocket
+// clients (-websocket-exec, -websocket-attach, -websocket-portforward):
+// v5.channel.k8s.io for exec and attach and SPDY tunnelled in a
+// WebSocket for port-forward, which pinrt translates (streaming's
+// websocket.go). A focus of one's own (PINRT_CRITEST_FOCUS) leaves it out.
+func critestWebSocket(t *testing.T, repo, critest string, d *Daemon, outDir string) {
+	t.Helper()
+	if os.Getenv("PINRT_CRITEST_FOCUS") != "" {
+		t.Log("critest over WebSocket: not run, PINRT_CRITEST_FOCUS is set")
+		return
+	}
+	out, rc := runCritest(t, repo, critest, d, outDir,
+		"PINRT_CRITEST_FOCUS=Streaming",
+		"PINRT_CRITEST_ARGS=-websocket-exec -websocket-attach -websocket-portforward")
+	ran := regexp.MustCompile(`Ran ([0-9]+) of [0-9]+ Specs`).FindStringSubmatch(out)
+	switch {
+	case rc != 0:
+		t.Fatalf("critest over WebSocket: run.sh exited with %d:\n%s", rc, out)
+	case ran == nil || ran[1] == "0":
+		t.Fatalf("critest over WebSocket ran no spec:\n%s", out)
+	}
+	t.Logf("critest's streaming specs over WebSocket: %s of them passed", ran[1])
 }
 
 // critestLeftovers lists what the daemon still holds once critest, which
@@ -230,7 +255,7 @@ func serveStandins(t *testing.T, standin, images, work string) string {
 // the cleanup, so a suite that hangs reports its specs rather than being
 // cut off by go test's panic; its whole process group (run.sh, critest,
 // ginkgo and ginkgo's critest processes) is killed if it still runs.
-func runCritest(t *testing.T, repo, critest string, d *Daemon, outDir string) (string, int) {
+func runCritest(t *testing.T, repo, critest string, d *Daemon, outDir string, extraEnv ...string) (string, int) {
 	t.Helper()
 	budget := 40 * time.Minute
 	if dl, ok := t.Deadline(); ok {
@@ -256,6 +281,7 @@ func runCritest(t *testing.T, repo, critest string, d *Daemon, outDir string) (s
 		t.Fatal(err)
 	}
 	env = append(env, "TMPDIR="+tmp)
+	env = append(env, extraEnv...) // the last of a name wins
 	ctx, cancel := context.WithTimeout(context.Background(), budget)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", filepath.Join(repo, "test/critest/run.sh"), critest, "unix://"+d.Socket, outDir)

@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -28,6 +29,7 @@ import (
 	"k8s.io/client-go/transport/spdy"
 	utilexec "k8s.io/client-go/util/exec"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	"k8s.io/streaming/pkg/httpstream"
 
 	"github.com/pinrt/pinrt/internal/exechelper"
 	"github.com/pinrt/pinrt/test/testimage"
@@ -105,6 +107,8 @@ func TestStreaming(t *testing.T) {
 	t.Run("ExecUserns", s.testExecUserns)
 	t.Run("ExecBackground", s.testExecBackground)
 	t.Run("ExecWebSocket", s.testExecWebSocket)
+	t.Run("WebSocketV5", s.testWebSocketV5)
+	t.Run("WebSocketV5ClientGone", s.testWebSocketV5ClientGone)
 	t.Run("ExecExitCode", s.testExecExitCode)
 	t.Run("ExecStdin", s.testExecStdin)
 	t.Run("ExecTTYResize", s.testExecTTY)
@@ -116,6 +120,7 @@ func TestStreaming(t *testing.T) {
 	t.Run("AttachTTYResize", func(t *testing.T) { s.testAttachTTY(t, img) })
 	t.Run("PortForward", s.testPortForward)
 	t.Run("PortForwardClosedPort", s.testPortForwardClosed)
+	t.Run("PortForwardWebSocket", s.testPortForwardWebSocket)
 	t.Run("TokenSingleUse", s.testTokenSingleUse)
 	t.Run("BadRequests", s.testBadRequests)
 	t.Run("ClientGoneEndsStreams", s.testClientGone)
@@ -229,9 +234,7 @@ func (s *streamEnv) testExecBackground(t *testing.T) {
 
 func (s *streamEnv) testExecWebSocket(t *testing.T) {
 	u := s.execURL(t, s.server, []string{"echo", "over websocket"}, false, false)
-	// cri-streaming's WebSocket side speaks up to v4.channel.k8s.io; v5,
-	// client-go's default, is spoken by the API server, which talks SPDY
-	// to kubelet and the runtime.
+	// cri-streaming's own WebSocket side, up to v4.channel.k8s.io.
 	ex, err := remotecommand.NewWebSocketExecutorForProtocols(&rest.Config{}, "GET", u.String(), "v4.channel.k8s.io")
 	if err != nil {
 		t.Fatal(err)
@@ -241,6 +244,140 @@ func (s *streamEnv) testExecWebSocket(t *testing.T) {
 	if err != nil || out.String() != "over websocket\n" {
 		t.Fatalf("websocket exec: stdout %q stderr %q err %v", out.String(), errOut.String(), err)
 	}
+}
+
+// wsStream is spdyStream over WebSocket with v5.channel.k8s.io,
+// client-go's WebSocket executor as crictl --transport websocket and
+// critest -websocket-exec use it.
+func wsStream(ctx context.Context, u *url.URL, o streamOpts) error {
+	ex, err := remotecommand.NewWebSocketExecutor(&rest.Config{}, "GET", u.String())
+	if err != nil {
+		return err
+	}
+	return ex.StreamWithContext(ctx, remotecommand.StreamOptions{
+		Stdin: o.stdin, Stdout: o.stdout, Stderr: o.stderr, Tty: o.tty, TerminalSizeQueue: o.sizes,
+	})
+}
+
+// testWebSocketV5: exec and attach over WebSocket v5, which pinrt
+// translates to the library's SPDY: both output streams, stdin to its
+// end (v5's close signal), the exit code, single-use tokens across both
+// transports and a token never handed out.
+func (s *streamEnv) testWebSocketV5(t *testing.T) {
+	ctx := Ctx(t)
+	u := s.execURL(t, s.server, []string{"sh", "-c", "echo out; echo err >&2"}, false, false)
+	var out, errOut bytes.Buffer
+	if err := wsStream(ctx, u, streamOpts{stdout: &out, stderr: &errOut}); err != nil || out.String() != "out\n" || errOut.String() != "err\n" {
+		t.Fatalf("v5 exec: stdout %q stderr %q err %v; want \"out\\n\", \"err\\n\", nil", out.String(), errOut.String(), err)
+	}
+	if err := spdyStream(ctx, u, streamOpts{stdout: io.Discard, stderr: io.Discard}); err == nil {
+		t.Error("a token used over WebSocket was accepted again over SPDY")
+	}
+	if err := wsStream(ctx, u, streamOpts{stdout: io.Discard, stderr: io.Discard}); err == nil {
+		t.Error("a token used over WebSocket was accepted again")
+	}
+
+	// cat ends only when stdin does.
+	data := make([]byte, 4<<20)
+	_, _ = rand.Read(data)
+	u = s.execURL(t, s.server, []string{"cat"}, true, false)
+	out.Reset()
+	errOut.Reset()
+	if err := wsStream(ctx, u, streamOpts{stdin: bytes.NewReader(data), stdout: &out, stderr: &errOut}); err != nil {
+		t.Fatalf("v5 exec cat: %v (stderr %q)", err, errOut.String())
+	}
+	if !bytes.Equal(out.Bytes(), data) {
+		t.Fatalf("v5 cat returned %d bytes, want the %d sent byte for byte", out.Len(), len(data))
+	}
+
+	u = s.execURL(t, s.server, []string{"sh", "-c", "exit 3"}, false, false)
+	var ee utilexec.ExitError
+	if err := wsStream(ctx, u, streamOpts{stdout: io.Discard, stderr: io.Discard}); !errors.As(err, &ee) || ee.ExitStatus() != 3 {
+		t.Fatalf("v5 exec exit 3: got %v (%T), want an exit error with code 3", err, err)
+	}
+
+	// A TTY with a resize: stty reports the size the client set.
+	u = s.execURL(t, s.server, []string{"sh"}, true, true)
+	inR, inW := io.Pipe()
+	var term lockedBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- wsStream(ctx, u, streamOpts{stdin: inR, stdout: &term, tty: true, sizes: oneSize(91, 17)})
+	}()
+	waitFor(t, 10*time.Second, "stty size 17 91 over v5", func() bool {
+		fmt.Fprintf(inW, "stty size\n")
+		time.Sleep(100 * time.Millisecond)
+		return strings.Contains(term.String(), "17 91")
+	})
+	fmt.Fprintf(inW, "exit 0\n")
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("v5 exec with a TTY: %v\n%s", err, term.String())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("v5 exec with a TTY did not end after exit:\n%s", term.String())
+	}
+	inW.Close()
+
+	bad := *u
+	bad.Path = path.Join(path.Dir(u.Path), "notatoken")
+	if err := wsStream(ctx, &bad, streamOpts{stdout: io.Discard}); err == nil || !strings.Contains(err.Error(), "404") {
+		t.Errorf("v5 exec with a token never handed out: %v, want a 404", err)
+	}
+
+	// Attach to the echoing container; the end of stdin detaches.
+	resp, err := s.d.Runtime.Attach(ctx, &runtimeapi.AttachRequest{ContainerId: s.echo, Stdin: true, Stdout: true, Stderr: true})
+	if err != nil {
+		t.Fatalf("Attach: %v", err)
+	}
+	au, _ := url.Parse(resp.Url)
+	inR, inW = io.Pipe()
+	term = lockedBuffer{}
+	go func() { done <- wsStream(ctx, au, streamOpts{stdin: inR, stdout: &term, stderr: io.Discard}) }()
+	waitFor(t, 10*time.Second, "the echo of a line over a v5 attach", func() bool {
+		fmt.Fprintln(inW, "over v5")
+		time.Sleep(100 * time.Millisecond)
+		return strings.Contains(term.String(), "over v5")
+	})
+	inW.Close()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("v5 attach: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("a v5 attach did not end with its stdin")
+	}
+	if st := s.status(t, s.echo); st.State != runtimeapi.ContainerState_CONTAINER_RUNNING {
+		t.Errorf("container is %v after a v5 attach detached, want running", st.State)
+	}
+}
+
+// testWebSocketV5ClientGone: a v5 exec whose client goes away ends, as
+// its SPDY twin does (testClientGone).
+func (s *streamEnv) testWebSocketV5ClientGone(t *testing.T) {
+	before := s.streamsOpen()
+	ctx, cancel := context.WithCancel(Ctx(t))
+	defer cancel()
+	done := make(chan error, 1)
+	u := s.execURL(t, s.server, []string{"sleep", "1000"}, false, false)
+	go func() { done <- wsStream(ctx, u, streamOpts{stdout: io.Discard, stderr: io.Discard}) }()
+	waitFor(t, 15*time.Second, "the exec'd sleep and its stream", func() bool {
+		return len(runcExecs(s.server)) == 1 && s.streamsOpen() == before+1
+	})
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the client did not return after its context ended")
+	}
+	waitFor(t, 20*time.Second, "the daemon's stream ended after its client went away", func() bool {
+		return s.streamsOpen() == before
+	})
+	waitFor(t, 15*time.Second, "no runc exec left after the client went away", func() bool {
+		return len(runcExecs(s.server)) == 0
+	})
 }
 
 func (s *streamEnv) testExecExitCode(t *testing.T) {
@@ -265,6 +402,14 @@ func (s *streamEnv) testExecStdin(t *testing.T) {
 
 // sizeQueue hands the client's terminal sizes to the executor.
 type sizeQueue chan remotecommand.TerminalSize
+
+// oneSize is a queue of one terminal size.
+func oneSize(width, height uint16) sizeQueue {
+	q := make(sizeQueue, 1)
+	q <- remotecommand.TerminalSize{Width: width, Height: height}
+	close(q)
+	return q
+}
 
 func (q sizeQueue) Next() *remotecommand.TerminalSize {
 	sz, ok := <-q
@@ -485,18 +630,30 @@ func (s *streamEnv) testAttach(t *testing.T) {
 // local port and a stop function.
 func (s *streamEnv) forward(t *testing.T, port int32) (int, func()) {
 	t.Helper()
+	return s.forwardVia(t, port, func(u *url.URL) (httpstream.Dialer, error) {
+		transport, upgrader, err := spdy.RoundTripperFor(&rest.Config{})
+		if err != nil {
+			return nil, err
+		}
+		return spdy.NewDialerForStreaming(upgrader, &http.Client{Transport: transport}, "POST", u), nil
+	})
+}
+
+// forwardVia forwards a local port to the pod's port through the dialer
+// dial makes for the PortForward URL.
+func (s *streamEnv) forwardVia(t *testing.T, port int32, dial func(*url.URL) (httpstream.Dialer, error)) (int, func()) {
+	t.Helper()
 	resp, err := s.d.Runtime.PortForward(Ctx(t), &runtimeapi.PortForwardRequest{PodSandboxId: s.pod, Port: []int32{port}})
 	if err != nil {
 		t.Fatalf("PortForward: %v", err)
 	}
 	u, _ := url.Parse(resp.Url)
-	transport, upgrader, err := spdy.RoundTripperFor(&rest.Config{})
+	dialer, err := dial(u)
 	if err != nil {
 		t.Fatal(err)
 	}
-	dialer := spdy.NewDialer(upgrader, &http.Client{Transport: transport}, "POST", u)
 	stop, ready := make(chan struct{}), make(chan struct{})
-	fw, err := portforward.NewOnAddresses(dialer, []string{"127.0.0.1"}, []string{"0:" + strconv.Itoa(int(port))}, stop, ready, io.Discard, io.Discard)
+	fw, err := portforward.NewOnAddressesForStreaming(dialer, []string{"127.0.0.1"}, []string{"0:" + strconv.Itoa(int(port))}, stop, ready, io.Discard, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -565,6 +722,23 @@ func (s *streamEnv) testPortForward(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Error(err)
+	}
+}
+
+// testPortForwardWebSocket: a port-forward whose SPDY is tunnelled in a
+// WebSocket (crictl port-forward --transport websocket, critest
+// -websocket-portforward) carries requests as the plain one does.
+func (s *streamEnv) testPortForwardWebSocket(t *testing.T) {
+	local, stop := s.forwardVia(t, 8080, func(u *url.URL) (httpstream.Dialer, error) {
+		return portforward.NewSPDYOverWebsocketDialerForStreaming(u, &rest.Config{})
+	})
+	defer stop()
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	for i := range 20 {
+		got, err := get(client, local, "/ws/"+strconv.Itoa(i))
+		if want := "hello /ws/" + strconv.Itoa(i); err != nil || got != want {
+			t.Fatalf("request %d through the tunnel: %q, %v; want %q", i, got, err, want)
+		}
 	}
 }
 
