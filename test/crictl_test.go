@@ -206,6 +206,26 @@ func TestCrictl(t *testing.T) {
 		t.Errorf("crictl stats: %+v", stats.Stats)
 	}
 
+	// The other read-only commands of a node operator: each output names
+	// what it is about.
+	for _, probe := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"statsp", "-o", "json", "--id", pod}, []string{pod, "workingSetBytes", "usageCoreNanoSeconds"}},
+		{[]string{"metricsp"}, []string{pod, "container_cpu_usage_seconds_total"}},
+		{[]string{"metricdescs"}, []string{"container_cpu_usage_seconds_total", "labelKeys"}},
+		{[]string{"imagefsinfo", "-o", "json"}, []string{"imageFilesystems", "containerFilesystems", "usedBytes"}},
+		{[]string{"inspecti", "-o", "json", e.busybox}, []string{e.bbID, "imageSpec"}},
+	} {
+		out := c.run(t, probe.args...)
+		for _, w := range probe.want {
+			if !strings.Contains(out, w) {
+				t.Errorf("crictl %s lacks %q:\n%s", strings.Join(probe.args, " "), w, out)
+			}
+		}
+	}
+
 	const limit = 96 << 20
 	c.run(t, "update", "--memory", fmt.Sprint(limit), ctr)
 	var updated struct {
