@@ -340,6 +340,18 @@ func TestTLS(t *testing.T) {
 	if r.StatusCode != http.StatusNotFound {
 		t.Fatalf("unknown token over TLS: %d, want 404", r.StatusCode)
 	}
+	// The WebSocket v5 translation under TLS: the exec's exit code
+	// arrives.
+	s.targets = &fakeTargets{rt: &fakeRuntime{code: 3}}
+	ex, err := s.GetExec(&runtimeapi.ExecRequest{ContainerId: "c1", Cmd: []string{"false"}, Stdout: true, Stderr: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = clientStreamTLS(context.Background(), ex.Url, "v5", rest.TLSClientConfig{CAFile: certFile})
+	var ee interface{ ExitStatus() int } // client-go's exit error
+	if !errors.As(err, &ee) || ee.ExitStatus() != 3 {
+		t.Fatalf("v5 exec over TLS: %v, want exit code 3", err)
+	}
 }
 
 // TestDefaultConfig checks the [streaming] defaults the daemon starts the
@@ -372,15 +384,26 @@ func TestDefaultConfig(t *testing.T) {
 
 // clientStream drives an exec or attach URL as kubectl does, with output
 // only, until ctx ends or the server ends the stream.
-func clientStream(ctx context.Context, rawURL string, websocket bool) error {
+// clientStream runs an exec or attach of rawURL with stdout and stderr
+// over proto: "" for SPDY, "v4" or "v5" for that WebSocket protocol
+// (v5 through pinrt's translation, websocket.go).
+func clientStream(ctx context.Context, rawURL, proto string) error {
+	return clientStreamTLS(ctx, rawURL, proto, rest.TLSClientConfig{})
+}
+
+func clientStreamTLS(ctx context.Context, rawURL, proto string, tc rest.TLSClientConfig) error {
 	var ex remotecommand.Executor
 	var err error
-	if websocket {
-		ex, err = remotecommand.NewWebSocketExecutorForProtocols(&rest.Config{}, "GET", rawURL, "v4.channel.k8s.io")
-	} else {
+	cfg := &rest.Config{TLSClientConfig: tc}
+	switch proto {
+	case "v4":
+		ex, err = remotecommand.NewWebSocketExecutorForProtocols(cfg, "GET", rawURL, "v4.channel.k8s.io")
+	case "v5":
+		ex, err = remotecommand.NewWebSocketExecutor(cfg, "GET", rawURL)
+	default:
 		var u *url.URL
 		if u, err = url.Parse(rawURL); err == nil {
-			ex, err = remotecommand.NewSPDYExecutor(&rest.Config{}, "POST", u)
+			ex, err = remotecommand.NewSPDYExecutor(cfg, "POST", u)
 		}
 	}
 	if err != nil {
@@ -416,9 +439,9 @@ func waitEnded(t *testing.T, s *Server, rt *fakeRuntime) {
 // net/http alone never cancels the request's context (see watchedConn).
 func TestClientGoneEndsStream(t *testing.T) {
 	tests := []struct {
-		name      string
-		url       func(*Server) (string, error)
-		websocket bool
+		name  string
+		url   func(*Server) (string, error)
+		proto string
 	}{
 		{name: "exec over SPDY", url: func(s *Server) (string, error) {
 			r, err := s.GetExec(&runtimeapi.ExecRequest{ContainerId: "c1", Cmd: []string{"sleep", "1000"}, Stdout: true, Stderr: true})
@@ -428,8 +451,16 @@ func TestClientGoneEndsStream(t *testing.T) {
 			r, err := s.GetAttach(&runtimeapi.AttachRequest{ContainerId: "c1", Stdout: true, Stderr: true})
 			return r.GetUrl(), err
 		}},
-		{name: "exec over WebSocket", websocket: true, url: func(s *Server) (string, error) {
+		{name: "exec over WebSocket v4", proto: "v4", url: func(s *Server) (string, error) {
 			r, err := s.GetExec(&runtimeapi.ExecRequest{ContainerId: "c1", Cmd: []string{"sleep", "1000"}, Stdout: true, Stderr: true})
+			return r.GetUrl(), err
+		}},
+		{name: "exec over WebSocket v5", proto: "v5", url: func(s *Server) (string, error) {
+			r, err := s.GetExec(&runtimeapi.ExecRequest{ContainerId: "c1", Cmd: []string{"sleep", "1000"}, Stdout: true, Stderr: true})
+			return r.GetUrl(), err
+		}},
+		{name: "attach over WebSocket v5", proto: "v5", url: func(s *Server) (string, error) {
+			r, err := s.GetAttach(&runtimeapi.AttachRequest{ContainerId: "c1", Stdout: true, Stderr: true})
 			return r.GetUrl(), err
 		}},
 	}
@@ -444,7 +475,7 @@ func TestClientGoneEndsStream(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			done := make(chan error, 1)
-			go func() { done <- clientStream(ctx, u, tc.websocket) }()
+			go func() { done <- clientStream(ctx, u, tc.proto) }()
 			select {
 			case <-rt.started:
 			case err := <-done:
@@ -462,23 +493,27 @@ func TestClientGoneEndsStream(t *testing.T) {
 // TestIdleTimeoutEndsStream checks that idle_timeout closes a stream with
 // no traffic, and that the exec on it ends with it.
 func TestIdleTimeoutEndsStream(t *testing.T) {
-	rt := newBlockingRuntime()
-	s := newTestServerIdle(t, &fakeTargets{rt: rt}, 1, 300*time.Millisecond)
-	resp, err := s.GetExec(&runtimeapi.ExecRequest{ContainerId: "c1", Cmd: []string{"sleep", "1000"}, Stdout: true, Stderr: true})
-	if err != nil {
-		t.Fatal(err)
+	for _, proto := range []string{"", "v5"} {
+		t.Run("proto="+proto, func(t *testing.T) {
+			rt := newBlockingRuntime()
+			s := newTestServerIdle(t, &fakeTargets{rt: rt}, 1, 300*time.Millisecond)
+			resp, err := s.GetExec(&runtimeapi.ExecRequest{ContainerId: "c1", Cmd: []string{"sleep", "1000"}, Stdout: true, Stderr: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- clientStream(ctx, resp.Url, proto) }()
+			select {
+			case <-done:
+				if ctx.Err() != nil {
+					t.Fatal("the client's context ended first")
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatal("an idle stream is still open 20s into a 300ms idle timeout")
+			}
+			waitEnded(t, s, rt)
+		})
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- clientStream(ctx, resp.Url, false) }()
-	select {
-	case <-done:
-		if ctx.Err() != nil {
-			t.Fatal("the client's context ended first")
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("an idle stream is still open 20s into a 300ms idle timeout")
-	}
-	waitEnded(t, s, rt)
 }
