@@ -26,22 +26,14 @@ func TestTokens(t *testing.T) {
 	}
 
 	tk.add("http://127.0.0.1:1/exec/old", streamOptions{kind: "exec"})
-	tk.mu.Lock()
-	o = tk.m["old"]
-	o.expires = time.Now().Add(-time.Second)
-	tk.m["old"] = o
-	tk.mu.Unlock()
+	tk.expire("old")
 	if _, ok := tk.take("exec", "old"); ok {
 		t.Error("an expired token was taken")
 	}
 
 	// Expired entries go at the next add; live ones are bounded.
 	tk.add("http://127.0.0.1:1/exec/stale", streamOptions{kind: "exec"})
-	tk.mu.Lock()
-	o = tk.m["stale"]
-	o.expires = time.Now().Add(-time.Second)
-	tk.m["stale"] = o
-	tk.mu.Unlock()
+	tk.expire("stale")
 	for i := range maxTokens + 10 {
 		tk.add("http://127.0.0.1:1/attach/t"+strconv.Itoa(i), streamOptions{kind: "attach"})
 	}
@@ -51,4 +43,13 @@ func TestTokens(t *testing.T) {
 	if n != maxTokens || stale.kind != "" {
 		t.Errorf("after %d adds: %d tokens kept (want %d), the expired one kept: %v", maxTokens+10, n, maxTokens, stale.kind != "")
 	}
+}
+
+// expire makes token's entry one second past its TTL.
+func (t *tokens) expire(token string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	o := t.m[token]
+	o.expires = time.Now().Add(-time.Second)
+	t.m[token] = o
 }

@@ -304,11 +304,7 @@ func (s *streamEnv) testWebSocketV5(t *testing.T) {
 	go func() {
 		done <- wsStream(ctx, u, streamOpts{stdin: inR, stdout: &term, tty: true, sizes: oneSize(91, 17)})
 	}()
-	waitFor(t, 10*time.Second, "stty size 17 91 over v5", func() bool {
-		fmt.Fprintf(inW, "stty size\n")
-		time.Sleep(100 * time.Millisecond)
-		return strings.Contains(term.String(), "17 91")
-	})
+	sendUntil(t, inW, "stty size\n", &term, "17 91")
 	fmt.Fprintf(inW, "exit 0\n")
 	select {
 	case err := <-done:
@@ -335,11 +331,7 @@ func (s *streamEnv) testWebSocketV5(t *testing.T) {
 	inR, inW = io.Pipe()
 	term = lockedBuffer{}
 	go func() { done <- wsStream(ctx, au, streamOpts{stdin: inR, stdout: &term, stderr: io.Discard}) }()
-	waitFor(t, 10*time.Second, "the echo of a line over a v5 attach", func() bool {
-		fmt.Fprintln(inW, "over v5")
-		time.Sleep(100 * time.Millisecond)
-		return strings.Contains(term.String(), "over v5")
-	})
+	sendUntil(t, inW, "over v5\n", &term, "over v5")
 	inW.Close()
 	select {
 	case err := <-done:
@@ -402,6 +394,17 @@ func (s *streamEnv) testExecStdin(t *testing.T) {
 
 // sizeQueue hands the client's terminal sizes to the executor.
 type sizeQueue chan remotecommand.TerminalSize
+
+// sendUntil writes line to w every 100 ms until out shows want: a
+// terminal or an attach may take a moment to pass input through.
+func sendUntil(t *testing.T, w io.Writer, line string, out *lockedBuffer, want string) {
+	t.Helper()
+	waitFor(t, 10*time.Second, fmt.Sprintf("%q in the output after sending %q", want, line), func() bool {
+		fmt.Fprint(w, line)
+		time.Sleep(100 * time.Millisecond)
+		return strings.Contains(out.String(), want)
+	})
+}
 
 // oneSize is a queue of one terminal size.
 func oneSize(width, height uint16) sizeQueue {
@@ -470,19 +473,11 @@ func (s *streamEnv) testExecTTY(t *testing.T) {
 	}()
 	// The first size may reach the terminal after the shell's first
 	// prompt: ask until it did.
-	waitFor(t, 10*time.Second, "stty size 24 80", func() bool {
-		fmt.Fprintf(inW, "stty size\n")
-		time.Sleep(100 * time.Millisecond)
-		return strings.Contains(out.String(), "24 80")
-	})
+	sendUntil(t, inW, "stty size\n", &out, "24 80")
 	sizes <- remotecommand.TerminalSize{Width: 123, Height: 45}
 	// The resize travels client -> stream -> pty -> SIGWINCH to runc ->
 	// the container's pty; ask until it arrived.
-	waitFor(t, 10*time.Second, "stty size 45 123 after a resize", func() bool {
-		fmt.Fprintf(inW, "stty size\n")
-		time.Sleep(100 * time.Millisecond)
-		return strings.Contains(out.String(), "45 123")
-	})
+	sendUntil(t, inW, "stty size\n", &out, "45 123")
 	fmt.Fprintf(inW, "exit 0\n")
 	select {
 	case err := <-done:
@@ -600,11 +595,7 @@ func (s *streamEnv) testAttach(t *testing.T) {
 		done := make(chan error, 1)
 		go func() { done <- spdyStream(Ctx(t), u, streamOpts{stdin: inR, stdout: &out, stderr: io.Discard}) }()
 		line := fmt.Sprintf("ping %d", round)
-		waitFor(t, 10*time.Second, "the echo of "+line, func() bool {
-			fmt.Fprintln(inW, line)
-			time.Sleep(100 * time.Millisecond)
-			return strings.Contains(out.String(), line)
-		})
+		sendUntil(t, inW, line+"\n", &out, line)
 		// The end of the client's stdin detaches: the container is not
 		// stdin_once, so it keeps running.
 		inW.Close()
@@ -962,11 +953,7 @@ func (s *streamEnv) testAttachTTY(t *testing.T, img string) {
 	go func() {
 		done <- spdyStream(Ctx(t), s.attachURL(t, id, true), streamOpts{stdin: inR, stdout: &out, tty: true, sizes: sizes})
 	}()
-	waitFor(t, 10*time.Second, "stty size 33 77 through conmon", func() bool {
-		fmt.Fprintf(inW, "stty size\n")
-		time.Sleep(100 * time.Millisecond)
-		return strings.Contains(out.String(), "33 77")
-	})
+	sendUntil(t, inW, "stty size\n", &out, "33 77")
 	inW.Close()
 	close(sizes)
 	select {
