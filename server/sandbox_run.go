@@ -15,6 +15,7 @@ import (
 
 	"github.com/pinrt/pinrt/internal/validate"
 	"github.com/pinrt/pinrt/nsmgr"
+	"github.com/pinrt/pinrt/oci"
 	"github.com/pinrt/pinrt/sandbox"
 )
 
@@ -277,6 +278,10 @@ func (s *Server) podRequest(req *runtimeapi.RunPodSandboxRequest) (*podRequest, 
 			return nil, invalid("log directory %q must be a clean absolute path", d)
 		}
 		if err := validate.Path("log directory", d); err != nil {
+			return nil, err
+		}
+		// Every container's log would be refused: it is refused now.
+		if err := oci.CheckLogPath(d); err != nil {
 			return nil, err
 		}
 	}

@@ -267,6 +267,7 @@ func TestPodRequestValidation(t *testing.T) {
 		{"uid with '='", mk(func(r *runtimeapi.RunPodSandboxRequest) { r.Config.Metadata.Uid = "=" }), errdefs.ErrInvalidArgument},
 		{"log dir too long", mk(func(r *runtimeapi.RunPodSandboxRequest) { r.Config.LogDirectory = strings.Repeat("/d", 2048) }), errdefs.ErrInvalidArgument},
 		{"unclean log dir", mk(func(r *runtimeapi.RunPodSandboxRequest) { r.Config.LogDirectory = "/var/log/../etc" }), errdefs.ErrInvalidArgument},
+		{"log dir with ':'", mk(func(r *runtimeapi.RunPodSandboxRequest) { r.Config.LogDirectory = "/var/log/pods/a:b" }), errdefs.ErrInvalidArgument},
 		{"hostname with space", mk(func(r *runtimeapi.RunPodSandboxRequest) { r.Config.Hostname = "a b" }), errdefs.ErrInvalidArgument},
 		{"net sysctl on host network", mk(func(r *runtimeapi.RunPodSandboxRequest) {
 			r.Config.Linux.SecurityContext.NamespaceOptions.Network = runtimeapi.NamespaceMode_NODE
