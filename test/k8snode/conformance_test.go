@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,8 +30,21 @@ import (
 
 // deselected is what make node-e2e never selects, as upstream's node
 // conformance jobs leave it out: slow, serial, disruptive and flaky
-// specs, and those that need a feature beyond the default set.
-const deselected = `\[Slow\]|\[Serial\]|\[Disruptive\]|\[Flaky\]|\[Feature:[^\]]*\]`
+// specs. Specs that need a feature beyond the default set are left out
+// by the label filter (selectedLabels), but for features.
+const deselected = `\[Slow\]|\[Serial\]|\[Disruptive\]|\[Flaky\]`
+
+// features are the [Feature:...] specs make node-e2e runs besides: those
+// of a runtime's CRI features that kubelet enables by default, as
+// upstream's feature jobs run them against containerd and CRI-O. User
+// namespaces (hostUsers: false: the user namespace, volumes' owners,
+// fsGroup, kubelet's metrics), the supplemental groups policy (Merge
+// and Strict, which ask the runtime for the image's groups and report
+// them back), pod-level resources (the downward API's defaults from
+// them), environment variables from files (kubelet reads them, the
+// containers get them) and runtime handlers (an unknown one refused).
+// A spec that also needs a feature that is off by default stays out.
+var features = []string{"UserNamespacesSupport", "SupplementalGroupsPolicy", "PodLevelResources", "EnvFiles", "RuntimeHandler"}
 
 // The specs make node-e2e selects: every [NodeConformance] spec, every
 // spec of SIG Node (in-place resize, pre-stop hooks, pods extended and
@@ -39,14 +53,35 @@ const deselected = `\[Slow\]|\[Serial\]|\[Disruptive\]|\[Flaky\]|\[Feature:[^\]]
 // (kubectl exec, attach, cp, logs, port-forward, debug and the rest of
 // test/e2e/kubectl), and SIG Network's host port spec (pods on one port
 // with other host IPs and protocols; SIG Network's others want
-// kube-proxy, cluster DNS or more nodes). ginkgo selects by the label
-// filter, which takes all of SIG Network, and then by the focus, which
-// is the text each selected spec's name holds unless
-// PINRT_NODE_E2E_FOCUS narrows it.
-const (
-	selectedLabels = "NodeConformance || sig-node || sig-cli || sig-network"
-	selectedName   = `\[NodeConformance\]|\[sig-node\]|\[sig-cli\]|\[sig-network\] HostPort `
-)
+// kube-proxy, cluster DNS or more nodes); of those, the ones that need
+// no feature or only features. ginkgo selects by the label filter,
+// which takes all of SIG Network, and then by the focus, which is the
+// text each selected spec's name holds unless PINRT_NODE_E2E_FOCUS
+// narrows it.
+var selectedLabels = "(NodeConformance || sig-node || sig-cli || sig-network) && (!/^Feature:/ || Feature:" +
+	strings.Join(features, " || Feature:") + ") && !Feature:OffByDefault"
+
+const selectedName = `\[NodeConformance\]|\[sig-node\]|\[sig-cli\]|\[sig-network\] HostPort `
+
+// featureTag is a [Feature:...] tag in a spec's name; the framework
+// makes each one a label too.
+var featureTag = regexp.MustCompile(`\[Feature:([^\]]*)\]`)
+
+// selectedFeatures says whether the label filter's feature clause takes
+// a spec by its name: no feature tag, or one of features and not
+// OffByDefault.
+func selectedFeatures(name string) bool {
+	tags := featureTag.FindAllStringSubmatch(name, -1)
+	if len(tags) == 0 {
+		return true
+	}
+	for _, t := range tags {
+		if t[1] == "OffByDefault" {
+			return false
+		}
+	}
+	return slices.ContainsFunc(tags, func(t []string) bool { return slices.Contains(features, t[1]) })
+}
 
 // TestNodeConformance runs Kubernetes' own [NodeConformance], SIG Node
 // and SIG CLI e2e specs (build/conformance: test/e2e/common, node and
@@ -477,7 +512,7 @@ func (r *conformanceResult) readJUnit(t *testing.T, path string, skips []skipEnt
 					why = c.Skipped.Message
 				}
 				if why == "skipped" {
-					if listed(skips, c.Name) && sel.MatchString(c.Name) && focus.MatchString(c.Name) && !desel.MatchString(c.Name) {
+					if listed(skips, c.Name) && sel.MatchString(c.Name) && focus.MatchString(c.Name) && !desel.MatchString(c.Name) && selectedFeatures(c.Name) {
 						r.listed++
 					}
 					continue

@@ -57,3 +57,20 @@ func TestReadJUnit(t *testing.T) {
 		t.Errorf("focus Pods: %d listed skips, want 0", narrow.listed)
 	}
 }
+
+// The feature clause of the label filter, as readJUnit applies it to a
+// spec's name.
+func TestSelectedFeatures(t *testing.T) {
+	for name, want := range map[string]bool{
+		"[sig-node] Pods should be submitted and removed [NodeConformance] [Conformance]":                                                                           true,
+		"[sig-node] Security Context When creating a pod with HostUsers must create the user namespace if set to false [LinuxOnly] [Feature:UserNamespacesSupport]": true,
+		"[sig-node] Downward API [Feature:PodLevelResources] [FeatureGate:PodLevelResources] should provide default limits [Beta]":                                  true,
+		"[sig-node] Probing container [Feature:NodeLogQuery] should return the kubelet logs":                                                                        false,
+		"[sig-node] [Feature:ContainerStopSignals] [FeatureGate:ContainerStopSignals] StopSignal [Alpha] [Feature:OffByDefault]":                                    false,
+		"[sig-node] [Feature:UserNamespacesSupport] something new [Alpha] [Feature:OffByDefault]":                                                                   false,
+	} {
+		if got := selectedFeatures(name); got != want {
+			t.Errorf("selectedFeatures(%q) = %v, want %v", name, got, want)
+		}
+	}
+}
