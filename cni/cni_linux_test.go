@@ -1,12 +1,14 @@
 package cni
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"math/big"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -277,5 +279,20 @@ func BenchmarkSetupTeardownRoot(b *testing.B) {
 		if err := m.Teardown(ctx, pod); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// An announcement is RFC 5227's: an ARP request from and for the
+// address, with a zero target hardware address.
+func TestARPAnnouncement(t *testing.T) {
+	mac := net.HardwareAddr{0x02, 0x42, 0xac, 0x11, 0x00, 0x02}
+	got := arpAnnouncement(mac, net.ParseIP("10.88.0.7"))
+	want := []byte{
+		0x00, 0x01, 0x08, 0x00, 6, 4, 0x00, 0x01, // Ethernet, IPv4, request
+		0x02, 0x42, 0xac, 0x11, 0x00, 0x02, 10, 88, 0, 7, // sender
+		0, 0, 0, 0, 0, 0, 10, 88, 0, 7, // target
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("announcement\n%x, want\n%x", got, want)
 	}
 }

@@ -104,12 +104,13 @@ func TestToResult(t *testing.T) {
 	idx := func(i int) *int { return &i }
 	cur := &types100.Result{
 		CNIVersion: "1.0.0",
-		Interfaces: []*types100.Interface{{Name: "cni0"}, {Name: "eth0", Sandbox: "/ns"}},
+		Interfaces: []*types100.Interface{{Name: "cni0"}, {Name: "eth0", Sandbox: "/ns"}, {Name: "net1", Sandbox: "/ns"}},
 		IPs: []*types100.IPConfig{
 			{Address: mustCIDR(t, "fd00::5/64"), Interface: idx(1)},
 			{Address: mustCIDR(t, "10.1.0.1/24"), Interface: idx(0)}, // host side: not the pod's
 			{Address: mustCIDR(t, "10.1.0.5/24"), Interface: idx(1)},
 			{Address: mustCIDR(t, "10.2.0.5/24")}, // no interface: the pod's
+			{Address: mustCIDR(t, "10.4.0.5/24"), Interface: idx(2)},
 		},
 	}
 	old := &types040.Result{
@@ -117,12 +118,13 @@ func TestToResult(t *testing.T) {
 		IPs:        []*types040.IPConfig{{Address: mustCIDR(t, "10.3.0.7/16")}},
 	}
 	tests := []struct {
-		name    string
-		res     types.Result
-		wantIPs []string
+		name     string
+		res      types.Result
+		wantIPs  []string
+		announce string // the IPv4 addresses to announce, on their interfaces
 	}{
-		{"1.0.0 with host interfaces", cur, []string{"10.1.0.5", "10.2.0.5", "fd00::5"}},
-		{"0.4.0", old, []string{"10.3.0.7"}},
+		{"1.0.0 with host interfaces", cur, []string{"10.1.0.5", "10.2.0.5", "10.4.0.5", "fd00::5"}, "eth0 10.1.0.5, eth0 10.2.0.5, net1 10.4.0.5"},
+		{"0.4.0", old, []string{"10.3.0.7"}, "eth0 10.3.0.7"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -132,6 +134,13 @@ func TestToResult(t *testing.T) {
 			}
 			if !reflect.DeepEqual(r.IPs, tc.wantIPs) || r.Network != "n" || r.Interface != "eth0" {
 				t.Fatalf("result = %+v", r)
+			}
+			var announced []string
+			for _, a := range r.v4Addrs {
+				announced = append(announced, a.ifName+" "+a.ip.String())
+			}
+			if got := strings.Join(announced, ", "); got != tc.announce {
+				t.Errorf("addresses to announce: %s, want %s", got, tc.announce)
 			}
 			want, _ := json.Marshal(tc.res)
 			if string(r.Raw) != string(want) {

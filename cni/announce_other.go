@@ -1,0 +1,7 @@
+//go:build !linux
+
+package cni
+
+import "context"
+
+func announce(context.Context, string, []ifAddr) {}
