@@ -44,14 +44,15 @@ func announce(ctx context.Context, netns string, addrs []ifAddr) {
 }
 
 // sendGratuitousARP broadcasts an ARP request for ip from ip (RFC 5227's
-// announcement) on the interface named ifName of the current netns.
+// announcement) on the interface named ifName of the current netns, if
+// it is an Ethernet interface.
 func sendGratuitousARP(ifName string, ip net.IP) error {
 	ifc, err := net.InterfaceByName(ifName)
 	if err != nil {
 		return err
 	}
-	if len(ifc.HardwareAddr) != 6 {
-		return fmt.Errorf("no Ethernet address (%q)", ifc.HardwareAddr)
+	if len(ifc.HardwareAddr) != 6 || ifc.Flags&net.FlagPointToPoint != 0 {
+		return nil // no ARP on it: a tunnel, an L3 device
 	}
 	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_ARP)))
 	if err != nil {

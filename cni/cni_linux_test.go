@@ -296,3 +296,14 @@ func TestARPAnnouncement(t *testing.T) {
 		t.Errorf("announcement\n%x, want\n%x", got, want)
 	}
 }
+
+// An interface without ARP is left alone; one that is not there is an
+// error (logged by announce).
+func TestGratuitousARPNeedsEthernet(t *testing.T) {
+	if err := sendGratuitousARP("lo", net.ParseIP("127.0.0.1")); err != nil {
+		t.Errorf("on lo: %v, want nothing sent and no error", err)
+	}
+	if err := sendGratuitousARP("nosuch0", net.ParseIP("10.0.0.1")); err == nil {
+		t.Error("on a missing interface: no error")
+	}
+}
