@@ -48,19 +48,11 @@ func TestReusedIPReachable(t *testing.T) {
 	if got, want := hostNeighbour(t, d.Bridge, addr), podMAC(t, info); got != want {
 		t.Fatalf("host's neighbour entry for %s = %q, want the first pod's %s", addr, got, want)
 	}
-	for _, err := range []error{
-		func() error {
-			_, err := d.Runtime.StopPodSandbox(Ctx(t), &runtimeapi.StopPodSandboxRequest{PodSandboxId: first})
-			return err
-		}(),
-		func() error {
-			_, err := d.Runtime.RemovePodSandbox(Ctx(t), &runtimeapi.RemovePodSandboxRequest{PodSandboxId: first})
-			return err
-		}(),
-	} {
-		if err != nil {
-			t.Fatal(err)
-		}
+	if _, err := d.Runtime.StopPodSandbox(Ctx(t), &runtimeapi.StopPodSandboxRequest{PodSandboxId: first}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Runtime.RemovePodSandbox(Ctx(t), &runtimeapi.RemovePodSandboxRequest{PodSandboxId: first}); err != nil {
+		t.Fatal(err)
 	}
 
 	second := d.RunPod(t, UsernsPod(PodConfig("second"), 0))
