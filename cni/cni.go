@@ -73,8 +73,8 @@ type Result struct {
 	Interface string          // "eth0"
 	Raw       json.RawMessage // the CNI result JSON as the plugins returned it
 	Network   string          // the network name used
-	// v4Addrs are the IPv4 addresses and their interfaces, to announce.
-	v4Addrs []ifAddr
+	// addrs are the pod's addresses and their interfaces, to announce.
+	addrs []ifAddr
 }
 
 const (
@@ -222,7 +222,7 @@ func (m *Manager) Setup(ctx context.Context, pod Pod) (_ *Result, retErr error) 
 	if err != nil {
 		return nil, fmt.Errorf("setup network for sandbox %s: %w: %w", pod.ID, errdefs.ErrUnknown, err)
 	}
-	announce(ctx, pod.NetNS, out.v4Addrs)
+	announce(ctx, pod.NetNS, out.addrs)
 	log.G(ctx).WithFields(log.Fields{"network": out.Network, "ips": out.IPs, "phase": "cni_add", "duration_ms": sinceMs(start)}).
 		Debug("cni add done")
 	return out, nil
@@ -433,7 +433,7 @@ func toResult(network string, res types.Result) (*Result, error) {
 		return nil, fmt.Errorf("convert cni result: %w", err)
 	}
 	var v4, v6 []string
-	var v4Addrs []ifAddr
+	var addrs []ifAddr
 	for _, ipc := range cur.IPs {
 		ifName := IfName
 		if ipc.Interface != nil {
@@ -448,9 +448,10 @@ func toResult(network string, res types.Result) (*Result, error) {
 		ip := ipc.Address.IP
 		if ip4 := ip.To4(); ip4 != nil {
 			v4 = append(v4, ip4.String())
-			v4Addrs = append(v4Addrs, ifAddr{ifName: ifName, ip: ip4})
+			addrs = append(addrs, ifAddr{ifName: ifName, ip: ip4})
 		} else if ip.To16() != nil {
 			v6 = append(v6, ip.String())
+			addrs = append(addrs, ifAddr{ifName: ifName, ip: ip})
 		}
 	}
 	return &Result{
@@ -458,7 +459,7 @@ func toResult(network string, res types.Result) (*Result, error) {
 		Interface: IfName,
 		Raw:       raw,
 		Network:   network,
-		v4Addrs:   v4Addrs,
+		addrs:     addrs,
 	}, nil
 }
 

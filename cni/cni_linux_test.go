@@ -297,13 +297,30 @@ func TestARPAnnouncement(t *testing.T) {
 	}
 }
 
-// An interface without ARP is left alone; one that is not there is an
-// error (logged by announce).
-func TestGratuitousARPNeedsEthernet(t *testing.T) {
-	if err := sendGratuitousARP("lo", net.ParseIP("127.0.0.1")); err != nil {
-		t.Errorf("on lo: %v, want nothing sent and no error", err)
+// An unsolicited advertisement is RFC 4861's: for and from the address,
+// with the override flag and the target's link-layer address.
+func TestNeighbourAdvertisement(t *testing.T) {
+	mac := net.HardwareAddr{0x02, 0x42, 0xac, 0x11, 0x00, 0x02}
+	got := neighbourAdvertisement(mac, net.ParseIP("fd00:10::7"))
+	want := []byte{
+		136, 0, 0, 0, 0x20, 0, 0, 0, // type, code, checksum (the kernel's), override
+		0xfd, 0, 0, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7, // target
+		2, 1, 0x02, 0x42, 0xac, 0x11, 0x00, 0x02, // target link-layer address
 	}
-	if err := sendGratuitousARP("nosuch0", net.ParseIP("10.0.0.1")); err == nil {
+	if !bytes.Equal(got, want) {
+		t.Errorf("advertisement\n%x, want\n%x", got, want)
+	}
+}
+
+// An interface without neighbour discovery is left alone, for either
+// family; one that is not there is an error (logged by announce).
+func TestAnnounceNeedsEthernet(t *testing.T) {
+	for _, ip := range []string{"127.0.0.1", "::1"} {
+		if err := announceAddr("lo", net.ParseIP(ip)); err != nil {
+			t.Errorf("%s on lo: %v, want nothing sent and no error", ip, err)
+		}
+	}
+	if err := announceAddr("nosuch0", net.ParseIP("10.0.0.1")); err == nil {
 		t.Error("on a missing interface: no error")
 	}
 }

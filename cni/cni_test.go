@@ -121,9 +121,9 @@ func TestToResult(t *testing.T) {
 		name     string
 		res      types.Result
 		wantIPs  []string
-		announce string // the IPv4 addresses to announce, on their interfaces
+		announce string // the addresses to announce, on their interfaces, in the result's order
 	}{
-		{"1.0.0 with host interfaces", cur, []string{"10.1.0.5", "10.2.0.5", "10.4.0.5", "fd00::5"}, "eth0 10.1.0.5, eth0 10.2.0.5, net1 10.4.0.5"},
+		{"1.0.0 with host interfaces", cur, []string{"10.1.0.5", "10.2.0.5", "10.4.0.5", "fd00::5"}, "eth0 fd00::5, eth0 10.1.0.5, eth0 10.2.0.5, net1 10.4.0.5"},
 		{"0.4.0", old, []string{"10.3.0.7"}, "eth0 10.3.0.7"},
 	}
 	for _, tc := range tests {
@@ -136,7 +136,7 @@ func TestToResult(t *testing.T) {
 				t.Fatalf("result = %+v", r)
 			}
 			var announced []string
-			for _, a := range r.v4Addrs {
+			for _, a := range r.addrs {
 				announced = append(announced, a.ifName+" "+a.ip.String())
 			}
 			if got := strings.Join(announced, ", "); got != tc.announce {

@@ -23,20 +23,38 @@ import (
 // pod that stays holds one, as other pods keep a node's bridge up (the
 // kernel forgets a bridge's neighbours when its last port goes), so the
 // second pod must get the first one's. The second pod has a user
-// namespace, which owns its netns.
+// namespace, which owns its netns. IPv4 needs a gratuitous ARP, IPv6 an
+// unsolicited neighbour advertisement.
 func TestReusedIPReachable(t *testing.T) {
-	d := StartDaemon(t, Options{Network: true})
-	prefix := strings.TrimSuffix(d.Subnet, "0/24")
-	keep, addr := prefix+"10", prefix+"11"
+	t.Run("IPv4", func(t *testing.T) {
+		d := StartDaemon(t, Options{Network: true})
+		prefix := strings.TrimSuffix(d.Subnet, "0/24")
+		reusedIPReachable(t, d, d.Subnet, prefix+"10", prefix+"11")
+	})
+	t.Run("IPv6", func(t *testing.T) {
+		d := StartDaemon(t, Options{Network: true})
+		var a, b int
+		if _, err := fmt.Sscanf(d.Subnet, "10.%d.%d.0/24", &a, &b); err != nil {
+			t.Fatal(err)
+		}
+		prefix := fmt.Sprintf("fd00:10:%d:%d::", a, b)
+		reusedIPReachable(t, d, prefix+"/64", prefix+"10", prefix+"11")
+	})
+}
+
+// reusedIPReachable replaces d's network by a bridge network of subnet
+// whose range is keep and addr, and plays the reuse of addr.
+func reusedIPReachable(t *testing.T, d *Daemon, subnet, keep, addr string) {
 	conf := fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "pinrt-e2e", "plugins": [{
   "type": "bridge", "bridge": %q, "isGateway": true, "ipMasq": false,
   "ipam": {"type": "host-local", "dataDir": %q, "ranges": [[{"subnet": %q, "rangeStart": %q, "rangeEnd": %q}]]}}]}`,
-		d.Bridge, d.IPAMDir, d.Subnet, keep, addr)
+		d.Bridge, d.IPAMDir, subnet, keep, addr)
 	if err := os.WriteFile(filepath.Join(d.CNIConfDir, "10-e2e.conflist"), []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
 
 	d.RunPod(t, PodConfig("keep"))
+	waitDAD(t, d.Bridge)
 	first := d.RunPod(t, PodConfig("first"))
 	st, info := d.PodStatus(t, first)
 	if ip := st.GetNetwork().GetIp(); ip != addr {
@@ -68,7 +86,7 @@ func TestReusedIPReachable(t *testing.T) {
 		}
 	}
 	if got != want {
-		t.Fatalf("host's neighbour entry for %s = %q after the second pod started, want its MAC %s (the first pod's MAC until the entry expires: no gratuitous ARP)", addr, got, want)
+		t.Fatalf("host's neighbour entry for %s = %q after the second pod started, want its MAC %s (the first pod's MAC until the entry expires: no announcement)", addr, got, want)
 	}
 	requireRefused(t, addr)
 }
@@ -85,6 +103,24 @@ func requireRefused(t *testing.T, ip string) {
 	if !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Fatalf("connecting to %s:9: %v, want connection refused (the host cannot reach the pod)", ip, err)
 	}
+}
+
+// waitDAD waits for the bridge's IPv6 addresses to end their duplicate
+// address detection: the host answers nothing from a tentative gateway
+// address, as the bridge plugin made it at the first pod's ADD.
+func waitDAD(t *testing.T, dev string) {
+	t.Helper()
+	var out []byte
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		var err error
+		if out, err = exec.Command("ip", "-6", "addr", "show", "dev", dev, "tentative").CombinedOutput(); err != nil {
+			t.Fatalf("ip -6 addr show dev %s tentative: %v\n%s", dev, err, out)
+		}
+		if len(strings.TrimSpace(string(out))) == 0 {
+			return
+		}
+	}
+	t.Fatalf("%s's addresses still tentative after 10 s:\n%s", dev, out)
 }
 
 // hostNeighbour is the MAC of the host's neighbour entry for ip on dev,
