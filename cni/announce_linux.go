@@ -56,10 +56,32 @@ func announceAddr(ifName string, ip net.IP) error {
 	if len(ifc.HardwareAddr) != 6 || ifc.Flags&net.FlagPointToPoint != 0 {
 		return nil // no neighbour discovery on it: a tunnel, an L3 device
 	}
+	if noARP, err := isNoARP(ifName); err != nil || noARP {
+		return err // an ipvlan in L3 mode: its master answers for it
+	}
 	if ip4 := ip.To4(); ip4 != nil {
 		return sendGratuitousARP(ifc, ip4)
 	}
 	return sendUnsolicitedNA(ifc, ip)
+}
+
+// isNoARP reports whether the interface named ifName of the current
+// netns has IFF_NOARP, which the kernel does no ARP or neighbour
+// discovery on, and which Go's net.Interface leaves out of its flags.
+func isNoARP(ifName string) (bool, error) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return false, err
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq(ifName)
+	if err != nil {
+		return false, err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return false, fmt.Errorf("SIOCGIFFLAGS: %w", err)
+	}
+	return ifr.Uint16()&unix.IFF_NOARP != 0, nil
 }
 
 // sendGratuitousARP broadcasts an ARP request for ip from ip (RFC 5227's

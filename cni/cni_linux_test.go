@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/sys/unix"
 )
 
@@ -322,5 +323,33 @@ func TestAnnounceNeedsEthernet(t *testing.T) {
 	}
 	if err := announceAddr("nosuch0", net.ParseIP("10.0.0.1")); err == nil {
 		t.Error("on a missing interface: no error")
+	}
+}
+
+// An interface with IFF_NOARP (an ipvlan in L3 mode) gets no
+// announcement: on a veth, an IPv6 address it does not hold
+// is announced (and refused, as no bind to it works) with ARP on, and
+// left alone with ARP off.
+func TestAnnounceSkipsNoARP(t *testing.T) {
+	requireRootCNI(t)
+	netns := filepath.Join(t.TempDir(), "net")
+	pinNetNS(t, netns, false)
+	ipIn := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("nsenter", append([]string{"--net=" + netns, "ip"}, args...)...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	announceIn := func() error {
+		return ns.WithNetNSPath(netns, func(ns.NetNS) error { return announceAddr("d0", net.ParseIP("fd00:10::7")) })
+	}
+	ipIn("link", "add", "d0", "type", "veth", "peer", "name", "d1")
+	ipIn("link", "set", "d0", "up")
+	if err := announceIn(); err == nil {
+		t.Fatal("announced an address d0 does not hold without an error: the test cannot tell a skip")
+	}
+	ipIn("link", "set", "d0", "arp", "off")
+	if err := announceIn(); err != nil {
+		t.Errorf("on a NOARP interface: %v, want it left alone", err)
 	}
 }
