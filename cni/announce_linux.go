@@ -87,11 +87,14 @@ func isNoARP(ifName string) (bool, error) {
 // sendGratuitousARP broadcasts an ARP request for ip from ip (RFC 5227's
 // announcement) on ifc.
 func sendGratuitousARP(ifc *net.Interface, ip net.IP) error {
-	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_ARP)))
+	// Protocol 0: a socket that only sends, which no frame is copied to.
+	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return err
 	}
-	defer unix.Close(fd)
+	// The kernel waits for an RCU grace period in every packet socket's
+	// release (synchronize_net), 6-16 ms here: RunPodSandbox need not.
+	defer func() { go unix.Close(fd) }()
 	to := &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ARP), Ifindex: ifc.Index, Halen: 6}
 	copy(to.Addr[:], []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
 	return unix.Sendto(fd, arpAnnouncement(ifc.HardwareAddr, ip), 0, to)
