@@ -110,17 +110,13 @@ func requireRefused(t *testing.T, ip string) {
 // address, as the bridge plugin made it at the first pod's ADD.
 func waitDAD(t *testing.T, dev string) {
 	t.Helper()
-	var out []byte
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		var err error
-		if out, err = exec.Command("ip", "-6", "addr", "show", "dev", dev, "tentative").CombinedOutput(); err != nil {
+	waitFor(t, 10*time.Second, dev+"'s addresses to end their DAD", func() bool {
+		out, err := exec.Command("ip", "-6", "addr", "show", "dev", dev, "tentative").CombinedOutput()
+		if err != nil {
 			t.Fatalf("ip -6 addr show dev %s tentative: %v\n%s", dev, err, out)
 		}
-		if len(strings.TrimSpace(string(out))) == 0 {
-			return
-		}
-	}
-	t.Fatalf("%s's addresses still tentative after 10 s:\n%s", dev, out)
+		return len(strings.TrimSpace(string(out))) == 0
+	})
 }
 
 // hostNeighbour is the MAC of the host's neighbour entry for ip on dev,
