@@ -320,7 +320,8 @@ func waitConmonPid(ctx context.Context, o CreateOptions, syncR *os.File) (int, e
 	select {
 	case m := <-msgCh:
 		if m.Data <= 0 {
-			return 0, fmt.Errorf("create container %s: %s: %w", o.ID, m.Message, errdefs.ErrUnknown)
+			// conmon passes runc's last line with its newline.
+			return 0, fmt.Errorf("create container %s: %s: %w", o.ID, strings.TrimSpace(m.Message), errdefs.ErrUnknown)
 		}
 		// conmon made the stdio pipes as host root; the process has not
 		// run yet (it waits for `runc start`).

@@ -302,6 +302,19 @@ func (e *ctrEnv) testExitCodesAndLogs(t *testing.T) {
 		t.Errorf("bad after runc forgot it: %s exit %d, want EXITED 3", st.State, st.ExitCode)
 	}
 
+	// A command the image lacks fails StartContainer; the container is
+	// then EXITED as containerd reports it (128, StartError) with runc's
+	// message on one line, as kubelet shows it in an event.
+	missing := e.create(t, pod, podCfg, e.ctr("missing", "/no/such/binary"))
+	if _, err := e.d.Runtime.StartContainer(Ctx(t), &runtimeapi.StartContainerRequest{ContainerId: missing}); err == nil {
+		t.Errorf("StartContainer of a command the image lacks succeeded")
+	}
+	st = e.status(t, missing)
+	if st.State != runtimeapi.ContainerState_CONTAINER_EXITED || st.ExitCode != 128 || st.Reason != "StartError" ||
+		!strings.Contains(st.Message, "/no/such/binary") || strings.ContainsAny(st.Message, "\n\r") {
+		t.Errorf("a failed start: %s exit %d reason %q message %q, want EXITED 128 StartError naming the command on one line", st.State, st.ExitCode, st.Reason, st.Message)
+	}
+
 	st = e.waitExit(t, utf8, 30*time.Second)
 	if lines := readCRILog(t, filepath.Join(podCfg.LogDirectory, utf8Cfg.LogPath)); st.ExitCode != 0 || len(lines) != 1 || lines[0].text != "hi" {
 		t.Errorf("container with a UTF-8 log path: exit %d, log %+v; want 0 and hi", st.ExitCode, lines)
