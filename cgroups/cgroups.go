@@ -105,6 +105,24 @@ type Stats struct {
 	// account it (no io controller enabled, or v1 blk-throttle idle).
 	IO        []DeviceIO
 	Processes Processes
+
+	// CPUPressure, MemoryPressure and IOPressure are the cgroup's pressure
+	// stall information, nil where the kernel keeps none for it: v1
+	// without a v2 hierarchy beside it, or PSI off (psi=0).
+	CPUPressure, MemoryPressure, IOPressure *Pressure
+}
+
+// Pressure is one resource's pressure stall information: the share of
+// time some task of the cgroup waited for it, and the share all did.
+type Pressure struct {
+	Some, Full PressureData
+}
+
+// PressureData are the kernel's running averages, in percent of the
+// last 10, 60 and 300 seconds, and the total stall time.
+type PressureData struct {
+	Avg10, Avg60, Avg300 float64
+	TotalMicros          uint64
 }
 
 // CPU is a cgroup's CPU time split and CFS bandwidth throttling, in
@@ -155,6 +173,9 @@ type Memory struct {
 	// SwapLimit is v1's memory+swap limit or v2's swap limit, 0 when
 	// unlimited or not accounted.
 	SwapLimit uint64
+	// Reservation is v1's soft limit or v2's memory.min, cAdvisor's
+	// reservation; 0 when unlimited.
+	Reservation uint64
 	// LocalPageFaults and LocalMajorPageFaults are the cgroup's own,
 	// without those below it; v2 does not tell them apart.
 	LocalPageFaults, LocalMajorPageFaults uint64

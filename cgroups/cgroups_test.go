@@ -80,6 +80,15 @@ func with(files map[string]string, name, content string) map[string]string {
 	return files
 }
 
+// plus returns files with name added.
+func plus(files map[string]string, name, content string) map[string]string {
+	if _, ok := files[name]; ok {
+		panic("plus: already a file " + name)
+	}
+	files[name] = content
+	return files
+}
+
 func v2Tree(group, max string, swap bool) map[string]string {
 	f := map[string]string{
 		"cgroup.controllers": "cpuset cpu io memory pids\n",
@@ -166,6 +175,38 @@ func TestStat(t *testing.T) {
 				group+"/memory.swap.current", group+"/memory.swap.max", group+"/pids.current", group+"/pids.max"),
 			want: Stats{CPUUsageNanos: 123456000},
 		},
+		{
+			// PSI of a hybrid host, from the v2 hierarchy beside the v1
+			// ones; each number distinct, so one read from the wrong file
+			// or field shows.
+			name: "hybrid with pressure", mode: Hybrid,
+			files: plus(plus(plus(plus(v1Tree(group, "10485760", false),
+				"unified/cgroup.controllers", ""),
+				"unified"+group+"/cpu.pressure", "some avg10=1.50 avg60=0.25 avg300=0.05 total=123456\nfull avg10=0.75 avg60=0.12 avg300=0.01 total=65432\n"),
+				"unified"+group+"/memory.pressure", "some avg10=2.00 avg60=0.00 avg300=0.00 total=42\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=41\n"),
+				"unified"+group+"/io.pressure", "some avg10=0.00 avg60=3.00 avg300=0.00 total=7\nfull avg10=0.00 avg60=0.00 avg300=4.00 total=6\n"),
+			want: Stats{CPUUsageNanos: 123456789, Pids: 3, Memory: Memory{
+				Usage: 3145728, WorkingSet: 3145728 - 524288, RSS: 2097152, PageFaults: 1234, MajorPageFaults: 5, Limit: 10485760,
+			},
+				CPUPressure:    &Pressure{Some: PressureData{1.5, 0.25, 0.05, 123456}, Full: PressureData{0.75, 0.12, 0.01, 65432}},
+				MemoryPressure: &Pressure{Some: PressureData{2, 0, 0, 42}, Full: PressureData{0, 0, 0, 41}},
+				IOPressure:     &Pressure{Some: PressureData{0, 3, 0, 7}, Full: PressureData{0, 0, 4, 6}},
+			},
+		},
+		{
+			// cpu.pressure before Linux 5.13 has no full line; a kernel
+			// without PSI for I/O (none) leaves it out.
+			name: "v2 with pressure", mode: Unified,
+			files: plus(plus(v2Tree(group, "max", false),
+				group+"/cpu.pressure", "some avg10=0.00 avg60=0.00 avg300=0.00 total=99\n"),
+				group+"/memory.pressure", "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"),
+			want: Stats{CPUUsageNanos: 123456000, Pids: 3, Memory: Memory{
+				Usage: 3145728, WorkingSet: 3145728 - 524288, RSS: 2097152, PageFaults: 1234, MajorPageFaults: 5,
+			},
+				CPUPressure:    &Pressure{Some: PressureData{TotalMicros: 99}},
+				MemoryPressure: &Pressure{},
+			},
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -214,6 +255,8 @@ func TestStatErrors(t *testing.T) {
 		// cpu.stat is a core file of every v2 cgroup.
 		{"v2 without cpu.stat", without(v2Tree("/pinrt/a", "max", false), "/pinrt/a/cpu.stat"), "/pinrt/a", errdefs.ErrNotFound},
 		{"v1 garbage", with(v1Tree("/pinrt/a", "1", false), "memory//pinrt/a/memory.usage_in_bytes", "lots\n"), "/pinrt/a", strconv.ErrSyntax},
+		{"v2 garbage pressure", plus(v2Tree("/pinrt/a", "max", false), "/pinrt/a/io.pressure", "some avg10=x avg60=0.00 avg300=0.00 total=1\n"), "/pinrt/a", strconv.ErrSyntax},
+		{"v2 pressure without values", plus(v2Tree("/pinrt/a", "max", false), "/pinrt/a/cpu.pressure", "some avg10\n"), "/pinrt/a", errNotKeyValue},
 		{"relative", v2Tree("/pinrt/a", "max", false), "pinrt/a", errdefs.ErrInvalidArgument},
 		{"dotdot", v2Tree("/pinrt/a", "max", false), "/pinrt/../../etc", errdefs.ErrInvalidArgument},
 	}

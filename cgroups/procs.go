@@ -2,6 +2,7 @@ package cgroups
 
 import (
 	"bytes"
+	"os"
 	"strconv"
 
 	"golang.org/x/sys/unix"
@@ -77,4 +78,35 @@ func (r *Reader) countFDs(pid int, buf, link []byte) (fds, sockets uint64) {
 		}
 	}
 	return fds, sockets
+}
+
+// OpenFilesLimit is the soft limit on open files of process pid, from
+// /proc/<pid>/limits, which anyone may read (prlimit on another user's
+// process, such as one in a user namespace, needs CAP_SYS_RESOURCE);
+// false when the process is gone or has no limit.
+func (r *Reader) OpenFilesLimit(pid int) (uint64, bool) {
+	b, err := os.ReadFile(r.proc + "/" + strconv.Itoa(pid) + "/limits")
+	if err != nil {
+		return 0, false
+	}
+	return parseOpenFilesLimit(b)
+}
+
+// parseOpenFilesLimit finds "Max open files  <soft>  <hard>  files".
+func parseOpenFilesLimit(b []byte) (uint64, bool) {
+	for len(b) > 0 {
+		var line []byte
+		line, b, _ = bytes.Cut(b, []byte{'\n'})
+		rest, ok := bytes.CutPrefix(line, []byte("Max open files"))
+		if !ok {
+			continue
+		}
+		f := bytes.Fields(rest)
+		if len(f) < 2 {
+			return 0, false
+		}
+		v, err := strconv.ParseUint(string(f[0]), 10, 64)
+		return v, err == nil
+	}
+	return 0, false
 }

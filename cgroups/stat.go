@@ -45,6 +45,12 @@ const (
 	v1IOServiced
 	v1PidsMax
 	v1Procs
+
+	v1SoftLimit
+
+	v1CPUPressure
+	v1MemPressure
+	v1IOPressure
 	numV1Files
 )
 
@@ -80,6 +86,14 @@ var v1Files = [numFiles]cgroupFile{
 	v1IOServiced: {"blkio", "blkio.throttle.io_serviced_recursive", true},
 	v1PidsMax:    {"pids", "pids.max", true},
 	v1Procs:      {"memory", "cgroup.procs", true},
+	v1SoftLimit:  {"memory", "memory.soft_limit_in_bytes", true},
+
+	// Pressure stall information is cgroup v2's: a hybrid host has it in
+	// the controller-less hierarchy, where runc makes every container's
+	// cgroup too, as long as the kernel tracks it (psi=1).
+	v1CPUPressure: {"unified", "cpu.pressure", true},
+	v1MemPressure: {"unified", "memory.pressure", true},
+	v1IOPressure:  {"unified", "io.pressure", true},
 }
 
 // cpu.stat is a core file every v2 cgroup has; the memory and pids files
@@ -102,6 +116,12 @@ const (
 	v2IOStat
 	v2PidsMax
 	v2Procs
+
+	v2MemMin
+
+	v2CPUPressure
+	v2MemPressure
+	v2IOPressure
 	numV2Files
 )
 
@@ -124,6 +144,13 @@ var v2Files = [numFiles]cgroupFile{
 	v2IOStat:  {"", "io.stat", true},
 	v2PidsMax: {"", "pids.max", true},
 	v2Procs:   {"", "cgroup.procs", false},
+	// cAdvisor's memory reservation on v2.
+	v2MemMin: {"", "memory.min", true},
+
+	// Absent on a kernel without PSI or booted with psi=0.
+	v2CPUPressure: {"", "cpu.pressure", true},
+	v2MemPressure: {"", "memory.pressure", true},
+	v2IOPressure:  {"", "io.pressure", true},
 }
 
 // The keyed-file keys read, in the order readFields returns them. The
@@ -218,6 +245,9 @@ func (r *Reader) stat(group string, d detail) (*Stats, error) {
 		} else {
 			err = r.statV1(g, bp, st, d)
 		}
+		if err == nil {
+			err = r.statPressure(g, bp, st)
+		}
 		var procs []byte
 		if err == nil && d == statAll {
 			procs, err = r.readProcs(g, bp)
@@ -278,7 +308,7 @@ func (r *Reader) statV1(g *openGroup, bp *[]byte, st *Stats, d detail) error {
 // first, each a file of its own.
 func (r *Reader) statV1All(g *openGroup, bp *[]byte, st *Stats) error {
 	m := &st.Memory
-	var period, quota, shares, swapLimit, pidsMax uint64
+	var period, quota, shares, swapLimit, pidsMax, soft uint64
 	var hasShares bool
 	for _, u := range []struct {
 		file int
@@ -287,7 +317,7 @@ func (r *Reader) statV1All(g *openGroup, bp *[]byte, st *Stats) error {
 	}{
 		{v1CFSPeriod, &period, nil}, {v1Shares, &shares, &hasShares},
 		{v1MaxUsage, &m.MaxUsage, nil}, {v1Failcnt, &m.Failcnt, nil}, {v1Kmem, &m.Kernel, nil},
-		{v1MemswLimit, &swapLimit, nil}, {v1PidsMax, &pidsMax, nil},
+		{v1MemswLimit, &swapLimit, nil}, {v1PidsMax, &pidsMax, nil}, {v1SoftLimit, &soft, nil},
 	} {
 		v, ok, err := r.readUint(g, u.file, bp)
 		if err != nil {
@@ -298,7 +328,7 @@ func (r *Reader) statV1All(g *openGroup, bp *[]byte, st *Stats) error {
 			*u.ok = ok
 		}
 	}
-	m.SwapLimit, st.PidsLimit = limitOrZero(swapLimit), limitOrZero(pidsMax)
+	m.SwapLimit, st.PidsLimit, m.Reservation = limitOrZero(swapLimit), limitOrZero(pidsMax), limitOrZero(soft)
 	// cfs_quota_us is -1 without a quota.
 	b, ok, err := r.read(g, v1CFSQuota, bp)
 	if err != nil {
@@ -408,7 +438,7 @@ func (r *Reader) statV2(g *openGroup, bp *[]byte, st *Stats, d detail) error {
 
 func (r *Reader) statV2All(g *openGroup, bp *[]byte, st *Stats) error {
 	m := &st.Memory
-	var swapLimit, pidsMax, weight uint64
+	var swapLimit, pidsMax, weight, memMin uint64
 	var hasWeight bool
 	for _, u := range []struct {
 		file int
@@ -416,7 +446,7 @@ func (r *Reader) statV2All(g *openGroup, bp *[]byte, st *Stats) error {
 		ok   *bool
 	}{
 		{v2MemPeak, &m.MaxUsage, nil}, {v2SwapMax, &swapLimit, nil}, {v2PidsMax, &pidsMax, nil},
-		{v2CPUWeight, &weight, &hasWeight},
+		{v2CPUWeight, &weight, &hasWeight}, {v2MemMin, &memMin, nil},
 	} {
 		v, ok, err := r.readUint(g, u.file, bp)
 		if err != nil {
@@ -427,7 +457,7 @@ func (r *Reader) statV2All(g *openGroup, bp *[]byte, st *Stats) error {
 			*u.ok = ok
 		}
 	}
-	m.SwapLimit, st.PidsLimit = limitOrZero(swapLimit), limitOrZero(pidsMax)
+	m.SwapLimit, st.PidsLimit, m.Reservation = limitOrZero(swapLimit), limitOrZero(pidsMax), limitOrZero(memMin)
 	if hasWeight {
 		st.CPU.Spec = CPUSpec{Shares: weightToShares(weight), Known: true}
 	}
@@ -462,6 +492,80 @@ func (r *Reader) statV2All(g *openGroup, bp *[]byte, st *Stats) error {
 		return fmt.Errorf("%s: %w", r.path(g.group, v2IOStat), err)
 	}
 	r.nameDevices(st.IO)
+	return nil
+}
+
+// statPressure reads the cgroup's pressure stall information, which every
+// detail reports: CRI's CPU, memory and I/O usage carry it.
+func (r *Reader) statPressure(g *openGroup, bp *[]byte, st *Stats) error {
+	first := v1CPUPressure
+	if r.mode == Unified {
+		first = v2CPUPressure
+	}
+	var all *[3]Pressure // one allocation for the three
+	for i, p := range []**Pressure{&st.CPUPressure, &st.MemoryPressure, &st.IOPressure} {
+		b, ok, err := r.read(g, first+i, bp)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			continue
+		}
+		if all == nil {
+			all = new([3]Pressure)
+		}
+		if err := parsePressure(b, &all[i]); err != nil {
+			return fmt.Errorf("%s: %w", r.path(g.group, first+i), err)
+		}
+		*p = &all[i]
+	}
+	return nil
+}
+
+var errNotKeyValue = errors.New("not key=value")
+
+// parsePressure parses a *.pressure file: a "some" line and, on every
+// file since Linux 5.13 (before, not on cpu.pressure), a "full" one, each
+// "avg10=0.12 avg60=0.05 avg300=0.01 total=12345".
+func parsePressure(b []byte, p *Pressure) error {
+	for len(b) > 0 {
+		var line []byte
+		line, b, _ = bytes.Cut(b, []byte{'\n'})
+		kind, rest, _ := bytes.Cut(line, []byte{' '})
+		var d *PressureData
+		switch string(kind) {
+		case "some":
+			d = &p.Some
+		case "full":
+			d = &p.Full
+		default:
+			continue
+		}
+		for len(rest) > 0 {
+			var f []byte
+			if f, rest, _ = bytes.Cut(rest, []byte{' '}); len(f) == 0 {
+				continue
+			}
+			k, v, ok := bytes.Cut(f, []byte{'='})
+			if !ok {
+				return fmt.Errorf("%s: field %q: %w", kind, f, errNotKeyValue)
+			}
+			var err error
+			switch string(k) {
+			case "avg10":
+				d.Avg10, err = strconv.ParseFloat(string(v), 64)
+			case "avg60":
+				d.Avg60, err = strconv.ParseFloat(string(v), 64)
+			case "avg300":
+				d.Avg300, err = strconv.ParseFloat(string(v), 64)
+			case "total":
+				d.TotalMicros, err = strconv.ParseUint(string(v), 10, 64)
+			}
+			if err != nil {
+				return fmt.Errorf("%s %s: %w", kind, k, err)
+			}
+		}
+	}
 	return nil
 }
 
@@ -540,6 +644,9 @@ func (r *Reader) lookup(group string, now time.Time) *openGroup {
 		}
 		if r.mode != Unified && !r.pids {
 			g.fds[v1Pids], g.fds[v1PidsMax] = fdAbsent, fdAbsent
+		}
+		if r.mode == Legacy {
+			g.fds[v1CPUPressure], g.fds[v1MemPressure], g.fds[v1IOPressure] = fdAbsent, fdAbsent, fdAbsent
 		}
 		r.open[group] = g
 	}

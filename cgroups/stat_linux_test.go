@@ -29,6 +29,11 @@ func hostCgroup(tb testing.TB, r *Reader) (string, []string) {
 		for _, c := range []string{"memory", "cpuacct", "pids", "cpu", "blkio"} {
 			dirs = append(dirs, filepath.Join(r.root, c, group))
 		}
+		// runc makes a container's cgroup in a hybrid host's v2
+		// hierarchy too, where its pressure stall information is.
+		if r.Mode() == Hybrid {
+			dirs = append(dirs, filepath.Join(r.root, "unified", group))
+		}
 	}
 	for _, d := range dirs {
 		if err := os.Mkdir(d, 0o755); err != nil {
@@ -51,6 +56,12 @@ func TestStatHost(t *testing.T) {
 	}
 	if st.Timestamp.IsZero() || st.Pids != 0 {
 		t.Errorf("empty cgroup: %+v", st)
+	}
+	// A kernel that tracks pressure (psi=1) has it for every v2 cgroup.
+	if _, err := os.Stat("/proc/pressure/cpu"); err == nil && r.Mode() != Legacy {
+		if st.CPUPressure == nil || st.MemoryPressure == nil || st.IOPressure == nil {
+			t.Errorf("pressure of a %v host with PSI: cpu %v memory %v io %v, want all three", r.Mode(), st.CPUPressure, st.MemoryPressure, st.IOPressure)
+		}
 	}
 	for _, d := range dirs {
 		if err := os.Remove(d); err != nil {

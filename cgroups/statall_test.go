@@ -22,6 +22,7 @@ func v1TreeAll(group string) map[string]string {
 		"memory/" + group + "/memory.kmem.usage_in_bytes":  "262144\n",
 		"memory/" + group + "/memory.oom_control":          "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n",
 		"memory/" + group + "/memory.memsw.limit_in_bytes": "134217728\n",
+		"memory/" + group + "/memory.soft_limit_in_bytes":  "33554432\n",
 		"memory/" + group + "/cgroup.procs":                "100\n101\n102\n",
 		"cpu/" + group + "/cpu.stat":                       "nr_periods 50\nnr_throttled 9\nthrottled_time 1500000000\nnr_bursts 0\nburst_time 0\n",
 		"cpu/" + group + "/cpu.cfs_period_us":              "100000\n",
@@ -50,6 +51,7 @@ func v2TreeAll(group string) map[string]string {
 		group + "/memory.events":   "low 0\nhigh 0\nmax 7\noom 3\noom_kill 2\noom_group_kill 0\n",
 		group + "/memory.peak":     "4194304\n",
 		group + "/memory.swap.max": "0\n",
+		group + "/memory.min":      "16777216\n",
 		group + "/cpu.max":         "20000 100000\n",
 		// runc writes shares 1024 as weight 39.
 		group + "/cpu.weight":   "39\n",
@@ -133,6 +135,7 @@ func TestStatAll(t *testing.T) {
 			expect(t, "Memory.MaxUsage", st.Memory.MaxUsage, 4194304)
 			expect(t, "Memory.Failcnt", st.Memory.Failcnt, 7)
 			expect(t, "Memory.SwapLimit", st.Memory.SwapLimit, 134217728)
+			expect(t, "Memory.Reservation", st.Memory.Reservation, 33554432)
 			expect(t, "Memory.Swap", st.Memory.Swap, 262144)
 			expect(t, "Memory.PageFaults", st.Memory.PageFaults, 1234)
 			expect(t, "Memory.MajorPageFaults", st.Memory.MajorPageFaults, 5)
@@ -161,6 +164,7 @@ func TestStatAll(t *testing.T) {
 			expect(t, "Memory.Failcnt", st.Memory.Failcnt, 7)
 			// swap.max 0: runc's memory+swap equal to the memory limit.
 			expect(t, "Memory.SwapLimit", st.Memory.SwapLimit, 0)
+			expect(t, "Memory.Reservation", st.Memory.Reservation, 16777216)
 			expect(t, "Memory.Swap", st.Memory.Swap, 524288)
 			expect(t, "Memory.LocalPageFaults", st.Memory.LocalPageFaults, 1234)
 			expect(t, "Memory.LocalMajorPageFaults", st.Memory.LocalMajorPageFaults, 5)
@@ -176,10 +180,12 @@ func TestStatAll(t *testing.T) {
 			expect(t, "PidsLimit", st.PidsLimit, 0)
 			expect(t, "Memory.SwapLimit", st.Memory.SwapLimit, 0)
 		}},
-		{"v1 unlimited", with(with(v1TreeAll(group), "cpu/"+group+"/cpu.cfs_quota_us", "-1\n"), "memory/"+group+"/memory.memsw.limit_in_bytes", "9223372036854771712\n"),
+		{"v1 unlimited", with(with(with(v1TreeAll(group), "cpu/"+group+"/cpu.cfs_quota_us", "-1\n"), "memory/"+group+"/memory.memsw.limit_in_bytes", "9223372036854771712\n"),
+			"memory/"+group+"/memory.soft_limit_in_bytes", "9223372036854771712\n"),
 			func(t *testing.T, st *Stats) {
 				expect(t, "CPU.Spec", st.CPU.Spec, CPUSpec{Period: 100000, Shares: 1024, Known: true})
 				expect(t, "Memory.SwapLimit", st.Memory.SwapLimit, 0)
+				expect(t, "Memory.Reservation", st.Memory.Reservation, 0)
 			}},
 		{
 			// Kernels before 6.1 have no "kernel" key: the parts add up.
@@ -305,6 +311,41 @@ func TestStatAllErrors(t *testing.T) {
 			writeTree(t, root, tc.files)
 			if _, err := NewReader(root).StatAll(group); !errors.Is(err, strconv.ErrSyntax) {
 				t.Fatalf("err = %v, want %v", err, strconv.ErrSyntax)
+			}
+		})
+	}
+}
+
+func TestOpenFilesLimit(t *testing.T) {
+	tests := []struct {
+		name, limits string
+		want         uint64
+		ok           bool
+	}{
+		{"limited", "Limit                     Soft Limit           Hard Limit           Units     \n" +
+			"Max cpu time              unlimited            unlimited            seconds   \n" +
+			"Max open files            1048576              1048576              files     \n", 1048576, true},
+		{"soft below hard", "Max open files            1024                 524288               files     \n", 1024, true},
+		{"unlimited", "Max open files            unlimited            unlimited            files     \n", 0, false},
+		{"no such line", "Max processes             63438                63438                processes \n", 0, false},
+		{"truncated", "Max open files\n", 0, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			proc := t.TempDir()
+			if err := os.MkdirAll(filepath.Join(proc, "42"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(proc, "42", "limits"), []byte(tc.limits), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			r := NewReader(t.TempDir())
+			r.proc = proc
+			if got, ok := r.OpenFilesLimit(42); got != tc.want || ok != tc.ok {
+				t.Errorf("OpenFilesLimit = %d, %v; want %d, %v", got, ok, tc.want, tc.ok)
+			}
+			if _, ok := r.OpenFilesLimit(43); ok {
+				t.Error("a process that is gone has a limit")
 			}
 		})
 	}

@@ -35,6 +35,9 @@ type Cgroups interface {
 	// OOMKills reads a cgroup v2 group's hierarchical oom_kill count;
 	// ok is false where there is none (v1, no memory controller).
 	OOMKills(group string) (n uint64, ok bool, err error)
+	// OpenFilesLimit reads process pid's soft limit on open files; ok
+	// is false once it is gone.
+	OpenFilesLimit(pid int) (n uint64, ok bool)
 }
 
 // NetCounters reads the interface counters of a pinned netns (package
@@ -172,7 +175,7 @@ func (s *Server) containerStats(ctx context.Context, c *sandbox.Container) *runt
 	}}
 	if group := s.containerCgroup(c); group != "" {
 		if st := s.readCgroup(ctx, c.ID, group); st != nil {
-			out.Cpu, out.Memory, out.Swap = s.cpuUsage(c.ID, st), memoryUsage(st), swapUsage(st)
+			out.Cpu, out.Memory, out.Swap, out.Io = s.cpuUsage(c.ID, st), memoryUsage(st), swapUsage(st), ioUsage(st)
 		}
 	}
 	s.stats.mu.Lock()
@@ -201,7 +204,7 @@ func (s *Server) podStats(ctx context.Context, sb *sandbox.Sandbox, ctrs []*sand
 	// A pod whose containers never started has no cgroup yet: runc
 	// creates the parent with the first container.
 	if st := cgroupStats(ctx, sb.ID, s.podCgroup(sb), s.deps.Cgroups.StatPod); st != nil {
-		out.Linux.Cpu, out.Linux.Memory = s.cpuUsage(sb.ID, st), memoryUsage(st)
+		out.Linux.Cpu, out.Linux.Memory, out.Linux.Io = s.cpuUsage(sb.ID, st), memoryUsage(st), ioUsage(st)
 		out.Linux.Process = &runtimeapi.ProcessUsage{Timestamp: st.Timestamp.UnixNano(), ProcessCount: &runtimeapi.UInt64Value{Value: st.Pids}}
 	}
 	out.Linux.Network = s.networkUsage(ctx, sb)
@@ -233,7 +236,11 @@ func cgroupStats(ctx context.Context, id, group string, stat func(string) (*cgro
 }
 
 func (s *Server) cpuUsage(id string, st *cgroups.Stats) *runtimeapi.CpuUsage {
-	u := &runtimeapi.CpuUsage{Timestamp: st.Timestamp.UnixNano(), UsageCoreNanoSeconds: &runtimeapi.UInt64Value{Value: st.CPUUsageNanos}}
+	u := &runtimeapi.CpuUsage{
+		Timestamp:            st.Timestamp.UnixNano(),
+		UsageCoreNanoSeconds: &runtimeapi.UInt64Value{Value: st.CPUUsageNanos},
+		Psi:                  psiStats(st.CPUPressure),
+	}
 	if rate, ok := s.stats.cpu.Rate(id, st.Timestamp, st.CPUUsageNanos); ok {
 		u.UsageNanoCores = &runtimeapi.UInt64Value{Value: rate}
 	}
@@ -249,11 +256,33 @@ func memoryUsage(st *cgroups.Stats) *runtimeapi.MemoryUsage {
 		RssBytes:        &runtimeapi.UInt64Value{Value: m.RSS},
 		PageFaults:      &runtimeapi.UInt64Value{Value: m.PageFaults},
 		MajorPageFaults: &runtimeapi.UInt64Value{Value: m.MajorPageFaults},
+		Psi:             psiStats(st.MemoryPressure),
 	}
 	if m.Limit != 0 {
 		u.AvailableBytes = &runtimeapi.UInt64Value{Value: m.Available()}
 	}
 	return u
+}
+
+// ioUsage is the cgroup's I/O pressure, all CRI's I/O usage carries; nil
+// where the kernel keeps none for it.
+func ioUsage(st *cgroups.Stats) *runtimeapi.IoUsage {
+	if st.IOPressure == nil {
+		return nil
+	}
+	return &runtimeapi.IoUsage{Timestamp: st.Timestamp.UnixNano(), Psi: psiStats(st.IOPressure)}
+}
+
+// psiStats is p as CRI has it, whose totals are nanoseconds (the kernel
+// counts microseconds); nil stays nil, which kubelet reports as no PSI.
+func psiStats(p *cgroups.Pressure) *runtimeapi.PsiStats {
+	if p == nil {
+		return nil
+	}
+	data := func(d cgroups.PressureData) *runtimeapi.PsiData {
+		return &runtimeapi.PsiData{Total: d.TotalMicros * 1000, Avg10: d.Avg10, Avg60: d.Avg60, Avg300: d.Avg300}
+	}
+	return &runtimeapi.PsiStats{Some: data(p.Some), Full: data(p.Full)}
 }
 
 func swapUsage(st *cgroups.Stats) *runtimeapi.SwapUsage {

@@ -55,6 +55,8 @@ var (
 	mFailures      = metricDef{"container_memory_failures_total", "Cumulative count of memory allocation failures.", counter, []string{"failure_type", "scope"}}
 	mOOM           = metricDef{"container_oom_events_total", "Count of out of memory events observed for the container", counter, nil}
 	mMemLimit      = metricDef{"container_spec_memory_limit_bytes", "Memory limit for the container.", gauge, nil}
+	mMemReserve    = metricDef{"container_spec_memory_reservation_limit_bytes", "Memory reservation limit for the container.", gauge, nil}
+	mUlimitsSoft   = metricDef{"container_ulimits_soft", "Soft ulimit values for the container root process. Unlimited if -1, except priority and nice", gauge, []string{"ulimit"}}
 	mSwapLimit     = metricDef{"container_spec_memory_swap_limit_bytes", "Memory swap limit for the container.", gauge, nil}
 	mCPUPeriod     = metricDef{"container_spec_cpu_period", "CPU period of the container.", gauge, nil}
 	mCPUQuota      = metricDef{"container_spec_cpu_quota", "CPU quota of the container.", gauge, nil}
@@ -75,6 +77,12 @@ var (
 	mFsWriteBytes  = metricDef{"container_fs_writes_bytes_total", "Cumulative count of bytes written", counter, []string{"device"}}
 	mFsWrites      = metricDef{"container_fs_writes_total", "Cumulative count of writes completed", counter, []string{"device"}}
 	mBlkio         = metricDef{"container_blkio_device_usage_total", "Blkio Device bytes usage", counter, []string{"device", "major", "minor", "operation"}}
+	mCPUStalled    = metricDef{"container_pressure_cpu_stalled_seconds_total", "Total time duration no tasks in the container could make progress due to CPU congestion.", counter, nil}
+	mCPUWaiting    = metricDef{"container_pressure_cpu_waiting_seconds_total", "Total time duration tasks in the container have waited due to CPU congestion.", counter, nil}
+	mMemStalled    = metricDef{"container_pressure_memory_stalled_seconds_total", "Total time duration no tasks in the container could make progress due to memory congestion.", counter, nil}
+	mMemWaiting    = metricDef{"container_pressure_memory_waiting_seconds_total", "Total time duration tasks in the container have waited due to memory congestion.", counter, nil}
+	mIOStalled     = metricDef{"container_pressure_io_stalled_seconds_total", "Total time duration no tasks in the container could make progress due to IO congestion.", counter, nil}
+	mIOWaiting     = metricDef{"container_pressure_io_waiting_seconds_total", "Total time duration tasks in the container have waited due to IO congestion.", counter, nil}
 	mRxBytes       = metricDef{"container_network_receive_bytes_total", "Cumulative count of bytes received", counter, []string{"interface"}}
 	mTxBytes       = metricDef{"container_network_transmit_bytes_total", "Cumulative count of bytes transmitted", counter, []string{"interface"}}
 	mRxPackets     = metricDef{"container_network_receive_packets_total", "Cumulative count of packets received", counter, []string{"interface"}}
@@ -86,9 +94,10 @@ var (
 	allMetricDefs  = []metricDef{
 		mCPU, mCPUUser, mCPUSystem, mCFSPeriods, mCFSThrottled, mCFSThrottledS,
 		mWorkingSet, mMemUsage, mMemMaxUsage, mRSS, mCache, mMappedFile, mKernel, mSwap, mFailcnt, mFailures, mOOM,
-		mMemLimit, mSwapLimit, mCPUPeriod, mCPUQuota, mCPUShares,
+		mMemLimit, mMemReserve, mSwapLimit, mCPUPeriod, mCPUQuota, mCPUShares, mUlimitsSoft,
 		mProcesses, mThreads, mThreadsMax, mFDs, mSockets, mStart, mLastSeen,
 		mFsUsage, mFsLimit, mFsInodes, mFsInodesFree, mFsReadBytes, mFsReads, mFsWriteBytes, mFsWrites, mBlkio,
+		mCPUStalled, mCPUWaiting, mMemStalled, mMemWaiting, mIOStalled, mIOWaiting,
 		mRxBytes, mTxBytes, mRxPackets, mTxPackets, mRxErrors, mTxErrors, mRxDropped, mTxDropped,
 	}
 )
@@ -179,12 +188,24 @@ func (m *metricSet) cgroup(st *cgroups.Stats) {
 	m.add(mFailures, mem.MajorPageFaults, "pgmajfault", "hierarchy")
 	m.add(mOOM, st.OOMKills)
 	m.add(mMemLimit, mem.Limit)
+	m.add(mMemReserve, mem.Reservation)
 	m.add(mSwapLimit, mem.SwapLimit)
 	m.add(mProcesses, st.Processes.Count)
 	m.add(mThreads, st.Pids)
 	m.add(mThreadsMax, st.PidsLimit)
 	m.add(mFDs, st.Processes.FDs)
 	m.add(mSockets, st.Processes.Sockets)
+	// As cAdvisor: "stalled" is the time all tasks waited (full),
+	// "waiting" the time some did; only where the kernel keeps PSI.
+	for _, p := range []struct {
+		psi              *cgroups.Pressure
+		stalled, waiting metricDef
+	}{{st.CPUPressure, mCPUStalled, mCPUWaiting}, {st.MemoryPressure, mMemStalled, mMemWaiting}, {st.IOPressure, mIOStalled, mIOWaiting}} {
+		if p.psi != nil {
+			m.add(p.stalled, seconds(p.psi.Full.TotalMicros*1000))
+			m.add(p.waiting, seconds(p.psi.Some.TotalMicros*1000))
+		}
+	}
 	for _, d := range st.IO {
 		m.add(mFsReadBytes, d.ReadBytes, d.Device)
 		m.add(mFsReads, d.Reads, d.Device)
@@ -239,8 +260,15 @@ func (s *Server) podMetrics(ctx context.Context, sb *sandbox.Sandbox, ctrs []*sa
 		if cg != "" {
 			set.cgroup(s.readCgroupAll(ctx, c.ID, cg))
 		}
-		if st := c.Status(); !st.StartedAt.IsZero() {
+		st := c.Status()
+		if !st.StartedAt.IsZero() {
 			set.add(mStart, uint64(st.StartedAt.Unix()))
+		}
+		// cAdvisor's one ulimit, of the container's first process.
+		if st.State == sandbox.ContainerRunning && st.Pid > 0 {
+			if n, ok := s.deps.Cgroups.OpenFilesLimit(st.Pid); ok {
+				set.add(mUlimitsSoft, n, "max_open_files")
+			}
 		}
 		s.stats.mu.Lock()
 		u, ok := s.stats.layers[c.ID]

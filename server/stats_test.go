@@ -30,6 +30,10 @@ type fakeCgroups struct {
 	ooms map[string]uint64
 }
 
+// OpenFilesLimit gives every process the same limit, 1024 more than its
+// pid so that the pid read shows.
+func (f *fakeCgroups) OpenFilesLimit(pid int) (uint64, bool) { return uint64(pid) + 1024, pid > 0 }
+
 func (f *fakeCgroups) OOMKills(group string) (uint64, bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -118,10 +122,14 @@ func newStatsFixture(t *testing.T) *statsFixture {
 	sb, _ := f.srv.sandboxes.Get(f.pod)
 	f.srv.deps.Cgroups = f.cg
 	f.srv.deps.NetCounters = fakeNet{sb.Pins["net"]: {{Name: "eth0", RxBytes: 1000, TxBytes: 2000, RxPackets: 10, TxPackets: 20, RxErrors: 1, TxDropped: 2}}}
-	f.cg.set(f.podGroup, cgroups.Stats{Timestamp: f.t0, CPUUsageNanos: 5e9, Pids: 4, Memory: cgroups.Memory{Usage: 300, WorkingSet: 200}})
+	f.cg.set(f.podGroup, cgroups.Stats{Timestamp: f.t0, CPUUsageNanos: 5e9, Pids: 4, Memory: cgroups.Memory{Usage: 300, WorkingSet: 200},
+		IOPressure: &cgroups.Pressure{Some: cgroups.PressureData{Avg60: 2, TotalMicros: 42}, Full: cgroups.PressureData{TotalMicros: 41}}})
 	f.cg.set(f.ctrGroup, cgroups.Stats{Timestamp: f.t0, CPUUsageNanos: 2e9, Pids: 3, Memory: cgroups.Memory{
 		Usage: 300, WorkingSet: 200, RSS: 100, PageFaults: 7, MajorPageFaults: 1, Limit: 1000,
-	}})
+	},
+		CPUPressure:    &cgroups.Pressure{Some: cgroups.PressureData{Avg10: 1.5, Avg60: 0.5, Avg300: 0.25, TotalMicros: 1234}, Full: cgroups.PressureData{Avg10: 0.75, TotalMicros: 567}},
+		MemoryPressure: &cgroups.Pressure{Some: cgroups.PressureData{TotalMicros: 89}},
+	})
 	return f
 }
 
@@ -146,6 +154,17 @@ func TestContainerStats(t *testing.T) {
 	}
 	if st.Swap != nil {
 		t.Errorf("swap = %v on a host without swap accounting", st.Swap)
+	}
+	// PSI with CRI's nanoseconds; none for I/O where the kernel has none.
+	if p := st.Cpu.Psi; p.GetSome().GetTotal() != 1234000 || p.GetSome().GetAvg10() != 1.5 || p.GetSome().GetAvg60() != 0.5 ||
+		p.GetSome().GetAvg300() != 0.25 || p.GetFull().GetTotal() != 567000 || p.GetFull().GetAvg10() != 0.75 {
+		t.Errorf("CPU PSI = %v, want some 1234 µs at 1.5/0.5/0.25 %%, full 567 µs at 0.75 %%, in ns", p)
+	}
+	if p := st.Memory.Psi; p.GetSome().GetTotal() != 89000 || p.GetFull() == nil {
+		t.Errorf("memory PSI = %v, want some 89 µs in ns and a full line", p)
+	}
+	if st.Io != nil {
+		t.Errorf("I/O usage = %v for a cgroup without I/O pressure", st.Io)
 	}
 	if st.WritableLayer == nil || st.WritableLayer.UsedBytes == nil {
 		t.Errorf("writable layer = %v", st.WritableLayer)
@@ -249,6 +268,12 @@ func TestPodSandboxStats(t *testing.T) {
 	if l.Memory.AvailableBytes != nil {
 		t.Errorf("available = %v for an unlimited pod", l.Memory.AvailableBytes)
 	}
+	if io := l.Io; io.GetTimestamp() != f.t0.UnixNano() || io.GetPsi().GetSome().GetAvg60() != 2 || io.GetPsi().GetSome().GetTotal() != 42000 || io.GetPsi().GetFull().GetTotal() != 41000 {
+		t.Errorf("pod I/O = %v, want its cgroup's pressure in ns", io)
+	}
+	if l.Cpu.Psi != nil || l.Memory.Psi != nil {
+		t.Errorf("pod CPU PSI %v memory PSI %v for a cgroup without them", l.Cpu.Psi, l.Memory.Psi)
+	}
 	eth := l.Network.GetDefaultInterface()
 	if eth.GetName() != "eth0" || eth.RxBytes.Value != 1000 || eth.TxBytes.Value != 2000 || eth.RxErrors.Value != 1 || len(l.Network.Interfaces) != 1 {
 		t.Errorf("network = %v", l.Network)
@@ -289,11 +314,15 @@ var fullStats = cgroups.Stats{
 	},
 	Memory: cgroups.Memory{
 		Usage: 300, WorkingSet: 200, RSS: 100, PageFaults: 7, MajorPageFaults: 1, Limit: 1000,
-		Cache: 400, MappedFile: 40, Kernel: 30, MaxUsage: 500, Failcnt: 11, SwapLimit: 2000,
+		Cache: 400, MappedFile: 40, Kernel: 30, MaxUsage: 500, Failcnt: 11, SwapLimit: 2000, Reservation: 600,
 		LocalPageFaults: 6, LocalMajorPageFaults: 2,
 	},
 	IO:        []cgroups.DeviceIO{{Major: 254, Minor: 0, Device: "/dev/vda", ReadBytes: 8192, WriteBytes: 4096, Reads: 2, Writes: 1}},
 	Processes: cgroups.Processes{Count: 2, FDs: 8, Sockets: 3},
+	// In microseconds, as the kernel counts.
+	CPUPressure:    &cgroups.Pressure{Some: cgroups.PressureData{TotalMicros: 13_900_000}, Full: cgroups.PressureData{TotalMicros: 12_000_001}},
+	MemoryPressure: &cgroups.Pressure{Some: cgroups.PressureData{TotalMicros: 15_000_000}, Full: cgroups.PressureData{TotalMicros: 14_000_000}},
+	IOPressure:     &cgroups.Pressure{Some: cgroups.PressureData{TotalMicros: 17_000_000}, Full: cgroups.PressureData{TotalMicros: 16_000_000}},
 }
 
 // podMetrics lists the fixture's pod metrics and checks what critest
@@ -386,6 +415,8 @@ func TestPodSandboxMetrics(t *testing.T) {
 		{"container_oom_events_total", 1, counter},
 		{"container_spec_memory_limit_bytes", 1000, gauge},
 		{"container_spec_memory_swap_limit_bytes", 2000, gauge},
+		{"container_spec_memory_reservation_limit_bytes", 600, gauge},
+		{"container_ulimits_soft/max_open_files", uint64(c.Status().Pid) + 1024, gauge},
 		{"container_processes", 2, gauge},
 		{"container_threads", 5, gauge},
 		{"container_threads_max", 1024, gauge},
@@ -401,6 +432,13 @@ func TestPodSandboxMetrics(t *testing.T) {
 		{"container_fs_inodes_total/" + c.Dir, 12, gauge},
 		{"container_fs_limit_bytes/" + c.Dir, 100 << 30, gauge},
 		{"container_fs_inodes_free/" + c.Dir, 5000, gauge},
+		// Whole seconds: stalled is full, waiting is some.
+		{"container_pressure_cpu_stalled_seconds_total", 12, counter},
+		{"container_pressure_cpu_waiting_seconds_total", 13, counter},
+		{"container_pressure_memory_stalled_seconds_total", 14, counter},
+		{"container_pressure_memory_waiting_seconds_total", 15, counter},
+		{"container_pressure_io_stalled_seconds_total", 16, counter},
+		{"container_pressure_io_waiting_seconds_total", 17, counter},
 	}
 	for _, tc := range tests {
 		m, ok := ctr[tc.key]

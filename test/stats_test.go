@@ -26,6 +26,7 @@ func TestStats(t *testing.T) {
 	t.Run("CPU", e.testStatsCPU)
 	t.Run("WritableLayer", e.testStatsWritableLayer)
 	t.Run("Memory", e.testStatsMemory)
+	t.Run("Pressure", e.testStatsPressure)
 	t.Run("Network", e.testStatsNetwork)
 	t.Run("ManyPods", e.testStatsManyPods)
 	t.Run("ImageFsInfo", e.testImageFsInfo)
@@ -94,6 +95,10 @@ var criMetrics = []struct {
 	{name: "container_spec_memory_limit_bytes", exactAny: 64 << 20},
 	// v1's memory+swap limit; v2's swap alone, which is 0 here.
 	{name: "container_spec_memory_swap_limit_bytes", exactV1: 64 << 20},
+	// kubelet sets no reservation (v1's soft limit, v2's memory.min).
+	{name: "container_spec_memory_reservation_limit_bytes"},
+	// The open files limit of the container's first process.
+	{name: "container_ulimits_soft", min: 1},
 	{name: "container_start_time_seconds", min: 1},
 	{name: "container_threads", min: 2},
 	{name: "container_threads_max"},
@@ -335,6 +340,73 @@ func (e *ctrEnv) testStatsCPU(t *testing.T) {
 	}
 	if len(ps.Linux.Containers) != 1 || ps.Linux.Containers[0].Attributes.Id != id {
 		t.Errorf("pod stats containers = %v", ps.Linux.Containers)
+	}
+}
+
+// testStatsPressure: a busy loop held to a tenth of a CPU stalls most of
+// the time, which the kernel's pressure stall information counts and CRI
+// reports, in the container's stats, the pod's and the cAdvisor metrics.
+// On a hybrid host it is read from the v2 hierarchy runc puts every
+// container in beside the v1 ones.
+func (e *ctrEnv) testStatsPressure(t *testing.T) {
+	if _, err := os.Stat("/proc/pressure/cpu"); err != nil {
+		t.Skipf("the kernel keeps no pressure stall information (booted with psi=0, or without CONFIG_PSI): %v", err)
+	}
+	if _, err := os.Stat("/sys/fs/cgroup/unified/cgroup.controllers"); err != nil && !CgroupV2() {
+		t.Skip("cgroup v1 without a v2 hierarchy: no pressure per cgroup")
+	}
+	pod, podCfg := e.pod(t, PodConfig("stats-pressure"))
+	cfg := e.ctr("throttled", "sh", "-c", "while :; do :; done")
+	cfg.Linux.Resources = &runtimeapi.LinuxContainerResources{CpuPeriod: 100000, CpuQuota: 10000}
+	id := e.run(t, pod, podCfg, cfg)
+	var st *runtimeapi.ContainerStats
+	// The kernel updates the averages every 2 seconds.
+	waitFor(t, 20*time.Second, "a second of CPU stall and its average in the throttled container's stats", func() bool {
+		st = e.ctrStats(t, id)
+		return st.GetCpu().GetPsi().GetSome().GetTotal() >= uint64(time.Second) && st.Cpu.Psi.Some.Avg10 > 0
+	})
+	cpu := st.Cpu.Psi
+	// Throttling stalls every task of the cgroup: full as much as some.
+	if cpu.Full == nil || cpu.Full.Total == 0 || cpu.Some.Avg10 > 100 {
+		t.Errorf("CPU PSI %v: want full stall time and a 10 s average in (0, 100]", cpu)
+	}
+	if st.Memory.GetPsi().GetSome() == nil || st.Memory.Psi.GetFull() == nil || st.GetIo().GetPsi().GetSome() == nil || st.Io.Timestamp == 0 {
+		t.Errorf("memory PSI %v, I/O %v: want both, with some and full", st.Memory.GetPsi(), st.GetIo())
+	}
+	// The pod's cgroup counts its containers' stalls (not all of the
+	// time its throttled child does: the kernel accounts a stall to each
+	// level by its own runnable and running tasks).
+	ps := e.podStats(t, pod)
+	if got := ps.Linux.GetCpu().GetPsi().GetSome().GetTotal(); got == 0 {
+		t.Errorf("pod CPU PSI some total %v, want its container's stalls", time.Duration(got))
+	}
+	if ps.Linux.GetIo().GetPsi() == nil || ps.Linux.GetMemory().GetPsi() == nil {
+		t.Errorf("pod I/O %v memory PSI %v, want both", ps.Linux.GetIo(), ps.Linux.GetMemory().GetPsi())
+	}
+	resp, err := e.d.Runtime.ListPodSandboxMetrics(Ctx(t), &runtimeapi.ListPodSandboxMetricsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	values := map[string]uint64{}
+	for _, pm := range resp.PodMetrics {
+		for _, cm := range pm.ContainerMetrics {
+			if cm.ContainerId != id {
+				continue
+			}
+			for _, m := range cm.Metrics {
+				values[m.Name] = m.Value.GetValue()
+			}
+		}
+	}
+	for _, name := range []string{"container_pressure_cpu_waiting_seconds_total", "container_pressure_cpu_stalled_seconds_total"} {
+		if v, ok := values[name]; !ok || v < 1 {
+			t.Errorf("%s = %d (%v), want at least a second", name, v, ok)
+		}
+	}
+	for _, name := range []string{"memory_stalled", "memory_waiting", "io_stalled", "io_waiting"} {
+		if _, ok := values["container_pressure_"+name+"_seconds_total"]; !ok {
+			t.Errorf("no container_pressure_%s_seconds_total", name)
+		}
 	}
 }
 
