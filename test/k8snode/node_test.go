@@ -639,13 +639,33 @@ type summary struct {
 			Name    string  `json:"name"`
 			RxBytes *uint64 `json:"rxBytes"`
 		} `json:"network"`
+		Containers []struct {
+			Name string `json:"name"`
+			CPU  *struct {
+				PSI *psiStats `json:"psi"`
+			} `json:"cpu"`
+			Memory *struct {
+				PSI *psiStats `json:"psi"`
+			} `json:"memory"`
+			IO *struct {
+				PSI *psiStats `json:"psi"`
+			} `json:"io"`
+		} `json:"containers"`
 	} `json:"pods"`
+}
+
+// psiStats is kubelet's pressure stall information of a resource.
+type psiStats struct {
+	Some, Full struct {
+		Total uint64 `json:"total"`
+	}
 }
 
 // checkStats reads kubelet's stats summary through the API server's node
 // proxy, as kubectl top and metrics-server do: every pod with its CPU
 // and memory, and its network (kubelet takes it from pinrt's
-// ListPodSandboxStats with the PodAndContainerStatsFromCRI gate).
+// ListPodSandboxStats with the PodAndContainerStatsFromCRI gate), and
+// every container with its pressure stall information.
 func (n *node) checkStats(t *testing.T, ctx context.Context) {
 	l, err := n.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -677,6 +697,16 @@ func (n *node) checkStats(t *testing.T, ctx context.Context) {
 				}
 				if sp.Network == nil || sp.Network.Name == "" {
 					missing = append(missing, p.Name+": no network block with the pod's interface")
+				}
+				// KubeletPSI (GA): each container's pressure, from
+				// pinrt's stats (a kernel with PSI, as the VM's).
+				if len(sp.Containers) == 0 {
+					missing = append(missing, p.Name+": no containers")
+				}
+				for _, c := range sp.Containers {
+					if c.CPU == nil || c.CPU.PSI == nil || c.Memory == nil || c.Memory.PSI == nil || c.IO == nil || c.IO.PSI == nil {
+						missing = append(missing, p.Name+"/"+c.Name+": no CPU, memory or I/O pressure")
+					}
 				}
 			}
 			if !found {
