@@ -105,6 +105,9 @@ type Stats struct {
 	// account it (no io controller enabled, or v1 blk-throttle idle).
 	IO        []DeviceIO
 	Processes Processes
+	// Hugetlb is the use of each huge page size, where the host has the
+	// hugetlb controller and the cgroup its files.
+	Hugetlb []Hugetlb
 
 	// CPUPressure, MemoryPressure and IOPressure are the cgroup's pressure
 	// stall information, nil where the kernel keeps none for it: v1
@@ -203,8 +206,13 @@ type Reader struct {
 	// no cgroup tries files that cannot exist.
 	files       *[numFiles]cgroupFile
 	memsw, pids bool
-	// proc and sysBlock are /proc and /sys/dev/block; tests move them.
-	proc, sysBlock string
+	// proc, sysBlock and hugepages are /proc, /sys/dev/block and
+	// /sys/kernel/mm/hugepages; tests move them.
+	proc, sysBlock, hugepages string
+	// hugeSizes are the host's huge page sizes where it has the hugetlb
+	// controller, listed at the first StatAll.
+	hugeOnce  sync.Once
+	hugeSizes []string
 
 	devMu    sync.Mutex
 	devNames map[string]string // "major:minor" -> /dev/<name>
@@ -218,7 +226,7 @@ type Reader struct {
 func NewReader(root string) *Reader {
 	r := &Reader{
 		root: root, mode: Detect(root), files: &v1Files, open: map[string]*openGroup{},
-		proc: "/proc", sysBlock: "/sys/dev/block", devNames: map[string]string{},
+		proc: "/proc", sysBlock: "/sys/dev/block", hugepages: "/sys/kernel/mm/hugepages", devNames: map[string]string{},
 	}
 	if r.mode == Unified {
 		r.files = &v2Files

@@ -248,6 +248,10 @@ func (r *Reader) stat(group string, d detail) (*Stats, error) {
 		if err == nil {
 			err = r.statPressure(g, bp, st)
 		}
+		if err == nil && d == statAll {
+			st.Hugetlb, err = r.statHugetlb(group, bp)
+		}
+		// Last: procs is in *bp until processes has read it.
 		var procs []byte
 		if err == nil && d == statAll {
 			procs, err = r.readProcs(g, bp)

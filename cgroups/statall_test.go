@@ -23,6 +23,10 @@ func v1TreeAll(group string) map[string]string {
 		"memory/" + group + "/memory.oom_control":          "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n",
 		"memory/" + group + "/memory.memsw.limit_in_bytes": "134217728\n",
 		"memory/" + group + "/memory.soft_limit_in_bytes":  "33554432\n",
+		"hugetlb/" + group + "/hugetlb.2MB.usage_in_bytes":     "4194304\n",
+		"hugetlb/" + group + "/hugetlb.2MB.max_usage_in_bytes": "6291456\n",
+		"hugetlb/" + group + "/hugetlb.1GB.usage_in_bytes":     "0\n",
+		"hugetlb/" + group + "/hugetlb.1GB.max_usage_in_bytes": "1073741824\n",
 		"memory/" + group + "/cgroup.procs":                "100\n101\n102\n",
 		"cpu/" + group + "/cpu.stat":                       "nr_periods 50\nnr_throttled 9\nthrottled_time 1500000000\nnr_bursts 0\nburst_time 0\n",
 		"cpu/" + group + "/cpu.cfs_period_us":              "100000\n",
@@ -52,6 +56,8 @@ func v2TreeAll(group string) map[string]string {
 		group + "/memory.peak":     "4194304\n",
 		group + "/memory.swap.max": "0\n",
 		group + "/memory.min":      "16777216\n",
+		group + "/hugetlb.2MB.current": "2097152\n",
+		group + "/hugetlb.1GB.current": "0\n",
 		group + "/cpu.max":         "20000 100000\n",
 		// runc writes shares 1024 as weight 39.
 		group + "/cpu.weight":   "39\n",
@@ -93,7 +99,13 @@ func readAll(t *testing.T, files map[string]string, group string) *Stats {
 	root := t.TempDir()
 	writeTree(t, filepath.Join(root, "cgroup"), files)
 	r := NewReader(filepath.Join(root, "cgroup"))
-	r.proc, r.sysBlock = filepath.Join(root, "proc"), filepath.Join(root, "sys")
+	r.proc, r.sysBlock, r.hugepages = filepath.Join(root, "proc"), filepath.Join(root, "sys"), filepath.Join(root, "hugepages")
+	// The host's huge page sizes, and a directory that is none.
+	for _, d := range []string{"hugepages-2048kB", "hugepages-1048576kB", "nothugepages"} {
+		if err := os.MkdirAll(filepath.Join(r.hugepages, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
 	fakeProc(t, r.proc)
 	fakeSysBlock(t, r.sysBlock)
 	st, err := r.StatAll(group)
@@ -136,6 +148,7 @@ func TestStatAll(t *testing.T) {
 			expect(t, "Memory.Failcnt", st.Memory.Failcnt, 7)
 			expect(t, "Memory.SwapLimit", st.Memory.SwapLimit, 134217728)
 			expect(t, "Memory.Reservation", st.Memory.Reservation, 33554432)
+			expect(t, "Hugetlb", st.Hugetlb, []Hugetlb{{"1GB", 0, 1073741824}, {"2MB", 4194304, 6291456}})
 			expect(t, "Memory.Swap", st.Memory.Swap, 262144)
 			expect(t, "Memory.PageFaults", st.Memory.PageFaults, 1234)
 			expect(t, "Memory.MajorPageFaults", st.Memory.MajorPageFaults, 5)
@@ -165,6 +178,8 @@ func TestStatAll(t *testing.T) {
 			// swap.max 0: runc's memory+swap equal to the memory limit.
 			expect(t, "Memory.SwapLimit", st.Memory.SwapLimit, 0)
 			expect(t, "Memory.Reservation", st.Memory.Reservation, 16777216)
+			// v2 keeps no peak.
+			expect(t, "Hugetlb", st.Hugetlb, []Hugetlb{{"1GB", 0, 0}, {"2MB", 2097152, 0}})
 			expect(t, "Memory.Swap", st.Memory.Swap, 524288)
 			expect(t, "Memory.LocalPageFaults", st.Memory.LocalPageFaults, 1234)
 			expect(t, "Memory.LocalMajorPageFaults", st.Memory.LocalMajorPageFaults, 5)
@@ -224,6 +239,17 @@ func TestStatAll(t *testing.T) {
 			"v1 idle blkio", with(with(v1TreeAll(group), "blkio/"+group+"/blkio.throttle.io_service_bytes_recursive", "Total 0\n"),
 				"blkio/"+group+"/blkio.throttle.io_serviced_recursive", "Total 0\n"),
 			func(t *testing.T, st *Stats) { expect(t, "IO", len(st.IO), 0) },
+		},
+		{
+			// The controller not enabled for the cgroup on v2, or a v1
+			// host without its hierarchy: no sizes, no error.
+			"v2 without hugetlb", without(v2TreeAll(group), group+"/hugetlb.2MB.current", group+"/hugetlb.1GB.current"),
+			func(t *testing.T, st *Stats) { expect(t, "Hugetlb", len(st.Hugetlb), 0) },
+		},
+		{
+			"v1 without hugetlb", without(v1TreeAll(group), "hugetlb/"+group+"/hugetlb.2MB.usage_in_bytes", "hugetlb/"+group+"/hugetlb.2MB.max_usage_in_bytes",
+				"hugetlb/"+group+"/hugetlb.1GB.usage_in_bytes", "hugetlb/"+group+"/hugetlb.1GB.max_usage_in_bytes"),
+			func(t *testing.T, st *Stats) { expect(t, "Hugetlb", len(st.Hugetlb), 0) },
 		},
 		{
 			"empty cgroup", with(v2TreeAll(group), group+"/cgroup.procs", ""),
@@ -348,5 +374,13 @@ func TestOpenFilesLimit(t *testing.T) {
 				t.Error("a process that is gone has a limit")
 			}
 		})
+	}
+}
+
+func TestPageSizeName(t *testing.T) {
+	for kb, want := range map[uint64]string{64: "64KB", 2048: "2MB", 32768: "32MB", 1048576: "1GB", 16777216: "16GB", 1536: "1536KB"} {
+		if got := pageSizeName(kb); got != want {
+			t.Errorf("pageSizeName(%d) = %q, want %q", kb, got, want)
+		}
 	}
 }

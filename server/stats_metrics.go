@@ -77,6 +77,8 @@ var (
 	mFsWriteBytes  = metricDef{"container_fs_writes_bytes_total", "Cumulative count of bytes written", counter, []string{"device"}}
 	mFsWrites      = metricDef{"container_fs_writes_total", "Cumulative count of writes completed", counter, []string{"device"}}
 	mBlkio         = metricDef{"container_blkio_device_usage_total", "Blkio Device bytes usage", counter, []string{"device", "major", "minor", "operation"}}
+	mHugeUsage     = metricDef{"container_hugetlb_usage_bytes", "Current hugepage usage in bytes", gauge, []string{"pagesize"}}
+	mHugeMaxUsage  = metricDef{"container_hugetlb_max_usage_bytes", "Maximum hugepage usages in bytes", gauge, []string{"pagesize"}}
 	mCPUStalled    = metricDef{"container_pressure_cpu_stalled_seconds_total", "Total time duration no tasks in the container could make progress due to CPU congestion.", counter, nil}
 	mCPUWaiting    = metricDef{"container_pressure_cpu_waiting_seconds_total", "Total time duration tasks in the container have waited due to CPU congestion.", counter, nil}
 	mMemStalled    = metricDef{"container_pressure_memory_stalled_seconds_total", "Total time duration no tasks in the container could make progress due to memory congestion.", counter, nil}
@@ -97,7 +99,7 @@ var (
 		mMemLimit, mMemReserve, mSwapLimit, mCPUPeriod, mCPUQuota, mCPUShares, mUlimitsSoft,
 		mProcesses, mThreads, mThreadsMax, mFDs, mSockets, mStart, mLastSeen,
 		mFsUsage, mFsLimit, mFsInodes, mFsInodesFree, mFsReadBytes, mFsReads, mFsWriteBytes, mFsWrites, mBlkio,
-		mCPUStalled, mCPUWaiting, mMemStalled, mMemWaiting, mIOStalled, mIOWaiting,
+		mCPUStalled, mCPUWaiting, mMemStalled, mMemWaiting, mIOStalled, mIOWaiting, mHugeUsage, mHugeMaxUsage,
 		mRxBytes, mTxBytes, mRxPackets, mTxPackets, mRxErrors, mTxErrors, mRxDropped, mTxDropped,
 	}
 )
@@ -205,6 +207,10 @@ func (m *metricSet) cgroup(st *cgroups.Stats) {
 			m.add(p.stalled, seconds(p.psi.Full.TotalMicros*1000))
 			m.add(p.waiting, seconds(p.psi.Some.TotalMicros*1000))
 		}
+	}
+	for _, h := range st.Hugetlb {
+		m.add(mHugeUsage, h.Usage, h.PageSize)
+		m.add(mHugeMaxUsage, h.MaxUsage, h.PageSize)
 	}
 	for _, d := range st.IO {
 		m.add(mFsReadBytes, d.ReadBytes, d.Device)

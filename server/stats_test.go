@@ -319,6 +319,7 @@ var fullStats = cgroups.Stats{
 	},
 	IO:        []cgroups.DeviceIO{{Major: 254, Minor: 0, Device: "/dev/vda", ReadBytes: 8192, WriteBytes: 4096, Reads: 2, Writes: 1}},
 	Processes: cgroups.Processes{Count: 2, FDs: 8, Sockets: 3},
+	Hugetlb: []cgroups.Hugetlb{{PageSize: "2MB", Usage: 4 << 20, MaxUsage: 6 << 20}, {PageSize: "1GB", MaxUsage: 1 << 30}},
 	// In microseconds, as the kernel counts.
 	CPUPressure:    &cgroups.Pressure{Some: cgroups.PressureData{TotalMicros: 13_900_000}, Full: cgroups.PressureData{TotalMicros: 12_000_001}},
 	MemoryPressure: &cgroups.Pressure{Some: cgroups.PressureData{TotalMicros: 15_000_000}, Full: cgroups.PressureData{TotalMicros: 14_000_000}},
@@ -432,6 +433,10 @@ func TestPodSandboxMetrics(t *testing.T) {
 		{"container_fs_inodes_total/" + c.Dir, 12, gauge},
 		{"container_fs_limit_bytes/" + c.Dir, 100 << 30, gauge},
 		{"container_fs_inodes_free/" + c.Dir, 5000, gauge},
+		{"container_hugetlb_usage_bytes/2MB", 4 << 20, gauge},
+		{"container_hugetlb_max_usage_bytes/2MB", 6 << 20, gauge},
+		{"container_hugetlb_usage_bytes/1GB", 0, gauge},
+		{"container_hugetlb_max_usage_bytes/1GB", 1 << 30, gauge},
 		// Whole seconds: stalled is full, waiting is some.
 		{"container_pressure_cpu_stalled_seconds_total", 12, counter},
 		{"container_pressure_cpu_waiting_seconds_total", 13, counter},

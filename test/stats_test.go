@@ -43,9 +43,14 @@ var criMetrics = []struct {
 	name     string
 	min      uint64
 	io       bool
+	hugetlb  bool
 	exactV1  uint64
 	exactAny uint64
 }{
+	// Only where the host has the hugetlb controller and the cgroup its
+	// files; 0 bytes of huge pages in use.
+	{name: "container_hugetlb_usage_bytes", hugetlb: true},
+	{name: "container_hugetlb_max_usage_bytes", hugetlb: true},
 	{name: "container_blkio_device_usage_total", io: true},
 	{name: "container_cpu_cfs_periods_total", min: 1},
 	{name: "container_cpu_cfs_throttled_periods_total"},
@@ -201,7 +206,7 @@ func (e *ctrEnv) testPodMetrics(t *testing.T) {
 			values[m.Name] = max(values[m.Name], m.Value.GetValue())
 		}
 	}
-	accounted := ioAccounted(t, e, id)
+	accounted, huge := ioAccounted(t, e, id), hugetlbFiles(t, e, id)
 	for _, want := range criMetrics {
 		if _, ok := keys[want.name]; !ok {
 			t.Errorf("no descriptor for %s", want.name)
@@ -210,6 +215,10 @@ func (e *ctrEnv) testPodMetrics(t *testing.T) {
 		switch {
 		case !ok && want.io && !accounted:
 			t.Logf("%s: none, the kernel accounts no block I/O to the container here", want.name)
+		case !ok && want.hugetlb && !huge:
+			t.Logf("%s: none, the container's cgroup has no hugetlb controller here", want.name)
+		case ok && want.hugetlb && !huge:
+			t.Errorf("%s = %d for a cgroup without the hugetlb controller", want.name, v)
 		case !ok:
 			t.Errorf("no %s", want.name)
 		case want.exactAny != 0 && v != want.exactAny:
@@ -255,6 +264,21 @@ func ioAccounted(t *testing.T, e *ctrEnv, id string) bool {
 	}
 	b, _ := os.ReadFile(filepath.Join(CgroupDir(t, pid, "blkio"), "blkio.throttle.io_service_bytes_recursive"))
 	return strings.Contains(string(b), ":")
+}
+
+// hugetlbFiles tells whether the container's cgroup has the hugetlb
+// controller's files: v2 enables it where the parents do, v1 where the
+// host mounts its hierarchy.
+func hugetlbFiles(t *testing.T, e *ctrEnv, id string) bool {
+	pid := e.info(t, id).Pid
+	dir := ""
+	if CgroupV2() {
+		dir = CgroupDir(t, pid, "")
+	} else if _, err := os.Stat("/sys/fs/cgroup/hugetlb"); err == nil {
+		dir = CgroupDir(t, pid, "hugetlb")
+	}
+	m, _ := filepath.Glob(filepath.Join(dir, "hugetlb.*B.*"))
+	return dir != "" && len(m) > 0
 }
 
 func (e *ctrEnv) testStreams(t *testing.T) {
