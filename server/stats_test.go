@@ -319,7 +319,7 @@ var fullStats = cgroups.Stats{
 	},
 	IO:        []cgroups.DeviceIO{{Major: 254, Minor: 0, Device: "/dev/vda", ReadBytes: 8192, WriteBytes: 4096, Reads: 2, Writes: 1}},
 	Processes: cgroups.Processes{Count: 2, FDs: 8, Sockets: 3},
-	Hugetlb: []cgroups.Hugetlb{{PageSize: "2MB", Usage: 4 << 20, MaxUsage: 6 << 20}, {PageSize: "1GB", MaxUsage: 1 << 30}},
+	Hugetlb:   []cgroups.Hugetlb{{PageSize: "2MB", Usage: 4 << 20, MaxUsage: 6 << 20}, {PageSize: "1GB", MaxUsage: 1 << 30}},
 	// In microseconds, as the kernel counts.
 	CPUPressure:    &cgroups.Pressure{Some: cgroups.PressureData{TotalMicros: 13_900_000}, Full: cgroups.PressureData{TotalMicros: 12_000_001}},
 	MemoryPressure: &cgroups.Pressure{Some: cgroups.PressureData{TotalMicros: 15_000_000}, Full: cgroups.PressureData{TotalMicros: 14_000_000}},
