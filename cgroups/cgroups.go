@@ -122,10 +122,10 @@ type Pressure struct {
 }
 
 // PressureData are the kernel's running averages, in percent of the
-// last 10, 60 and 300 seconds, and the total stall time.
+// last 10, 60 and 300 seconds, and the total stall time in nanoseconds.
 type PressureData struct {
 	Avg10, Avg60, Avg300 float64
-	TotalMicros          uint64
+	TotalNanos           uint64
 }
 
 // CPU is a cgroup's CPU time split and CFS bandwidth throttling, in

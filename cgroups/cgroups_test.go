@@ -188,9 +188,9 @@ func TestStat(t *testing.T) {
 			want: Stats{CPUUsageNanos: 123456789, Pids: 3, Memory: Memory{
 				Usage: 3145728, WorkingSet: 3145728 - 524288, RSS: 2097152, PageFaults: 1234, MajorPageFaults: 5, Limit: 10485760,
 			},
-				CPUPressure:    &Pressure{Some: PressureData{1.5, 0.25, 0.05, 123456}, Full: PressureData{0.75, 0.12, 0.01, 65432}},
-				MemoryPressure: &Pressure{Some: PressureData{2, 0, 0, 42}, Full: PressureData{0, 0, 0, 41}},
-				IOPressure:     &Pressure{Some: PressureData{0, 3, 0, 7}, Full: PressureData{0, 0, 4, 6}},
+				CPUPressure:    &Pressure{Some: PressureData{1.5, 0.25, 0.05, 123456000}, Full: PressureData{0.75, 0.12, 0.01, 65432000}},
+				MemoryPressure: &Pressure{Some: PressureData{2, 0, 0, 42000}, Full: PressureData{0, 0, 0, 41000}},
+				IOPressure:     &Pressure{Some: PressureData{0, 3, 0, 7000}, Full: PressureData{0, 0, 4, 6000}},
 			},
 		},
 		{
@@ -203,7 +203,7 @@ func TestStat(t *testing.T) {
 			want: Stats{CPUUsageNanos: 123456000, Pids: 3, Memory: Memory{
 				Usage: 3145728, WorkingSet: 3145728 - 524288, RSS: 2097152, PageFaults: 1234, MajorPageFaults: 5,
 			},
-				CPUPressure:    &Pressure{Some: PressureData{TotalMicros: 99}},
+				CPUPressure:    &Pressure{Some: PressureData{TotalNanos: 99000}},
 				MemoryPressure: &Pressure{},
 			},
 		},

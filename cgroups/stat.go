@@ -563,7 +563,9 @@ func parsePressure(b []byte, p *Pressure) error {
 			case "avg300":
 				d.Avg300, err = strconv.ParseFloat(string(v), 64)
 			case "total":
-				d.TotalMicros, err = strconv.ParseUint(string(v), 10, 64)
+				// Microseconds in the file; nanoseconds, as CPUUsageNanos.
+				d.TotalNanos, err = strconv.ParseUint(string(v), 10, 64)
+				d.TotalNanos *= 1000
 			}
 			if err != nil {
 				return fmt.Errorf("%s %s: %w", kind, k, err)

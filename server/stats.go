@@ -273,14 +273,14 @@ func ioUsage(st *cgroups.Stats) *runtimeapi.IoUsage {
 	return &runtimeapi.IoUsage{Timestamp: st.Timestamp.UnixNano(), Psi: psiStats(st.IOPressure)}
 }
 
-// psiStats is p as CRI has it, whose totals are nanoseconds (the kernel
-// counts microseconds); nil stays nil, which kubelet reports as no PSI.
+// psiStats is p as CRI has it; nil stays nil, which kubelet reports as
+// no PSI.
 func psiStats(p *cgroups.Pressure) *runtimeapi.PsiStats {
 	if p == nil {
 		return nil
 	}
 	data := func(d cgroups.PressureData) *runtimeapi.PsiData {
-		return &runtimeapi.PsiData{Total: d.TotalMicros * 1000, Avg10: d.Avg10, Avg60: d.Avg60, Avg300: d.Avg300}
+		return &runtimeapi.PsiData{Total: d.TotalNanos, Avg10: d.Avg10, Avg60: d.Avg60, Avg300: d.Avg300}
 	}
 	return &runtimeapi.PsiStats{Some: data(p.Some), Full: data(p.Full)}
 }

@@ -204,8 +204,8 @@ func (m *metricSet) cgroup(st *cgroups.Stats) {
 		stalled, waiting metricDef
 	}{{st.CPUPressure, mCPUStalled, mCPUWaiting}, {st.MemoryPressure, mMemStalled, mMemWaiting}, {st.IOPressure, mIOStalled, mIOWaiting}} {
 		if p.psi != nil {
-			m.add(p.stalled, seconds(p.psi.Full.TotalMicros*1000))
-			m.add(p.waiting, seconds(p.psi.Some.TotalMicros*1000))
+			m.add(p.stalled, seconds(p.psi.Full.TotalNanos))
+			m.add(p.waiting, seconds(p.psi.Some.TotalNanos))
 		}
 	}
 	for _, h := range st.Hugetlb {

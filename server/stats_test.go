@@ -123,12 +123,12 @@ func newStatsFixture(t *testing.T) *statsFixture {
 	f.srv.deps.Cgroups = f.cg
 	f.srv.deps.NetCounters = fakeNet{sb.Pins["net"]: {{Name: "eth0", RxBytes: 1000, TxBytes: 2000, RxPackets: 10, TxPackets: 20, RxErrors: 1, TxDropped: 2}}}
 	f.cg.set(f.podGroup, cgroups.Stats{Timestamp: f.t0, CPUUsageNanos: 5e9, Pids: 4, Memory: cgroups.Memory{Usage: 300, WorkingSet: 200},
-		IOPressure: &cgroups.Pressure{Some: cgroups.PressureData{Avg60: 2, TotalMicros: 42}, Full: cgroups.PressureData{TotalMicros: 41}}})
+		IOPressure: &cgroups.Pressure{Some: cgroups.PressureData{Avg60: 2, TotalNanos: 42000}, Full: cgroups.PressureData{TotalNanos: 41000}}})
 	f.cg.set(f.ctrGroup, cgroups.Stats{Timestamp: f.t0, CPUUsageNanos: 2e9, Pids: 3, Memory: cgroups.Memory{
 		Usage: 300, WorkingSet: 200, RSS: 100, PageFaults: 7, MajorPageFaults: 1, Limit: 1000,
 	},
-		CPUPressure:    &cgroups.Pressure{Some: cgroups.PressureData{Avg10: 1.5, Avg60: 0.5, Avg300: 0.25, TotalMicros: 1234}, Full: cgroups.PressureData{Avg10: 0.75, TotalMicros: 567}},
-		MemoryPressure: &cgroups.Pressure{Some: cgroups.PressureData{TotalMicros: 89}},
+		CPUPressure:    &cgroups.Pressure{Some: cgroups.PressureData{Avg10: 1.5, Avg60: 0.5, Avg300: 0.25, TotalNanos: 1234000}, Full: cgroups.PressureData{Avg10: 0.75, TotalNanos: 567000}},
+		MemoryPressure: &cgroups.Pressure{Some: cgroups.PressureData{TotalNanos: 89000}},
 	})
 	return f
 }
@@ -155,13 +155,13 @@ func TestContainerStats(t *testing.T) {
 	if st.Swap != nil {
 		t.Errorf("swap = %v on a host without swap accounting", st.Swap)
 	}
-	// PSI with CRI's nanoseconds; none for I/O where the kernel has none.
+	// PSI as read; none for I/O where the kernel has none.
 	if p := st.Cpu.Psi; p.GetSome().GetTotal() != 1234000 || p.GetSome().GetAvg10() != 1.5 || p.GetSome().GetAvg60() != 0.5 ||
 		p.GetSome().GetAvg300() != 0.25 || p.GetFull().GetTotal() != 567000 || p.GetFull().GetAvg10() != 0.75 {
-		t.Errorf("CPU PSI = %v, want some 1234 µs at 1.5/0.5/0.25 %%, full 567 µs at 0.75 %%, in ns", p)
+		t.Errorf("CPU PSI = %v, want some 1234 µs at 1.5/0.5/0.25 %%, full 567 µs at 0.75 %%", p)
 	}
 	if p := st.Memory.Psi; p.GetSome().GetTotal() != 89000 || p.GetFull() == nil {
-		t.Errorf("memory PSI = %v, want some 89 µs in ns and a full line", p)
+		t.Errorf("memory PSI = %v, want some 89 µs and a full line", p)
 	}
 	if st.Io != nil {
 		t.Errorf("I/O usage = %v for a cgroup without I/O pressure", st.Io)
@@ -320,10 +320,10 @@ var fullStats = cgroups.Stats{
 	IO:        []cgroups.DeviceIO{{Major: 254, Minor: 0, Device: "/dev/vda", ReadBytes: 8192, WriteBytes: 4096, Reads: 2, Writes: 1}},
 	Processes: cgroups.Processes{Count: 2, FDs: 8, Sockets: 3},
 	Hugetlb:   []cgroups.Hugetlb{{PageSize: "2MB", Usage: 4 << 20, MaxUsage: 6 << 20}, {PageSize: "1GB", MaxUsage: 1 << 30}},
-	// In microseconds, as the kernel counts.
-	CPUPressure:    &cgroups.Pressure{Some: cgroups.PressureData{TotalMicros: 13_900_000}, Full: cgroups.PressureData{TotalMicros: 12_000_001}},
-	MemoryPressure: &cgroups.Pressure{Some: cgroups.PressureData{TotalMicros: 15_000_000}, Full: cgroups.PressureData{TotalMicros: 14_000_000}},
-	IOPressure:     &cgroups.Pressure{Some: cgroups.PressureData{TotalMicros: 17_000_000}, Full: cgroups.PressureData{TotalMicros: 16_000_000}},
+	// In nanoseconds, as cgroups converts the kernel's microseconds.
+	CPUPressure:    &cgroups.Pressure{Some: cgroups.PressureData{TotalNanos: 13_900_000_000}, Full: cgroups.PressureData{TotalNanos: 12_000_001_000}},
+	MemoryPressure: &cgroups.Pressure{Some: cgroups.PressureData{TotalNanos: 15_000_000_000}, Full: cgroups.PressureData{TotalNanos: 14_000_000_000}},
+	IOPressure:     &cgroups.Pressure{Some: cgroups.PressureData{TotalNanos: 17_000_000_000}, Full: cgroups.PressureData{TotalNanos: 16_000_000_000}},
 }
 
 // podMetrics lists the fixture's pod metrics and checks what critest
