@@ -96,8 +96,10 @@ type Metadata struct {
 	HostsPath    string `json:"hostsPath,omitempty"`
 	ResolvPath   string `json:"resolvPath,omitempty"`
 	ShmPath      string `json:"shmPath,omitempty"`
-	// InfraID is the pause container of a shared-PID pod, "" otherwise.
-	InfraID string `json:"infraId,omitempty"`
+	// InfraID is the pause container of a shared-PID pod, "" otherwise;
+	// InfraPid its process, as the OCI runtime created it.
+	InfraID  string `json:"infraId,omitempty"`
+	InfraPid int    `json:"infraPid,omitempty"`
 	// PortMappings and Bandwidth are kept for CNI DEL.
 	PortMappings []PortMapping `json:"portMappings,omitempty"`
 	Bandwidth    *Bandwidth    `json:"bandwidth,omitempty"`

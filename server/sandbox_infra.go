@@ -156,7 +156,8 @@ func (s *Server) startInfra(ctx context.Context, md *sandbox.Metadata) (retErr e
 		return err
 	}
 	bundle := infraBundle(s.sandboxDir(md.ID))
-	if _, err := rt.Create(ctx, oci.CreateOptions{ID: md.ID, Bundle: bundle, Spec: spec, ExitDir: s.exitDir()}); err != nil {
+	pid, err := rt.Create(ctx, oci.CreateOptions{ID: md.ID, Bundle: bundle, Spec: spec, ExitDir: s.exitDir()})
+	if err != nil {
 		return fmt.Errorf("creating the infra process: %w", err)
 	}
 	defer func() {
@@ -171,7 +172,7 @@ func (s *Server) startInfra(ctx context.Context, md *sandbox.Metadata) (retErr e
 	if err := rt.Start(ctx, md.ID); err != nil {
 		return fmt.Errorf("starting the infra process: %w", err)
 	}
-	md.InfraID = md.ID
+	md.InfraID, md.InfraPid = md.ID, pid
 	return nil
 }
 

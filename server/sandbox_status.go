@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pinrt/pinrt/sandbox"
@@ -122,6 +123,11 @@ func (s *Server) podInfo(sb *sandbox.Sandbox) (map[string]string, error) {
 	}
 	if st.StoppedAt.IsZero() {
 		info["pins"] = sb.Pins
+		spec, pid := s.podSpec(sb)
+		info["runtimeSpec"] = spec
+		if pid > 0 {
+			info["pid"] = pid
+		}
 	}
 	if len(sb.CNIResult) > 0 {
 		info["cniResult"] = sb.CNIResult
@@ -134,4 +140,41 @@ func (s *Server) podInfo(sb *sandbox.Sandbox) (map[string]string, error) {
 		return nil, fmt.Errorf("encoding sandbox info: %w", errdefs.ErrInternal)
 	}
 	return map[string]string{"info": string(b)}, nil
+}
+
+// podSpec describes a Ready pod as the OCI runtime spec of its own
+// process, the shape containerd and CRI-O give the verbose status of a
+// pod (their pause container's config.json). Node agents read it there:
+// Multus and the network tools built on CRI find a pod's network
+// namespace in info.runtimeSpec.linux.namespaces. A pinrt pod has no
+// process unless its containers share one PID namespace, so the spec
+// carries what is the pod's own: its pinned namespaces, its ID mappings,
+// hostname, annotations and cgroup. A shared-PID pod's pause process adds
+// its PID namespace, and its pid is returned, as containerd's info.pid.
+func (s *Server) podSpec(sb *sandbox.Sandbox) (*specs.Spec, int) {
+	linux := &specs.Linux{CgroupsPath: sb.CgroupParent, UIDMappings: sb.UIDMappings, GIDMappings: sb.GIDMappings}
+	for _, ns := range []struct {
+		t   specs.LinuxNamespaceType
+		pin string
+	}{
+		{specs.NetworkNamespace, sb.Pins["net"]},
+		{specs.IPCNamespace, sb.Pins["ipc"]},
+		{specs.UTSNamespace, sb.Pins["uts"]},
+		{specs.UserNamespace, sb.Pins["user"]},
+	} {
+		if ns.pin != "" {
+			linux.Namespaces = append(linux.Namespaces, specs.LinuxNamespace{Type: ns.t, Path: ns.pin})
+		}
+	}
+	var pid int
+	if sb.InfraID != "" && sb.InfraPid > 0 {
+		// The pause process is pid until conmon recorded its exit.
+		if rt, err := s.runtimeFor(sb.Handler); err == nil {
+			if _, exited := rt.ExitState(sb.InfraID); !exited {
+				pid = sb.InfraPid
+				linux.Namespaces = append(linux.Namespaces, specs.LinuxNamespace{Type: specs.PIDNamespace, Path: fmt.Sprintf("/proc/%d/ns/pid", pid)})
+			}
+		}
+	}
+	return &specs.Spec{Version: specs.Version, Hostname: sb.Hostname, Annotations: sb.Annotations, Linux: linux}, pid
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pinrt/pinrt/cni/cnitest"
@@ -132,36 +134,70 @@ func TestRunPodSandboxRollback(t *testing.T) {
 }
 
 // The verbose status lists a pod's pins while it has them, and none once
-// the stop removed them.
+// the stop removed them; so does its runtimeSpec, where node agents
+// (Multus) look for the pod's network namespace as containerd and CRI-O
+// give it.
 func TestPodInfoPinsOnlyWhilePinned(t *testing.T) {
 	f := newPodFixture(t)
 	ctx := context.Background()
-	resp, err := f.srv.RunPodSandbox(ctx, unitPod("pins", true))
+	req := unitPod("pins", true)
+	req.Config.Hostname = "pins-host"
+	req.Config.Annotations = map[string]string{"a": "b"}
+	resp, err := f.srv.RunPodSandbox(ctx, req)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pins := func() map[string]string {
+	type podInfo struct {
+		Pins        map[string]string `json:"pins"`
+		RuntimeSpec *specs.Spec       `json:"runtimeSpec"`
+		Pid         *int              `json:"pid"`
+	}
+	info := func() podInfo {
 		t.Helper()
 		st, err := f.srv.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: resp.PodSandboxId, Verbose: true})
 		if err != nil {
 			t.Fatal(err)
 		}
-		var info struct {
-			Pins map[string]string `json:"pins"`
-		}
+		var info podInfo
 		if err := json.Unmarshal([]byte(st.Info["info"]), &info); err != nil {
 			t.Fatal(err)
 		}
-		return info.Pins
+		return info
 	}
-	if p := pins(); p["net"] == "" || p["net"] != f.ns.Pinned(resp.PodSandboxId)[nsmgr.Net] {
-		t.Errorf("Ready pod's pins = %v, want its pinned namespaces %v", p, f.ns.Pinned(resp.PodSandboxId))
+	pinned := f.ns.Pinned(resp.PodSandboxId)
+	ready := info()
+	if p := ready.Pins; p["net"] == "" || p["net"] != pinned[nsmgr.Net] {
+		t.Errorf("Ready pod's pins = %v, want its pinned namespaces %v", p, pinned)
+	}
+	spec := ready.RuntimeSpec
+	if spec == nil || spec.Linux == nil {
+		t.Fatalf("Ready pod's runtimeSpec = %+v, want its namespaces", spec)
+	}
+	got := map[specs.LinuxNamespaceType]string{}
+	for _, ns := range spec.Linux.Namespaces {
+		got[ns.Type] = ns.Path
+	}
+	want := map[specs.LinuxNamespaceType]string{
+		specs.NetworkNamespace: pinned[nsmgr.Net], specs.IPCNamespace: pinned[nsmgr.IPC],
+		specs.UTSNamespace: pinned[nsmgr.UTS], specs.UserNamespace: pinned[nsmgr.User],
+	}
+	if !maps.Equal(got, want) {
+		t.Errorf("runtimeSpec namespaces = %v, want the pins %v", got, want)
+	}
+	if len(spec.Linux.UIDMappings) != 1 || spec.Linux.UIDMappings[0].HostID != f.cfg.Userns.MinHostID || len(spec.Linux.GIDMappings) != 1 {
+		t.Errorf("runtimeSpec ID mappings = %v / %v, want the allocated block", spec.Linux.UIDMappings, spec.Linux.GIDMappings)
+	}
+	if spec.Version == "" || spec.Hostname != "pins-host" || spec.Annotations["a"] != "b" || spec.Process != nil {
+		t.Errorf("runtimeSpec = version %q, hostname %q, annotations %v, process %v", spec.Version, spec.Hostname, spec.Annotations, spec.Process)
+	}
+	if ready.Pid != nil {
+		t.Errorf("pid = %d for a pod without a process of its own", *ready.Pid)
 	}
 	if _, err := f.srv.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: resp.PodSandboxId}); err != nil {
 		t.Fatal(err)
 	}
-	if p := pins(); len(p) != 0 {
-		t.Errorf("stopped pod's pins = %v, want none", p)
+	if stopped := info(); len(stopped.Pins) != 0 || stopped.RuntimeSpec != nil {
+		t.Errorf("stopped pod's pins = %v, runtimeSpec = %+v, want neither", stopped.Pins, stopped.RuntimeSpec)
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -811,6 +812,21 @@ func (e *ctrEnv) testSharedPID(t *testing.T) {
 	}
 	if out := e.mustExec(t, aID, "hostname"); strings.TrimSpace(out) != "sharedpid" {
 		t.Errorf("hostname = %q", out)
+	}
+	// The verbose status names the pause process as the pod's pid, and
+	// its runtimeSpec has the containers' PID namespace, as containerd's.
+	_, info := e.d.PodStatus(t, pod)
+	aPidNS := fmt.Sprintf("/proc/%d/ns/pid", e.info(t, aID).Pid)
+	var pidNS string
+	if info.RuntimeSpec != nil && info.RuntimeSpec.Linux != nil {
+		for _, ns := range info.RuntimeSpec.Linux.Namespaces {
+			if ns.Type == specs.PIDNamespace {
+				pidNS = ns.Path
+			}
+		}
+	}
+	if !sameFile(fmt.Sprintf("/proc/%d/ns/pid", info.Pid), aPidNS) || !sameFile(pidNS, aPidNS) {
+		t.Errorf("pod info pid %d, runtimeSpec pid namespace %q: want the pause process and container a's namespace", info.Pid, pidNS)
 	}
 	// The pause process reaps what is orphaned in the pod: a background
 	// sleep whose shell exited is re-parented to it.

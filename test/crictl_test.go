@@ -188,6 +188,14 @@ func TestCrictl(t *testing.T) {
 	if inspectp.Status.State != "SANDBOX_READY" || inspectp.Status.Network.IP == "" {
 		t.Errorf("crictl inspectp: state %q ip %q", inspectp.Status.State, inspectp.Status.Network.IP)
 	}
+	// The pod's network namespace where node tools look for it in
+	// containerd's and CRI-O's verbose status (Multus reads it so): the
+	// netns the pod's container runs in.
+	netns := strings.TrimSpace(c.run(t, "inspectp", "-o", "go-template", "--template",
+		`{{range .info.runtimeSpec.linux.namespaces}}{{if eq .type "network"}}{{.path}}{{end}}{{end}}`, pod))
+	if !sameFile(netns, fmt.Sprintf("/proc/%d/ns/net", inspect.Info.Pid)) {
+		t.Errorf("crictl inspectp's runtimeSpec network namespace %q is not the one container %s runs in", netns, ctr)
+	}
 
 	var stats struct {
 		Stats []struct {
@@ -285,4 +293,12 @@ func TestCrictl(t *testing.T) {
 	if left := e.d.Leftovers(); len(left) > 0 {
 		t.Errorf("left after the crictl session:\n%s", strings.Join(left, "\n"))
 	}
+}
+
+// sameFile reports whether a and b both exist and are the same file (for
+// namespaces: the same namespace).
+func sameFile(a, b string) bool {
+	fa, errA := os.Stat(a)
+	fb, errB := os.Stat(b)
+	return errA == nil && errB == nil && os.SameFile(fa, fb)
 }

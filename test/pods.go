@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -54,6 +55,11 @@ type PodInfo struct {
 	} `json:"uidMappings"`
 	ConfigPath string          `json:"configPath"`
 	CNIResult  json.RawMessage `json:"cniResult"`
+	// Pid is the pod's pause process, where it has one.
+	Pid int `json:"pid"`
+	// RuntimeSpec describes the pod as containerd's and CRI-O's pause
+	// container spec does: its namespaces, mappings and cgroup.
+	RuntimeSpec *specs.Spec `json:"runtimeSpec"`
 }
 
 // PodStatus returns a pod's status and verbose info.
