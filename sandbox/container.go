@@ -88,6 +88,9 @@ type ContainerMetadata struct {
 	// Handler is the runtime handler the container runs under (the pod's).
 	Handler   string    `json:"runtimeHandler"`
 	CreatedAt time.Time `json:"createdAt"`
+	// Privileged is the security context's: node agents (Falco) read it
+	// from the verbose status, as CRI-O gives it.
+	Privileged bool `json:"privileged,omitempty"`
 }
 
 // ContainerStatus is what changes during a container's life.

@@ -71,6 +71,7 @@ func (s *Server) containerRequest(sb *sandbox.Sandbox, cfg *runtimeapi.Container
 			SandboxID: sb.ID, Name: m.Name, Attempt: m.Attempt,
 			Labels: cfg.Labels, Annotations: cfg.Annotations, Image: cfg.Image.Image,
 			LogPath: logPath, Handler: sb.Handler, StopSignal: stop,
+			Privileged: cfg.GetLinux().GetSecurityContext().GetPrivileged(),
 		},
 		spec: oci.ContainerSpec{
 			SandboxID: sb.ID,

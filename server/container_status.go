@@ -138,7 +138,8 @@ func containerStatus(c *sandbox.Container) *runtimeapi.ContainerStatus {
 	return out
 }
 
-// containerInfo is the verbose ContainerStatus info: the pid and the OCI
+// containerInfo is the verbose ContainerStatus info: the pid, whether the
+// container is privileged (CRI-O's key, which Falco reads) and the OCI
 // spec the runtime was given. The spec goes out as config.json has it,
 // compacted, rather than decoded and encoded again: that round trip (most
 // of it the seccomp profile) was half of the garbage of a node's status
@@ -164,11 +165,12 @@ func containerInfo(c *sandbox.Container) (map[string]string, error) {
 	// Marshal does, and ends with a newline.
 	if err := json.NewEncoder(&sb).Encode(struct {
 		Pid            int                     `json:"pid"`
+		Privileged     bool                    `json:"privileged"`
 		RuntimeHandler string                  `json:"runtimeHandler"`
 		RuntimeSpec    json.RawMessage         `json:"runtimeSpec"`
 		SandboxID      string                  `json:"sandboxID"`
 		Status         sandbox.ContainerStatus `json:"status"`
-	}{st.Pid, c.Handler, spec, c.SandboxID, st}); err != nil {
+	}{st.Pid, c.Privileged, c.Handler, spec, c.SandboxID, st}); err != nil {
 		return nil, fmt.Errorf("encoding container info: %w", errdefs.ErrInternal)
 	}
 	return map[string]string{"info": strings.TrimSuffix(sb.String(), "\n")}, nil

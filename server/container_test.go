@@ -804,7 +804,7 @@ func TestContainerInfoSpec(t *testing.T) {
 		t.Helper()
 		st := c.Status()
 		b, err := json.Marshal(map[string]any{
-			"pid": st.Pid, "sandboxID": c.SandboxID, "runtimeHandler": c.Handler,
+			"pid": st.Pid, "privileged": false, "sandboxID": c.SandboxID, "runtimeHandler": c.Handler,
 			"runtimeSpec": spec, "status": st,
 		})
 		if err != nil {
@@ -850,6 +850,51 @@ func TestContainerInfoSpec(t *testing.T) {
 	}
 	if got, want := info(), roundTrip(nil); got != want {
 		t.Errorf("no spec: info =\n%s\nwant\n%s", got, want)
+	}
+}
+
+// The verbose info says whether a container is privileged under CRI-O's
+// key, where Falco looks for it, and the record keeps it across a restart.
+func TestContainerInfoPrivileged(t *testing.T) {
+	f := newCtrFixture(t)
+	ctx := context.Background()
+	pod, podCfg := f.pod(t, false)
+	for _, privileged := range []bool{false, true} {
+		cfg := unitCtr(fmt.Sprint("priv-", privileged))
+		cfg.Linux = &runtimeapi.LinuxContainerConfig{SecurityContext: &runtimeapi.LinuxContainerSecurityContext{Privileged: privileged}}
+		resp, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: cfg, SandboxConfig: podCfg})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := f.srv.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: resp.ContainerId, Verbose: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var info struct {
+			Privileged *bool `json:"privileged"`
+		}
+		if err := json.Unmarshal([]byte(st.Info["info"]), &info); err != nil {
+			t.Fatal(err)
+		}
+		if info.Privileged == nil || *info.Privileged != privileged {
+			t.Errorf("privileged container %v: info says %v", privileged, info.Privileged)
+		}
+		c, err := f.srv.containers.Get(resp.ContainerId)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(filepath.Join(c.Dir, "state.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rec struct {
+			Metadata struct {
+				Privileged bool `json:"privileged"`
+			} `json:"metadata"`
+		}
+		if err := json.Unmarshal(b, &rec); err != nil || rec.Metadata.Privileged != privileged {
+			t.Errorf("privileged container %v: record %s (%v)", privileged, b, err)
+		}
 	}
 }
 

@@ -147,34 +147,26 @@ func (s *Server) podInfo(sb *sandbox.Sandbox) (map[string]string, error) {
 // pod (their pause container's config.json). Node agents read it there:
 // Multus and the network tools built on CRI find a pod's network
 // namespace in info.runtimeSpec.linux.namespaces. A pinrt pod has no
-// process unless its containers share one PID namespace, so the spec
-// carries what is the pod's own: its pinned namespaces, its ID mappings,
-// hostname, annotations and cgroup. A shared-PID pod's pause process adds
-// its PID namespace, and its pid is returned, as containerd's info.pid.
+// process unless its containers share one PID namespace, so the spec is
+// its record's (config.json: the pinned namespaces, hostname, cgroup and
+// the io.kubernetes.cri.sandbox-* annotations) with its ID mappings. A
+// shared-PID pod's pause process adds its PID namespace, and its pid is
+// returned, as containerd's info.pid.
 func (s *Server) podSpec(sb *sandbox.Sandbox) (*specs.Spec, int) {
-	linux := &specs.Linux{CgroupsPath: sb.CgroupParent, UIDMappings: sb.UIDMappings, GIDMappings: sb.GIDMappings}
-	for _, ns := range []struct {
-		t   specs.LinuxNamespaceType
-		pin string
-	}{
-		{specs.NetworkNamespace, sb.Pins["net"]},
-		{specs.IPCNamespace, sb.Pins["ipc"]},
-		{specs.UTSNamespace, sb.Pins["uts"]},
-		{specs.UserNamespace, sb.Pins["user"]},
-	} {
-		if ns.pin != "" {
-			linux.Namespaces = append(linux.Namespaces, specs.LinuxNamespace{Type: ns.t, Path: ns.pin})
-		}
+	spec := sb.Spec()
+	spec.Linux.UIDMappings, spec.Linux.GIDMappings = sb.UIDMappings, sb.GIDMappings
+	if sb.InfraID == "" || sb.InfraPid <= 0 {
+		return spec, 0
 	}
-	var pid int
-	if sb.InfraID != "" && sb.InfraPid > 0 {
-		// The pause process is pid until conmon recorded its exit.
-		if rt, err := s.runtimeFor(sb.Handler); err == nil {
-			if _, exited := rt.ExitState(sb.InfraID); !exited {
-				pid = sb.InfraPid
-				linux.Namespaces = append(linux.Namespaces, specs.LinuxNamespace{Type: specs.PIDNamespace, Path: fmt.Sprintf("/proc/%d/ns/pid", pid)})
-			}
-		}
+	// The pause process is InfraPid until conmon recorded its exit.
+	rt, err := s.runtimeFor(sb.Handler)
+	if err != nil {
+		return spec, 0
 	}
-	return &specs.Spec{Version: specs.Version, Hostname: sb.Hostname, Annotations: sb.Annotations, Linux: linux}, pid
+	if _, exited := rt.ExitState(sb.InfraID); exited {
+		return spec, 0
+	}
+	pidNS := specs.LinuxNamespace{Type: specs.PIDNamespace, Path: fmt.Sprintf("/proc/%d/ns/pid", sb.InfraPid)}
+	spec.Linux.Namespaces = append(spec.Linux.Namespaces, pidNS)
+	return spec, sb.InfraPid
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/pinrt/pinrt/image/imagetest"
 	"github.com/pinrt/pinrt/nsmgr"
 	"github.com/pinrt/pinrt/nsmgr/nsmgrtest"
+	"github.com/pinrt/pinrt/sandbox"
 )
 
 // fakeShm records shm mounts instead of mounting tmpfs.
@@ -142,7 +143,6 @@ func TestPodInfoPinsOnlyWhilePinned(t *testing.T) {
 	ctx := context.Background()
 	req := unitPod("pins", true)
 	req.Config.Hostname = "pins-host"
-	req.Config.Annotations = map[string]string{"a": "b"}
 	resp, err := f.srv.RunPodSandbox(ctx, req)
 	if err != nil {
 		t.Fatal(err)
@@ -187,7 +187,7 @@ func TestPodInfoPinsOnlyWhilePinned(t *testing.T) {
 	if len(spec.Linux.UIDMappings) != 1 || spec.Linux.UIDMappings[0].HostID != f.cfg.Userns.MinHostID || len(spec.Linux.GIDMappings) != 1 {
 		t.Errorf("runtimeSpec ID mappings = %v / %v, want the allocated block", spec.Linux.UIDMappings, spec.Linux.GIDMappings)
 	}
-	if spec.Version == "" || spec.Hostname != "pins-host" || spec.Annotations["a"] != "b" || spec.Process != nil {
+	if spec.Version == "" || spec.Hostname != "pins-host" || spec.Annotations[sandbox.AnnotationSandboxID] != resp.PodSandboxId || spec.Process != nil {
 		t.Errorf("runtimeSpec = version %q, hostname %q, annotations %v, process %v", spec.Version, spec.Hostname, spec.Annotations, spec.Process)
 	}
 	if ready.Pid != nil {

@@ -103,6 +103,13 @@ func (e *ctrEnv) testPrivileged(t *testing.T) {
 	if got := capBnd(t, e.mustExec(t, id, "cat", "/proc/self/status")); got != want {
 		t.Errorf("add ALL: CapBnd %s, want the daemon's %s", got, want)
 	}
+	// Falco tells privileged containers by the verbose info's
+	// "privileged", CRI-O's key; adding every capability is not it.
+	for id, want := range map[string]bool{priv: true, id: false} {
+		if p := e.info(t, id).Privileged; p == nil || *p != want {
+			t.Errorf("container %s: info privileged = %v, want %v", id, p, want)
+		}
+	}
 }
 
 // sharedDir is a host directory that is its own shared mount, as kubelet

@@ -149,7 +149,8 @@ func (e *ctrEnv) status(t testing.TB, id string) *runtimeapi.ContainerStatus {
 
 // ctrInfo is the part of the verbose ContainerStatus info the tests read.
 type ctrInfo struct {
-	Pid         int `json:"pid"`
+	Pid         int   `json:"pid"`
+	Privileged  *bool `json:"privileged"`
 	RuntimeSpec struct {
 		Linux struct {
 			CgroupsPath string `json:"cgroupsPath"`
