@@ -143,7 +143,7 @@ lint:
 		$(GOBIN_DIR)/golangci-lint run --build-tags $(SIGPOLICY_TAGS) ./...
 	$(GO) run ./hack/longfuncs $(SIGPOLICY_DIR)
 
-deps: deps-apt deps-vm deps-runc deps-cni deps-lint
+deps: deps-apt deps-vm deps-runc deps-cni deps-criu deps-lint
 
 # iptables: the default network masquerades and maps ports through it.
 # crun: Debian's 1.8.1 lacks idmapped mounts; the tests check the refusal.
@@ -172,6 +172,11 @@ deps-runc: deps-apt
 	@if ! runc --version 2>/dev/null | grep -q "runc version $(RUNC_VERSION:v%=%)$$"; then \
 		echo "installing runc $(RUNC_VERSION)"; \
 		GOBIN=$(BINDIR) CGO_ENABLED=1 $(GO) install -tags seccomp github.com/opencontainers/runc@$(RUNC_VERSION); fi
+
+# deps-criu: CRIU, which runc checkpoints containers with
+# (CheckpointContainer); built from Debian's source (hack/criu.sh says why).
+deps-criu:
+	@sh hack/criu.sh
 
 deps-cni:
 	@if [ "$$(cat $(CNI_BIN)/.pinrt-version 2>/dev/null)" != "$(CNI_PLUGINS_VERSION)" ]; then \

@@ -16,17 +16,13 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
-func TestCheckpointUnimplemented(t *testing.T) {
+func TestCheckpointPodUnimplemented(t *testing.T) {
 	s := newPodFixture(t).srv
 	ctx := context.Background()
 	tests := []struct {
 		name string
 		call func() error
 	}{
-		{"CheckpointContainer", func() error {
-			_, err := s.CheckpointContainer(ctx, &runtimeapi.CheckpointContainerRequest{ContainerId: "c1"})
-			return err
-		}},
 		{"CheckpointPod", func() error {
 			_, err := s.CheckpointPod(ctx, &runtimeapi.CheckpointPodRequest{PodSandboxId: "p1"})
 			return err
@@ -39,16 +35,17 @@ func TestCheckpointUnimplemented(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.call()
-			if !errdefs.IsNotImplemented(err) || !strings.Contains(err.Error(), "CRIU") {
-				t.Fatalf("err = %v, want NotImplemented naming CRIU", err)
+			if !errdefs.IsNotImplemented(err) || !strings.Contains(err.Error(), "pinrt") {
+				t.Fatalf("err = %v, want NotImplemented saying what pinrt lacks", err)
 			}
 		})
 	}
 }
 
 // TestCheckpointUnimplementedOverGRPC asks over a socket, through the
-// interceptors, as a CRI client does: each RPC must answer exactly
-// Unimplemented, with a message saying what is missing. A pod RPC left to
+// interceptors, as a CRI client does: each pod RPC must answer exactly
+// Unimplemented, with a message saying what is missing, and a container
+// checkpoint of an unknown container NotFound. A pod RPC left to
 // the embedded Unimplemented server would say only "method not
 // implemented". (kubelet 1.37 has the pod RPCs in its CRI client but no
 // caller of them yet.)
@@ -75,18 +72,18 @@ func TestCheckpointUnimplementedOverGRPC(t *testing.T) {
 		call func() error
 		want string
 	}{
-		{"CheckpointContainer", func() error {
-			_, err := c.CheckpointContainer(ctx, &runtimeapi.CheckpointContainerRequest{ContainerId: "c1", Location: "/x.tar"})
-			return err
-		}, "checkpointing container c1: pinrt has no CRIU integration"},
 		{"CheckpointPod", func() error {
 			_, err := c.CheckpointPod(ctx, &runtimeapi.CheckpointPodRequest{PodSandboxId: "p1", OutputPath: "/ckpt", ContainerIds: []string{"c1"}})
 			return err
-		}, "checkpointing pod p1: pinrt has no CRIU integration"},
+		}, "checkpointing pod p1: pinrt checkpoints containers"},
 		{"RestorePod", func() error {
 			_, err := c.RestorePod(ctx, &runtimeapi.RestorePodRequest{CheckpointPath: "/ckpt", Config: &runtimeapi.PodSandboxConfig{}})
 			return err
-		}, `restoring a pod from "/ckpt": pinrt has no CRIU integration`},
+		}, `restoring a pod from "/ckpt": pinrt has no checkpoint restore`},
+	}
+	_, err = c.CheckpointContainer(ctx, &runtimeapi.CheckpointContainerRequest{ContainerId: "c1", Location: filepath.Join(t.TempDir(), "x.tar")})
+	if status.Code(err) != codes.NotFound {
+		t.Errorf("CheckpointContainer of an unknown container: %v, want NotFound", err)
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -129,6 +129,11 @@ func specAnnotations(sb *sandbox.Sandbox, cfg *runtimeapi.ContainerConfig) map[s
 	}
 	out[annContainerType] = "container"
 	out[annSandboxID] = sb.ID
+	// The pod by name, as containerd gives it: checkpointctl shows a
+	// checkpoint's pod and namespace from them, NRI plugins match on them.
+	out[sandbox.AnnotationName] = sb.Name
+	out[sandbox.AnnotationNamespace] = sb.Namespace
+	out[sandbox.AnnotationUID] = sb.UID
 	out[annContainerName] = cfg.GetMetadata().GetName()
 	out[annImageName] = cfg.GetImage().GetImage()
 	return out

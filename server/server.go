@@ -102,6 +102,9 @@ type ContainerRuntime interface {
 	// cgroup and config.json agree again; a no-op without one.
 	FinishUpdate(ctx context.Context, id string) error
 	ReopenLog(ctx context.Context, id string) error
+	// Checkpoint dumps a running container with CRIU into imageDir (its
+	// log into workDir) and leaves it running.
+	Checkpoint(ctx context.Context, id, imageDir, workDir string) error
 	Features(ctx context.Context) (*oci.Features, error)
 	CheckIDMap(ctx context.Context) error
 	// Probe fails when the runtime cannot run the containers pinrt makes.
@@ -240,6 +243,7 @@ func New(cfg *conf.Config, deps Deps) *Server {
 // a half-restored runtime.
 func (s *Server) Restore(ctx context.Context) {
 	s.probeRuntimes(ctx)
+	s.sweepCheckpoints(ctx)
 	doomed := s.restorePods(ctx)
 	s.restoreContainers(ctx, doomed)
 	s.teardownPods(ctx, doomed)

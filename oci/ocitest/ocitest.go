@@ -31,7 +31,7 @@ type ExecResult struct {
 type Runtime struct {
 	mu sync.Mutex
 
-	CreateErr, StartErr, KillErr, StopErr, DeleteErr, StateErr, UpdateErr, ReopenErr error
+	CreateErr, StartErr, KillErr, StopErr, DeleteErr, StateErr, UpdateErr, ReopenErr, CheckpointErr error
 	// CreatePreparedErr fails CreatePrepared alone: the runtime refusing
 	// a container at its start.
 	CreatePreparedErr error
@@ -457,4 +457,28 @@ func (r *Runtime) Probe(context.Context) error {
 	defer r.mu.Unlock()
 	r.Probes++
 	return r.ProbeErr
+}
+
+// Checkpoint records the call and, for a running container, writes a
+// stand-in image file into imageDir and a dump.log into workDir, as CRIU
+// does; CheckpointErr fails it after the files are written, as a dump
+// that fails halfway leaves some.
+func (r *Runtime) Checkpoint(_ context.Context, id, imageDir, workDir string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.record("checkpoint", id)
+	st, err := r.get(id)
+	if err != nil {
+		return err
+	}
+	if st.Status != oci.StatusRunning {
+		return fmt.Errorf("container %s is %s: %w", id, st.Status, errdefs.ErrFailedPrecondition)
+	}
+	if err := os.WriteFile(filepath.Join(imageDir, "pstree.img"), []byte("fake pstree of "+id), 0o600); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(workDir, "dump.log"), []byte("fake dump of "+id+"\n"), 0o600); err != nil {
+		return err
+	}
+	return r.CheckpointErr
 }

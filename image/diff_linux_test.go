@@ -1,0 +1,95 @@
+package image
+
+import (
+	"archive/tar"
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// The writable layer as overlayfs leaves it: new and changed files, a
+// symlink (not followed), owners kept, and whiteouts for the image's
+// files the container deleted, which are listed, not archived.
+func TestWriteRootfsDiff(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("overlayfs whiteouts are 0/0 character devices: mknod needs root")
+	}
+	dir := t.TempDir()
+	upper := filepath.Join(dir, "upper")
+	for _, d := range []string{"etc", "var/log"} {
+		if err := os.MkdirAll(filepath.Join(upper, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(upper, "var/log/app.log"), []byte("line\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(filepath.Join(upper, "var/log/app.log"), 3000100, 3000200); err != nil {
+		t.Fatal(err)
+	}
+	// A symlink to a host file: archived as a link, never read through.
+	if err := os.Symlink("/etc/shadow", filepath.Join(upper, "etc/secret")); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{"etc/os-release", "bin"} {
+		if err := unix.Mknod(filepath.Join(upper, w), unix.S_IFCHR, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var buf bytes.Buffer
+	deleted, err := WriteRootfsDiff(dir, &buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"/bin", "/etc/os-release"}; !reflect.DeepEqual(deleted, want) {
+		t.Errorf("deleted = %v, want %v", deleted, want)
+	}
+	got := map[string]*tar.Header{}
+	content := map[string]string{}
+	tr := tar.NewReader(&buf)
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(tr)
+		got[hdr.Name], content[hdr.Name] = hdr, string(b)
+	}
+	for _, name := range []string{"etc/", "var/", "var/log/", "var/log/app.log", "etc/secret"} {
+		if got[name] == nil {
+			t.Errorf("no %s in the diff (entries %v)", name, got)
+		}
+	}
+	if h := got["var/log/app.log"]; h != nil && (content[h.Name] != "line\n" || h.Uid != 3000100 || h.Gid != 3000200 || h.Mode&0o777 != 0o644) {
+		t.Errorf("var/log/app.log: %q uid %d gid %d mode %o", content[h.Name], h.Uid, h.Gid, h.Mode)
+	}
+	if h := got["etc/secret"]; h != nil && (h.Typeflag != tar.TypeSymlink || h.Linkname != "/etc/shadow" || content[h.Name] != "") {
+		t.Errorf("etc/secret: type %c link %q content %q, want the symlink alone", h.Typeflag, h.Linkname, content[h.Name])
+	}
+	for _, w := range []string{"etc/os-release", "bin"} {
+		if got[w] != nil {
+			t.Errorf("whiteout %s archived", w)
+		}
+	}
+}
+
+// A container with no writable layer (none made yet) has an empty diff.
+func TestWriteRootfsDiffNoLayer(t *testing.T) {
+	var buf bytes.Buffer
+	deleted, err := WriteRootfsDiff(t.TempDir(), &buf)
+	if err != nil || len(deleted) != 0 {
+		t.Fatalf("deleted %v, err %v", deleted, err)
+	}
+	if _, err := tar.NewReader(&buf).Next(); !errors.Is(err, io.EOF) {
+		t.Errorf("the diff has entries: %v", err)
+	}
+}
