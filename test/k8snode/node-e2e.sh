@@ -10,10 +10,12 @@
 # Each run brings up its own node and removes it. A last run
 # ("sigpolicy", TestNodeSignaturePolicy in sigpolicy_test.go) gives pinrt
 # a signature policy and checks what kubelet reports of a pod whose image
-# it refuses. The exit code is 0 only when every run passed.
+# it refuses; another ("checkpoint", TestNodeCheckpoint in
+# checkpoint_test.go) has kubelet checkpoint a container of a pod in a
+# user namespace. The exit code is 0 only when every run passed.
 #
 # Environment:
-#   PINRT_NODE_E2E_MODES    the runs, in order (default "host userns sigpolicy")
+#   PINRT_NODE_E2E_MODES    the runs, in order (default "host userns sigpolicy checkpoint")
 #   PINRT_NODE_E2E_FOCUS    ginkgo --focus within [NodeConformance], SIG Node, SIG CLI and SIG
 #                           Network (default: all of the first three, and the host port spec)
 #   PINRT_NODE_E2E_SUBSET   "ci": the subset make test runs (the focus below), unless
@@ -29,7 +31,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 cache=${PINRT_VM_CACHE:-/var/cache/pinrt-vm}
-modes=${PINRT_NODE_E2E_MODES:-host userns sigpolicy}
+modes=${PINRT_NODE_E2E_MODES:-host userns sigpolicy checkpoint}
 # CI's subset: what kubelet does with every pod (pods, pods extended,
 # container runtime, lifecycle and pre-stop hooks, probes, security
 # context, downward API, variable expansion, kubelet, sysctls, in-place
@@ -92,7 +94,8 @@ for mode in $modes; do
 	host) userns=0 ;;
 	userns) userns=1 ;;
 	sigpolicy) userns=0 test=TestNodeSignaturePolicy ;;
-	*) echo "node-e2e: unknown mode $mode (host, userns, sigpolicy)" >&2; exit 2 ;;
+	checkpoint) userns=0 test=TestNodeCheckpoint ;;
+	*) echo "node-e2e: unknown mode $mode (host, userns, sigpolicy, checkpoint)" >&2; exit 2 ;;
 	esac
 	start=$(date +%s)
 	rc=0
@@ -105,7 +108,7 @@ for mode in $modes; do
 	# A failed test leaves the node's logs above; the lines that matter
 	# are gathered at the end.
 	line="node-e2e[$mode]: exit $rc in $(($(date +%s) - start))s"
-	summary+=("$line" "$(grep -E 'node conformance \(|node conformance: [0-9]+ passed|ginkgo: (Ran|SUCCESS|FAIL)|pod unsigned: ' "$work/$mode.log" | sed 's/^ *[a-z_]*\.go:[0-9]*: /  /')")
+	summary+=("$line" "$(grep -E 'node conformance \(|node conformance: [0-9]+ passed|ginkgo: (Ran|SUCCESS|FAIL)|pod unsigned: |kubelet.s archive: ' "$work/$mode.log" | sed 's/^ *[a-z_]*\.go:[0-9]*: /  /')")
 	[ "$rc" -eq 0 ] || status=1
 done
 echo "node-e2e: ===== summary ($(($(date +%s) - t0))s in all; focus: ${PINRT_NODE_E2E_FOCUS:-all of [NodeConformance], SIG Node and SIG CLI, and the host port spec})"
