@@ -1,14 +1,13 @@
 package test
 
 import (
-	"archive/tar"
+	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -17,6 +16,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pinrt/pinrt/test/testimage"
 )
 
 // checkpointWorkload counts in /tmp/count every 0.2 s, keeps a TCP
@@ -51,8 +52,10 @@ func requireCRIU(t *testing.T) {
 
 // TestCheckpointContainer checkpoints running containers the way an
 // operator and kubelet do (crictl checkpoint, the CRI call kubelet's
-// /checkpoint endpoint makes), in a plain pod and in a user namespace,
-// and reads the archive with checkpointctl, as forensic tools do. The
+// /checkpoint endpoint makes), in a plain pod, in user namespaces (one
+// with the pod's PID namespace shared) and in the host's network
+// namespace, and reads the archive with checkpointctl, as forensic tools
+// do. The
 // container keeps running through it: its counter goes on and its TCP
 // connection stays established.
 func TestCheckpointContainer(t *testing.T) {
@@ -60,16 +63,38 @@ func TestCheckpointContainer(t *testing.T) {
 	e := newCtrEnv(t)
 	c := &crictlEnv{ctrEnv: e, bin: crictlBinary(t)}
 	ckctl := checkpointctlBinary(t)
-	for _, userns := range []bool{false, true} {
-		name := "plain"
-		cfg := PodConfig("ck-plain")
-		if userns {
-			name, cfg = "userns", UsernsPod(PodConfig("ck-userns"), 3500000)
-		}
-		t.Run(name, func(t *testing.T) {
-			pod, podCfg := e.pod(t, cfg)
-			id := e.run(t, pod, podCfg, e.ctr("worker", "sh", "-c", checkpointWorkload))
-			waitEstablished(t, e, id)
+	sharedPID := func(cfg *runtimeapi.PodSandboxConfig) *runtimeapi.PodSandboxConfig {
+		cfg.Linux.SecurityContext.NamespaceOptions.Pid = runtimeapi.NamespaceMode_POD
+		return cfg
+	}
+	hostNet := PodConfig("ck-hostnet")
+	hostNet.Linux.SecurityContext.NamespaceOptions.Network = runtimeapi.NamespaceMode_NODE
+	for _, tc := range []struct {
+		name string
+		cfg  *runtimeapi.PodSandboxConfig
+		// tcp: the workload holds its connection; not in the host's
+		// network namespace, whose ports the test leaves alone.
+		tcp bool
+	}{
+		{"plain", PodConfig("ck-plain"), true},
+		{"userns", UsernsPod(PodConfig("ck-userns"), 3500000), true},
+		// The container joins the pod's PID namespace (the pause's) and,
+		// with it, a user namespace it did not make.
+		{"userns-sharedpid", sharedPID(UsernsPod(PodConfig("ck-sharedpid"), 3600000)), true},
+		{"hostnetwork", hostNet, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pod, podCfg := e.pod(t, tc.cfg)
+			workload := checkpointWorkload
+			if !tc.tcp {
+				workload = strings.Join(slices.DeleteFunc(strings.Split(workload, "\n"), func(l string) bool { return strings.Contains(l, "nc ") }), "\n")
+			}
+			ctr := e.ctr("worker", "sh", "-c", workload)
+			ctr.Linux.SecurityContext.NamespaceOptions.Pid = tc.cfg.Linux.SecurityContext.NamespaceOptions.Pid
+			id := e.run(t, pod, podCfg, ctr)
+			if tc.tcp {
+				waitEstablished(t, e, id)
+			}
 			out := filepath.Join(t.TempDir(), "worker.tar")
 			c.run(t, "checkpoint", "--export="+out, id)
 
@@ -81,11 +106,11 @@ func TestCheckpointContainer(t *testing.T) {
 			if st := e.status(t, id).State; st != runtimeapi.ContainerState_CONTAINER_RUNNING {
 				t.Errorf("container is %v after the checkpoint", st)
 			}
-			if n := established(t, e, id); n != 2 {
+			if n := established(t, e, id); tc.tcp && n != 2 {
 				t.Errorf("%d established TCP sockets after the checkpoint, want the connection's 2", n)
 			}
 
-			files := archiveFiles(t, out)
+			files := testimage.TarFileAt(t, out)
 			for _, f := range []string{"checkpoint/pstree.img", "checkpoint/inventory.img", "stats-dump", "dump.log", "config.dump", "spec.dump", "rootfs-diff.tar"} {
 				if _, ok := files[f]; !ok {
 					t.Errorf("no %s in the archive", f)
@@ -95,7 +120,7 @@ func TestCheckpointContainer(t *testing.T) {
 			if err := json.Unmarshal(files["deleted.files"], &deleted); err != nil || len(deleted) != 1 || deleted[0] != "/etc/group" {
 				t.Errorf("deleted.files = %s (%v), want [\"/etc/group\"]", files["deleted.files"], err)
 			}
-			diff := tarFiles(t, strings.NewReader(string(files["rootfs-diff.tar"])))
+			diff := testimage.TarFiles(t, bytes.NewReader(files["rootfs-diff.tar"]))
 			if got := string(diff["data-file"]); got != "hello\n" {
 				t.Errorf("rootfs-diff.tar data-file = %q", got)
 			}
@@ -107,7 +132,11 @@ func TestCheckpointContainer(t *testing.T) {
 				}
 			}
 			tree := runOut(t, ckctl, "inspect", "--all", out)
-			for _, want := range []string{"Pod name: " + podCfg.Metadata.Name, "Kubernetes namespace: " + podCfg.Metadata.Namespace, "nc -l -p 8080", "sleep 100001", "ESTABLISHED"} {
+			wants := []string{"Pod name: " + podCfg.Metadata.Name, "Kubernetes namespace: " + podCfg.Metadata.Namespace, "/tmp/count"}
+			if tc.tcp {
+				wants = append(wants, "nc -l -p 8080", "sleep 100001", "ESTABLISHED")
+			}
+			for _, want := range wants {
 				if !strings.Contains(tree, want) {
 					t.Errorf("checkpointctl inspect lacks %q:\n%s", want, tree)
 				}
@@ -199,7 +228,7 @@ func TestCheckpointKilled(t *testing.T) {
 		}
 		if _, err := os.Stat(out); err == nil {
 			// Named only once complete: then it must read to its end.
-			if files := archiveFiles(t, out); files["config.dump"] == nil || files["checkpoint/pstree.img"] == nil {
+			if files := testimage.TarFileAt(t, out); files["config.dump"] == nil || files["checkpoint/pstree.img"] == nil {
 				t.Errorf("round %d: the archive at the location is incomplete", round)
 			}
 		} else if acked {
@@ -274,40 +303,6 @@ func checkpointDumpsGone(t *testing.T, e *ctrEnv) {
 			return
 		}
 		time.Sleep(200 * time.Millisecond)
-	}
-}
-
-func archiveFiles(t *testing.T, p string) map[string][]byte {
-	t.Helper()
-	f, err := os.Open(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	return tarFiles(t, f)
-}
-
-// tarFiles reads a tar stream's regular files by name.
-func tarFiles(t *testing.T, r io.Reader) map[string][]byte {
-	t.Helper()
-	files := map[string][]byte{}
-	tr := tar.NewReader(r)
-	for {
-		hdr, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			return files
-		}
-		if err != nil {
-			t.Fatalf("reading the archive: %v", err)
-		}
-		if hdr.Typeflag != tar.TypeReg {
-			continue
-		}
-		b, err := io.ReadAll(tr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		files[hdr.Name] = b
 	}
 }
 

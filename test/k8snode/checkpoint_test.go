@@ -1,11 +1,8 @@
 package k8snode
 
 import (
-	"archive/tar"
 	"context"
 	"encoding/json"
-	"errors"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -93,7 +90,7 @@ func TestNodeCheckpoint(t *testing.T) {
 	if dir := filepath.Join(n.kubeletRoot, "checkpoints"); filepath.Dir(archive) != dir {
 		t.Errorf("archive %s is not in kubelet's %s", archive, dir)
 	}
-	files := readArchive(t, archive)
+	files := testimage.TarFileAt(t, archive)
 	for _, f := range []string{"checkpoint/pstree.img", "checkpoint/inventory.img", "dump.log", "rootfs-diff.tar"} {
 		if _, ok := files[f]; !ok {
 			t.Errorf("no %s in the archive", f)
@@ -136,34 +133,5 @@ func TestNodeCheckpoint(t *testing.T) {
 	}
 	if st := p.Status.ContainerStatuses; len(st) != 1 || st[0].State.Running == nil || st[0].RestartCount != 0 {
 		t.Errorf("container status after the checkpoint: %+v", st)
-	}
-}
-
-// readArchive reads a tar archive's regular files by name.
-func readArchive(t *testing.T, p string) map[string][]byte {
-	t.Helper()
-	f, err := os.Open(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	files := map[string][]byte{}
-	tr := tar.NewReader(f)
-	for {
-		hdr, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			return files
-		}
-		if err != nil {
-			t.Fatalf("%s: %v", p, err)
-		}
-		if hdr.Typeflag != tar.TypeReg {
-			continue
-		}
-		b, err := io.ReadAll(tr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		files[hdr.Name] = b
 	}
 }

@@ -24,6 +24,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"io"
 	"log"
 	"net/http"
@@ -491,3 +492,39 @@ func ID(t testing.TB, img v1.Image) string {
 }
 
 func discardLogger() *log.Logger { return log.New(io.Discard, "", 0) }
+
+// TarFiles reads a tar stream and returns its regular files' contents
+// by entry name.
+func TarFiles(t testing.TB, r io.Reader) map[string][]byte {
+	t.Helper()
+	files := map[string][]byte{}
+	tr := tar.NewReader(r)
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return files
+		}
+		if err != nil {
+			t.Fatalf("reading a tar stream: %v", err)
+		}
+		if hdr.Typeflag != tar.TypeReg {
+			continue
+		}
+		b, err := io.ReadAll(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[hdr.Name] = b
+	}
+}
+
+// TarFileAt is TarFiles of the tar archive at path.
+func TarFileAt(t testing.TB, path string) map[string][]byte {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	return TarFiles(t, f)
+}
