@@ -44,6 +44,7 @@ type chaos struct {
 	cgroup  string // the daemon's cgroup parent, private to the test
 	runRoot string // runc's --root
 	share   string // the host directory the NRI plugin binds in
+	archive string // where the workers' checkpoints go
 	rng     *rand.Rand
 
 	mu         sync.Mutex
@@ -119,7 +120,10 @@ binary = "/usr/local/bin/runc"
 	if err := os.WriteFile(filepath.Join(d.CDIDir, "chaos.json"), []byte(chaosCDISpec), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	c.share = filepath.Join(d.Dir, "chaos-share")
+	c.share, c.archive = filepath.Join(d.Dir, "chaos-share"), filepath.Join(d.Dir, "chaos-checkpoints")
+	if err := os.MkdirAll(c.archive, 0o700); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.MkdirAll(c.share, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -137,6 +141,7 @@ binary = "/usr/local/bin/runc"
 		}
 	}
 	c.removeAll(true)
+	c.checkArchives()
 	// A conmon or runc process can take a moment to exit after the call
 	// that ended its container returned; only what stays is a leak.
 	leaks := c.leaks()
@@ -310,6 +315,16 @@ func (c *chaos) worker(ctx context.Context, rt runtimeapi.RuntimeServiceClient, 
 			_, err := rt.ExecSync(ctx, &runtimeapi.ExecSyncRequest{ContainerId: ctrID, Cmd: []string{"true"}, Timeout: 10})
 			return err
 		})
+		// kubelet's forensic checkpoint: a kill in the middle must leave
+		// the container running (not frozen: checkFrozen), at the
+		// location a whole archive or none (checkArchives), and no dump
+		// behind (leaks).
+		if rng.Intn(3) == 0 {
+			ok = ok && call(func(ctx context.Context) error {
+				_, err := rt.CheckpointContainer(ctx, &runtimeapi.CheckpointContainerRequest{ContainerId: ctrID, Location: filepath.Join(c.archive, name+".tar")})
+				return err
+			})
+		}
 		// kubelet resizes running containers in place; a kill in the
 		// middle of one must not leave ContainerStatus reporting limits
 		// the cgroup does not have (checkLimits).
@@ -423,11 +438,38 @@ func (c *chaos) checkInvariants(round int) {
 		} else if !agrees(got, want) {
 			c.violate("round %d: container %s is %v (%s), runc says %v", round, ct.Id, got, st.Status.Reason, want)
 		}
+		c.checkFrozen(round, ct.Id)
 		c.checkAdjusted(round, ct, podNames[ct.PodSandboxId])
 		if got == runtimeapi.ContainerState_CONTAINER_RUNNING {
 			c.checkLimits(round, ct.Id)
 		}
 	}
+}
+
+// checkFrozen: pinrt never pauses a container, and CRIU thaws the one
+// it dumps within seconds, even when pinrt dies meanwhile; a container
+// frozen for longer was left so.
+func (c *chaos) checkFrozen(round int, id string) {
+	for deadline := time.Now().Add(30 * time.Second); c.runcStatus(id) == "paused"; time.Sleep(250 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			c.violate("round %d: container %s stays frozen", round, id)
+			return
+		}
+	}
+}
+
+// checkArchives: every checkpoint archive the workers' calls left is
+// whole: it reads to its end and holds the dump and the container's
+// record (a kill mid-write must leave none, not half of one).
+func (c *chaos) checkArchives() {
+	entries, _ := os.ReadDir(c.archive)
+	for _, e := range entries {
+		files := testimage.TarFileAt(c.t, filepath.Join(c.archive, e.Name()))
+		if files["checkpoint/pstree.img"] == nil || files["config.dump"] == nil || files["rootfs-diff.tar"] == nil {
+			c.violate("checkpoint archive %s is not whole", e.Name())
+		}
+	}
+	c.t.Logf("chaos: %d checkpoint archives, each whole", len(entries))
 }
 
 // checkLimits: the memory limit ContainerStatus reports for a running
@@ -549,8 +591,8 @@ func agrees(got, want runtimeapi.ContainerState) bool {
 // runcState maps `runc state` to the CRI state pinrt must report; a
 // container runc does not know has exited, unless it is neverCreated.
 func (c *chaos) runcState(id string) runtimeapi.ContainerState {
-	out, err := exec.Command("/usr/local/bin/runc", "--root", c.runRoot, "state", id).Output()
-	if err != nil {
+	status := c.runcStatus(id)
+	if status == "" {
 		dir := filepath.Join(c.d.Root, "containers", id)
 		if _, serr := os.Stat(filepath.Join(dir, "conmon.pid")); errors.Is(serr, os.ErrNotExist) {
 			if _, derr := os.Stat(dir); derr == nil {
@@ -559,17 +601,27 @@ func (c *chaos) runcState(id string) runtimeapi.ContainerState {
 		}
 		return runtimeapi.ContainerState_CONTAINER_EXITED
 	}
-	var st struct {
-		Status string `json:"status"`
-	}
-	_ = json.Unmarshal(out, &st)
-	switch st.Status {
+	switch status {
 	case "created", "creating":
 		return runtimeapi.ContainerState_CONTAINER_CREATED
 	case "running", "paused":
 		return runtimeapi.ContainerState_CONTAINER_RUNNING
 	}
 	return runtimeapi.ContainerState_CONTAINER_EXITED
+}
+
+// runcStatus is `runc state`'s status of id, "" when runc does not know
+// it.
+func (c *chaos) runcStatus(id string) string {
+	out, err := exec.Command("/usr/local/bin/runc", "--root", c.runRoot, "state", id).Output()
+	if err != nil {
+		return ""
+	}
+	var st struct {
+		Status string `json:"status"`
+	}
+	_ = json.Unmarshal(out, &st)
+	return st.Status
 }
 
 // removeAll removes every pod and container over CRI, as kubelet would.
@@ -606,6 +658,7 @@ func (c *chaos) leaks() []string {
 		c.runRoot,
 		filepath.Join(d.RunRoot, "oci", "runc", "containers"),
 		filepath.Join(d.Root, "cni", "cache", "results"),
+		filepath.Join(d.Root, "checkpoints"),
 	} {
 		entries, _ := os.ReadDir(dir)
 		for _, e := range entries {
