@@ -17,11 +17,11 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pinrt/pinrt/image"
 	"github.com/pinrt/pinrt/sandbox"
-	"golang.org/x/sys/unix"
 )
 
 // Checkpointing a container is kubelet's forensic checkpoint (its
@@ -40,11 +40,12 @@ import (
 //	deleted.files     the image's files it deleted, as a JSON list
 //
 // The images are dumped into a directory of their own under
-// <root>/checkpoints, removed once archived (and at the next start after
-// a crash, once no runtime dumps into it). The archive is written as an unnamed file in the target's
-// directory and named only once complete, so a failure or a crash at
-// any instant leaves no partial archive; an existing file is never
-// overwritten. Restoring a checkpoint (a container created from a
+// <root>/checkpoints, removed once archived, or once the runtime is done
+// with it when the caller gave up first (and at the next start after a
+// crash, likewise). The archive is written as an unnamed file in the
+// target's directory and named only once complete, so a failure or a
+// crash at any instant leaves no partial archive; an existing file is
+// never overwritten. Restoring a checkpoint (a container created from a
 // checkpoint image) and pod checkpoints are not supported.
 
 // checkpointWorkDir holds the dumps in progress, under the state root.
@@ -98,7 +99,16 @@ func (s *Server) CheckpointContainer(ctx context.Context, req *runtimeapi.Checkp
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(work)
+	// A dump the caller gave up on runs on (oci.Checkpoint): its
+	// directory goes once the runtime is done, else runc would make it
+	// again and fill it.
+	defer func() {
+		if ctx.Err() != nil {
+			go removeDumpWhenDone(context.WithoutCancel(ctx), work)
+			return
+		}
+		removeDump(ctx, work)
+	}()
 	images := filepath.Join(work, "checkpoint")
 	if err := os.Mkdir(images, 0o700); err != nil {
 		return nil, err
@@ -283,13 +293,17 @@ func (s *Server) sweepCheckpoints(ctx context.Context) {
 			continue
 		}
 		log.G(ctx).WithField("dir", dir).Info("restore: a checkpoint is still being dumped; its directory goes when it ends")
-		go func() {
-			for deadline := time.Now().Add(dumpWait); dumping(dir) && time.Now().Before(deadline); {
-				time.Sleep(time.Second)
-			}
-			removeDump(ctx, dir)
-		}()
+		go removeDumpWhenDone(ctx, dir)
 	}
+}
+
+// removeDumpWhenDone removes a dump's directory once no runtime dumps
+// into it any more.
+func removeDumpWhenDone(ctx context.Context, dir string) {
+	for deadline := time.Now().Add(dumpWait); dumping(dir) && time.Now().Before(deadline); {
+		time.Sleep(time.Second)
+	}
+	removeDump(ctx, dir)
 }
 
 // dumpWait bounds the wait for a dump that outlived pinrt.
@@ -297,7 +311,7 @@ const dumpWait = 30 * time.Minute
 
 func removeDump(ctx context.Context, dir string) {
 	if err := os.RemoveAll(dir); err != nil {
-		log.G(ctx).WithError(err).WithField("dir", dir).Warn("restore: removing an unfinished checkpoint")
+		log.G(ctx).WithError(err).WithField("dir", dir).Warn("removing a checkpoint's dump")
 	}
 }
 
