@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -24,17 +26,27 @@ import (
 // diff.
 //
 // The container runs while its layer is read, and the layer is its own:
-// nothing in it is followed (a file swapped for a symlink between the
-// walk and the read is skipped, not read through), and a file that
-// changes size while it is copied is cut or padded to the size its
-// header gave.
+// every entry is opened from the layer's directory fd with
+// openat2(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS), as the unpacker writes
+// layers, and described from that fd, so no symlink, not even a
+// directory swapped for one between the walk and the read, leads out of
+// the layer (such an entry is skipped). A file that changes size while
+// it is copied is cut or padded to the size its header gave.
 func WriteRootfsDiff(dir string, w io.Writer) (deleted []string, err error) {
 	upper := filepath.Join(dir, "upper")
+	root, err := unix.Open(upper, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if errors.Is(err, unix.ENOENT) {
+		return nil, tar.NewWriter(w).Close()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("rootfs diff of %s: %w", dir, err)
+	}
+	defer unix.Close(root)
 	tw := tar.NewWriter(w)
 	err = filepath.WalkDir(upper, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) {
-				return nil // gone while walked, or no writable layer at all
+				return nil // gone while walked
 			}
 			return err
 		}
@@ -45,18 +57,11 @@ func WriteRootfsDiff(dir string, w io.Writer) (deleted []string, err error) {
 		if err != nil {
 			return err
 		}
-		var st unix.Stat_t
-		if err := unix.Lstat(p, &st); err != nil {
-			if errors.Is(err, unix.ENOENT) {
-				return nil
-			}
-			return err
-		}
-		if st.Mode&unix.S_IFMT == unix.S_IFCHR && st.Rdev == 0 {
+		whiteout, err := writeDiffEntry(tw, root, rel)
+		if whiteout {
 			deleted = append(deleted, "/"+rel)
-			return nil
 		}
-		return writeDiffEntry(tw, p, rel, &st)
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("rootfs diff of %s: %w", dir, err)
@@ -65,55 +70,82 @@ func WriteRootfsDiff(dir string, w io.Writer) (deleted []string, err error) {
 	return deleted, tw.Close()
 }
 
-// writeDiffEntry writes one entry of the writable layer found at p.
-func writeDiffEntry(tw *tar.Writer, p, rel string, st *unix.Stat_t) error {
-	fi, err := os.Lstat(p)
+// beneath opens rel below the layer's fd root with flags, refusing any
+// symlink on the way and "..": ELOOP or EXDEV for a path that would
+// leave the layer.
+func beneath(root int, rel string, flags int) (int, error) {
+	return unix.Openat2(root, rel, &unix.OpenHow{
+		Flags:   uint64(flags | unix.O_NOFOLLOW | unix.O_CLOEXEC),
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV,
+	})
+}
+
+// writeDiffEntry writes the entry rel of the layer whose fd is root, or
+// reports it a whiteout. An entry that is gone, or no longer reachable
+// without a symlink, since the walk saw it is skipped.
+func writeDiffEntry(tw *tar.Writer, root int, rel string) (whiteout bool, err error) {
+	fd, err := beneath(root, rel, unix.O_PATH)
 	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil
+		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ELOOP) || errors.Is(err, unix.EXDEV) {
+			return false, nil
 		}
-		return err
+		return false, err
 	}
-	link := ""
-	if fi.Mode()&fs.ModeSymlink != 0 {
-		if link, err = os.Readlink(p); err != nil {
-			return nil // replaced since the walk saw it
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstatat(fd, "", &st, unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return false, err
+	}
+	mode := st.Mode & unix.S_IFMT
+	if mode == unix.S_IFCHR && st.Rdev == 0 {
+		return true, nil
+	}
+	hdr := &tar.Header{
+		Name: rel, Mode: int64(st.Mode & 0o7777), Uid: int(st.Uid), Gid: int(st.Gid),
+		ModTime: time.Unix(st.Mtim.Unix()), Format: tar.FormatPAX,
+	}
+	switch mode {
+	case unix.S_IFDIR:
+		hdr.Typeflag, hdr.Name = tar.TypeDir, rel+"/"
+	case unix.S_IFLNK:
+		buf := make([]byte, unix.PathMax)
+		n, err := unix.Readlinkat(fd, "", buf)
+		if err != nil {
+			return false, err
 		}
+		hdr.Typeflag, hdr.Linkname = tar.TypeSymlink, string(buf[:n])
+	case unix.S_IFCHR, unix.S_IFBLK:
+		hdr.Typeflag = tar.TypeChar
+		if mode == unix.S_IFBLK {
+			hdr.Typeflag = tar.TypeBlock
+		}
+		hdr.Devmajor, hdr.Devminor = int64(unix.Major(st.Rdev)), int64(unix.Minor(st.Rdev))
+	case unix.S_IFIFO:
+		hdr.Typeflag = tar.TypeFifo
+	case unix.S_IFREG:
+		hdr.Typeflag, hdr.Size = tar.TypeReg, st.Size
+	default:
+		return false, nil // a socket: nothing a tar holds
 	}
-	hdr, err := tar.FileInfoHeader(fi, link)
+	if mode != unix.S_IFREG {
+		return false, tw.WriteHeader(hdr)
+	}
+	// Reopened for reading through the O_PATH fd's /proc link: the same
+	// inode, whatever the path names by now.
+	f, err := os.OpenFile("/proc/self/fd/"+strconv.Itoa(fd), os.O_RDONLY|unix.O_NONBLOCK, 0)
 	if err != nil {
-		return err
-	}
-	hdr.Name = rel
-	if fi.IsDir() {
-		hdr.Name += "/"
-	}
-	hdr.Uid, hdr.Gid = int(st.Uid), int(st.Gid)
-	hdr.Uname, hdr.Gname = "", ""
-	hdr.Format = tar.FormatPAX
-	if !fi.Mode().IsRegular() {
-		return tw.WriteHeader(hdr)
-	}
-	f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
-	if err != nil {
-		if errors.Is(err, unix.ELOOP) || errors.Is(err, fs.ErrNotExist) {
-			return nil // swapped for a symlink, or removed, since the walk
-		}
-		return err
+		return false, err
 	}
 	defer f.Close()
-	if now, err := f.Stat(); err != nil || !now.Mode().IsRegular() {
-		return err
-	}
 	if err := tw.WriteHeader(hdr); err != nil {
-		return err
+		return false, err
 	}
 	n, err := io.CopyN(tw, f, hdr.Size)
 	if err != nil && !errors.Is(err, io.EOF) {
-		return err
+		return false, err
 	}
 	_, err = io.CopyN(tw, zeros{}, hdr.Size-n) // shrank while copied
-	return err
+	return false, err
 }
 
 // zeros reads as an endless run of zero bytes.

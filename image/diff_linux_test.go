@@ -93,3 +93,45 @@ func TestWriteRootfsDiffNoLayer(t *testing.T) {
 		t.Errorf("the diff has entries: %v", err)
 	}
 }
+
+// A directory the container swapped for a symlink to a host directory
+// after the walk listed what was in it: the entries under it are not
+// read through it. (writeDiffEntry is what the walk calls per entry.)
+func TestWriteRootfsDiffSwappedDirectory(t *testing.T) {
+	dir := t.TempDir()
+	upper := filepath.Join(dir, "upper")
+	host := filepath.Join(dir, "host")
+	for _, d := range []string{upper, host} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(host, "secret"), []byte("the host's"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// data was a directory holding "secret" when walked; now it leads out.
+	if err := os.Symlink(host, filepath.Join(upper, "data")); err != nil {
+		t.Fatal(err)
+	}
+	root, err := unix.Open(upper, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(root)
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, rel := range []string{"data/secret", "../host/secret"} {
+		if whiteout, err := writeDiffEntry(tw, root, rel); err != nil || whiteout {
+			t.Errorf("%s: whiteout %v, err %v", rel, whiteout, err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(buf.Bytes(), []byte("the host's")) {
+		t.Error("a host file was read through a symlinked directory of the layer")
+	}
+	if _, err := tar.NewReader(&buf).Next(); !errors.Is(err, io.EOF) {
+		t.Errorf("entries written for paths leading out of the layer: %v", err)
+	}
+}
