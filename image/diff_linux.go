@@ -2,16 +2,19 @@ package image
 
 import (
 	"archive/tar"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 )
 
@@ -154,4 +157,45 @@ type zeros struct{}
 func (zeros) Read(b []byte) (int, error) {
 	clear(b)
 	return len(b), nil
+}
+
+// RootfsChanges is what WriteRootfsDiff wrote of a container: the tar
+// of its writable layer and the image's files it deleted.
+type RootfsChanges struct {
+	Diff    io.Reader
+	Deleted []string
+}
+
+// ApplyRootfsDiff writes c into upper, the empty writable layer of a
+// rootfs not yet mounted: Diff's entries as the unpacker writes a layer
+// (nothing written outside upper, whatever the archive names), then a
+// whiteout for every deleted path, so the image's file is hidden.
+func ApplyRootfsDiff(upper string, c *RootfsChanges) error {
+	if c.Diff != nil {
+		if err := unpackTar(c.Diff, upper); err != nil {
+			return fmt.Errorf("rootfs diff: %w", err)
+		}
+	}
+	if len(c.Deleted) == 0 {
+		return nil
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, p := range c.Deleted {
+		name, err := cleanName(p)
+		if err != nil || name == "." {
+			return fmt.Errorf("deleted file %q: not a path in the rootfs: %w", p, errdefs.ErrInvalidArgument)
+		}
+		dir, base := path.Split(name)
+		if err := tw.WriteHeader(&tar.Header{Name: dir + whiteoutPrefix + base, Typeflag: tar.TypeReg, Mode: 0o600}); err != nil {
+			return err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return err
+	}
+	if err := unpackTar(&buf, upper); err != nil {
+		return fmt.Errorf("deleted files: %w", err)
+	}
+	return nil
 }

@@ -30,6 +30,10 @@ type MountRequest struct {
 	// RootUID and RootGID are the host IDs of the container's root, the
 	// owner of the upper and work dirs when UsernsPath is set.
 	RootUID, RootGID uint32
+	// Changes, when set, fills a new writable layer before the overlay
+	// is mounted: what a checkpointed container had changed in its
+	// rootfs (see ApplyRootfsDiff).
+	Changes *RootfsChanges
 }
 
 type mountedRootfs struct {
@@ -94,6 +98,11 @@ func (s *Store) MountRootfs(ctx context.Context, req MountRequest) (_ string, re
 	for _, d := range []string{rootfs, upper, work} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return "", fmt.Errorf("create rootfs dirs: %w", err)
+		}
+	}
+	if req.Changes != nil {
+		if err := ApplyRootfsDiff(upper, req.Changes); err != nil {
+			return "", fmt.Errorf("rootfs changes of container %s: %w", req.ContainerID, err)
 		}
 	}
 	lowerBase := s.path("layers")

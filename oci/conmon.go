@@ -78,7 +78,7 @@ func (r *Runtime) CreatePrepared(ctx context.Context, id string) (int, error) {
 	}
 	o := CreateOptions{
 		ID: id, Bundle: rec.Bundle, ExitDir: rec.ExitDir, LogPath: rec.LogPath,
-		Stdin: rec.Stdin, StdinOnce: rec.StdinOnce, Tty: rec.Tty, Spec: ps.spec(),
+		Stdin: rec.Stdin, StdinOnce: rec.StdinOnce, Tty: rec.Tty, Spec: ps.spec(), Restore: rec.Restore,
 	}
 	if pid, ok, err := r.leftover(ctx, o); err != nil || ok {
 		return pid, err
@@ -94,7 +94,12 @@ func (r *Runtime) leftover(ctx context.Context, o CreateOptions) (int, bool, err
 	if !prepared(o.Bundle) {
 		return 0, false, nil
 	}
-	if rs, known, err := r.runtimeState(ctx, o.ID); err == nil && known && Status(rs.Status) == StatusCreated && monitorAlive(o.Bundle, o.ID) {
+	// A restore leaves the container running, a create only created.
+	done := StatusCreated
+	if o.Restore != "" {
+		done = StatusRunning
+	}
+	if rs, known, err := r.runtimeState(ctx, o.ID); err == nil && known && Status(rs.Status) == done && monitorAlive(o.Bundle, o.ID) {
 		if err := ownCreatedStdio(o.Spec, rs.Pid); err != nil {
 			return 0, false, fmt.Errorf("create container %s: stdio: %w", o.ID, err)
 		}
@@ -245,7 +250,7 @@ func (r *Runtime) writeBundle(o CreateOptions) error {
 	if err := atomicfile.WriteFile(filepath.Join(o.Bundle, "config.json"), specJSON, 0o600); err != nil {
 		return fmt.Errorf("write config.json: %w", err)
 	}
-	rec, _ := json.Marshal(record{Version: recordVersion, ID: o.ID, Bundle: o.Bundle, ExitDir: o.ExitDir, LogPath: o.LogPath, Stdin: o.Stdin, StdinOnce: o.Stdin && o.StdinOnce, Tty: o.Tty})
+	rec, _ := json.Marshal(record{Version: recordVersion, ID: o.ID, Bundle: o.Bundle, ExitDir: o.ExitDir, LogPath: o.LogPath, Stdin: o.Stdin, StdinOnce: o.Stdin && o.StdinOnce, Tty: o.Tty, Restore: o.Restore})
 	if err := atomicfile.WriteFile(r.recordPath(o.ID), rec, 0o600); err != nil {
 		return fmt.Errorf("write container record: %w", err)
 	}
@@ -377,6 +382,15 @@ func (r *Runtime) conmonArgs(o CreateOptions) []string {
 	}
 	if o.Tty {
 		args = append(args, "-t")
+	}
+	if o.Restore != "" {
+		// conmon runs `runtime restore --detach --image-path <dir>
+		// --work-path <bundle>` (CRIU's restore.log goes to the bundle).
+		// A pod's namespaces are external to CRIU: runc joins the new
+		// pod's by their paths. Sockets to other processes and file locks
+		// were dumped (Checkpoint's options), so they are restored too.
+		args = append(args, "--restore", o.Restore,
+			"--runtime-opt", "--ext-unix-sk", "--runtime-opt", "--file-locks")
 	}
 	if o.Stdin {
 		args = append(args, "-i")

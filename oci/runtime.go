@@ -95,6 +95,10 @@ type CreateOptions struct {
 	Stdin, StdinOnce, Tty bool
 	// ExitDir is where conmon writes the exit code file named ID.
 	ExitDir string
+	// Restore, when set, is a directory of CRIU images: the container is
+	// restored from them (`runtime restore`) instead of created, and
+	// runs once CreatePrepared returns.
+	Restore string
 }
 
 // record is what a fresh Runtime needs to find a container's files.
@@ -111,6 +115,9 @@ type record struct {
 	// Stdin keeps the container's stdin open to attach (conmon -i), for
 	// a CreatePrepared after Prepare.
 	Stdin bool `json:"stdin,omitempty"`
+	// Restore is CreateOptions.Restore, for a CreatePrepared after
+	// Prepare.
+	Restore string `json:"restore,omitempty"`
 }
 
 const recordVersion = 1

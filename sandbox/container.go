@@ -91,6 +91,10 @@ type ContainerMetadata struct {
 	// Privileged is the security context's: node agents (Falco) read it
 	// from the verbose status, as CRI-O gives it.
 	Privileged bool `json:"privileged,omitempty"`
+	// Restored marks a container made from a checkpoint archive: its
+	// start restores the checkpoint's processes (CRIU) instead of
+	// starting the image's.
+	Restored bool `json:"restored,omitempty"`
 }
 
 // ContainerStatus is what changes during a container's life.

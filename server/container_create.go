@@ -40,6 +40,11 @@ type containerRequest struct {
 	// whose PID namespace TARGET mode joins.
 	pidMode runtimeapi.NamespaceMode
 	target  string
+	// checkpoint is the archive a restored container comes from (see
+	// checkpoint_restore.go); nil for a new container.
+	checkpoint *checkpointImport
+	// changes fill the restored container's writable layer.
+	changes *image.RootfsChanges
 }
 
 // containerRequest validates cfg against the pod and converts it. Nothing
@@ -136,6 +141,7 @@ func specAnnotations(sb *sandbox.Sandbox, cfg *runtimeapi.ContainerConfig) map[s
 	out[sandbox.AnnotationUID] = sb.UID
 	out[annContainerName] = cfg.GetMetadata().GetName()
 	out[annImageName] = cfg.GetImage().GetImage()
+	delete(out, criuConfigAnnotation)
 	return out
 }
 
@@ -458,10 +464,17 @@ func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *run
 		return nil, err
 	}
 	defer unlock()
+	var ci *checkpointImport
+	if isCheckpointArchive(cfg.GetImage().GetImage()) {
+		if ci, cfg, err = s.importCheckpoint(sb, cfg); err != nil {
+			return nil, err
+		}
+	}
 	req, err := s.containerRequest(sb, cfg)
 	if err != nil {
 		return nil, err
 	}
+	req.checkpoint = ci
 	rt, err := s.usableRuntime(ctx, sb.Handler)
 	if err != nil {
 		return nil, err
@@ -492,6 +505,14 @@ func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *run
 	if err := sandbox.MarkIntent(dir, sandbox.IntentCreating, md); err != nil {
 		return nil, err
 	}
+	if ci != nil {
+		done, err := req.extractCheckpoint(dir)
+		defer done()
+		if err != nil {
+			return nil, err
+		}
+		md.Restored = true
+	}
 	rootfs, hostPathsDone, err := s.mountContainerFS(ctx, sb, req, &md, img, dir, &undo)
 	defer hostPathsDone()
 	if err != nil {
@@ -504,6 +525,11 @@ func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *run
 	spec, err := s.buildSpec(ctx, rt, sb, req, md.ID, rootfs, img)
 	if err != nil {
 		return nil, err
+	}
+	if ci != nil {
+		if err := writeRestoreCRIUConfig(dir, spec); err != nil {
+			return nil, err
+		}
 	}
 	// From the NRI event until the container is in the store, a plugin
 	// connecting now waits: it then sees the container in its sync.
@@ -579,7 +605,9 @@ func (s *Server) mountContainerFS(ctx context.Context, sb *sandbox.Sandbox, req 
 	if hostPathsDone, err = s.hostPaths.make(req.spec.Mounts, undo); err != nil {
 		return "", hostPathsDone, err
 	}
-	rootfs, err = s.deps.Images.MountRootfs(ctx, s.mountRequest(sb, md.ID, img.ID, dir))
+	mr := s.mountRequest(sb, md.ID, img.ID, dir)
+	mr.Changes = req.changes
+	rootfs, err = s.deps.Images.MountRootfs(ctx, mr)
 	if err != nil {
 		return "", hostPathsDone, fmt.Errorf("mounting the rootfs: %w", err)
 	}
@@ -607,10 +635,14 @@ func (s *Server) createRuntimeContainer(rt ContainerRuntime, md *sandbox.Contain
 	if err := c.UpdateStatus(func(st *sandbox.ContainerStatus) { st.RuntimePending = true }); err != nil {
 		return nil, fmt.Errorf("saving container state: %w", err)
 	}
-	if err := rt.Prepare(oci.CreateOptions{
+	o := oci.CreateOptions{
 		ID: md.ID, Bundle: dir, Spec: spec, LogPath: md.LogPath,
 		Stdin: cfg.Stdin, StdinOnce: cfg.StdinOnce, Tty: cfg.Tty, ExitDir: s.exitDir(),
-	}); err != nil {
+	}
+	if md.Restored {
+		o.Restore = filepath.Join(dir, checkpointImagesDir)
+	}
+	if err := rt.Prepare(o); err != nil {
 		return nil, fmt.Errorf("creating container %q: %w", md.Name, err)
 	}
 	undo.add("delete runtime container", func(ctx context.Context) error { return rt.Delete(ctx, md.ID, true) })

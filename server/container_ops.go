@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"syscall"
 	"time"
@@ -62,13 +63,24 @@ func (s *Server) startContainer(ctx context.Context, c *sandbox.Container) error
 		return fmt.Errorf("starting container %s: %w", c.ID, err)
 	}
 	started := time.Now()
-	if err := rt.Start(ctx, c.ID); err != nil {
-		return fmt.Errorf("starting container %s: %w", c.ID, err)
+	// A restored container runs once the runtime has it: the restore
+	// was its start.
+	if !c.Restored {
+		if err := rt.Start(ctx, c.ID); err != nil {
+			return fmt.Errorf("starting container %s: %w", c.ID, err)
+		}
 	}
 	if err := c.UpdateStatus(func(st *sandbox.ContainerStatus) {
 		st.State, st.StartedAt = sandbox.ContainerRunning, started
 	}); err != nil {
 		return err
+	}
+	if c.Restored {
+		// The images hold the checkpointed memory; the restore is done
+		// with them.
+		if err := os.RemoveAll(filepath.Join(c.Dir, checkpointImagesDir)); err != nil {
+			log.G(ctx).WithError(err).WithField("container", c.ID).Warn("removing the restored checkpoint's images")
+		}
 	}
 	s.statsStarted(c)
 	pod, ctr = s.nriOf(c, nil)

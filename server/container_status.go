@@ -166,11 +166,12 @@ func containerInfo(c *sandbox.Container) (map[string]string, error) {
 	if err := json.NewEncoder(&sb).Encode(struct {
 		Pid            int                     `json:"pid"`
 		Privileged     bool                    `json:"privileged"`
+		Restored       bool                    `json:"restored,omitempty"`
 		RuntimeHandler string                  `json:"runtimeHandler"`
 		RuntimeSpec    json.RawMessage         `json:"runtimeSpec"`
 		SandboxID      string                  `json:"sandboxID"`
 		Status         sandbox.ContainerStatus `json:"status"`
-	}{st.Pid, c.Privileged, c.Handler, spec, c.SandboxID, st}); err != nil {
+	}{st.Pid, c.Privileged, c.Restored, c.Handler, spec, c.SandboxID, st}); err != nil {
 		return nil, fmt.Errorf("encoding container info: %w", errdefs.ErrInternal)
 	}
 	return map[string]string{"info": strings.TrimSuffix(sb.String(), "\n")}, nil

@@ -1,0 +1,185 @@
+package test
+
+import (
+	"archive/tar"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// TestCheckpointRestore restores a checkpoint into a new pod the way
+// CRI-O's users do: crictl checkpoint --export, the container and its
+// pod removed, then crictl create with the archive as the image and
+// crictl start. The processes come back where they were (the counter
+// goes on from its value, not from 1), with the rootfs changes the
+// checkpoint held and the bind mount the request gives again, and
+// crictl inspect says restored.
+func TestCheckpointRestore(t *testing.T) {
+	requireCRIU(t)
+	e := newCtrEnv(t)
+	c := &crictlEnv{ctrEnv: e, bin: crictlBinary(t)}
+	dir := t.TempDir()
+	data := filepath.Join(dir, "data")
+	if err := os.Mkdir(data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	withData := func(cfg *runtimeapi.ContainerConfig) *runtimeapi.ContainerConfig {
+		cfg.Mounts = []*runtimeapi.Mount{{ContainerPath: "/data", HostPath: data}}
+		return cfg
+	}
+	pod, podCfg := e.pod(t, PodConfig("rs-before"))
+	id := e.run(t, pod, podCfg, withData(e.ctr("worker", "sh", "-c", "echo mounted > /data/m; "+checkpointWorkload)))
+	waitEstablished(t, e, id)
+	archive := filepath.Join(dir, "worker.tar")
+	c.run(t, "checkpoint", "--export="+archive, id)
+	at := counter(t, e, id)
+	c.run(t, "rm", "-f", id)
+	c.run(t, "rmp", "-f", pod)
+
+	pod2, podCfg2 := e.pod(t, PodConfig("rs-after"))
+	podJSON := filepath.Join(dir, "pod.json")
+	writeJSON(t, podJSON, podCfg2)
+	restore := e.ctr("worker", "true")
+	restore.Image.Image = archive
+	ctrJSON := filepath.Join(dir, "ctr.json")
+	writeJSON(t, ctrJSON, restore)
+	dirs := e.containerDirs(t)
+	if _, errOut, err := c.try("create", pod2, ctrJSON, podJSON); err == nil || !strings.Contains(errOut, "/data") {
+		t.Fatalf("create without the checkpoint's bind mount: %v, %s; want a refusal naming /data", err, errOut)
+	}
+	if n := e.containerDirs(t); n != dirs {
+		t.Errorf("a refused restore left %d container directories", n-dirs)
+	}
+	writeJSON(t, ctrJSON, withData(restore))
+	ctr := strings.TrimSpace(c.run(t, "create", pod2, ctrJSON, podJSON))
+	if out := strings.TrimSpace(c.run(t, "start", ctr)); out != ctr {
+		t.Fatalf("crictl start printed %q", out)
+	}
+	if st := e.status(t, ctr).State; st != runtimeapi.ContainerState_CONTAINER_RUNNING {
+		t.Fatalf("restored container is %v", st)
+	}
+	if got := strings.TrimSpace(c.run(t, "inspect", "--output", "go-template", "--template", "{{.info.restored}}", ctr)); got != "true" {
+		t.Errorf("crictl inspect .info.restored = %q, want true", got)
+	}
+	n := counter(t, e, ctr)
+	if n < at {
+		t.Errorf("restored counter at %d, below the %d it had at the checkpoint: the workload started again", n, at)
+	}
+	time.Sleep(time.Second)
+	if after := counter(t, e, ctr); after <= n {
+		t.Errorf("restored counter stands at %d", after)
+	}
+	if got := e.mustExec(t, ctr, "cat", "/data-file"); got != "hello\n" {
+		t.Errorf("/data-file of the restored container: %q", got)
+	}
+	if _, code := e.exec(t, ctr, "test", "-e", "/etc/group"); code == 0 {
+		t.Error("/etc/group, deleted before the checkpoint, is back")
+	}
+	if got := e.mustExec(t, ctr, "cat", "/data/m"); got != "mounted\n" {
+		t.Errorf("/data/m through the bind mount: %q", got)
+	}
+	if _, err := os.Stat(filepath.Join(e.d.Root, "containers", ctr, "checkpoint")); !os.IsNotExist(err) {
+		t.Errorf("the checkpoint's images are still in the restored container's directory: %v", err)
+	}
+	// It stops and goes as any container does.
+	c.run(t, "stop", ctr)
+	c.run(t, "rm", ctr)
+	c.run(t, "stopp", pod2)
+}
+
+// TestCheckpointRestoreRefusals: what cannot be restored is refused at
+// CreateContainer with its code, and nothing of the container is left.
+func TestCheckpointRestoreRefusals(t *testing.T) {
+	requireCRIU(t)
+	e := newCtrEnv(t)
+	dir := t.TempDir()
+	pod, podCfg := e.pod(t, PodConfig("rs-refuse"))
+	src := e.run(t, pod, podCfg, e.ctr("src", "sleep", "100000"))
+	archive := filepath.Join(dir, "src.tar")
+	if _, err := e.d.Runtime.CheckpointContainer(Ctx(t), &runtimeapi.CheckpointContainerRequest{ContainerId: src, Location: archive}); err != nil {
+		t.Fatal(err)
+	}
+	usernsPod, usernsCfg := e.pod(t, UsernsPod(PodConfig("rs-userns"), 3700000))
+
+	garbage := filepath.Join(dir, "garbage.tar")
+	if err := os.WriteFile(garbage, []byte("not a tar archive at all"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// A checkpoint of an image this node does not have.
+	foreign := filepath.Join(dir, "foreign.tar")
+	writeTar(t, foreign, map[string]string{
+		"config.dump":             `{"id":"x","name":"x","rootfsImageName":"registry.invalid/nothere:1"}`,
+		"spec.dump":               `{"ociVersion":"1.0.2","process":{"cwd":"/","args":["sh"]},"linux":{}}`,
+		"checkpoint/inventory.img": "",
+	})
+	notCheckpoint := filepath.Join(dir, "plain.tar")
+	writeTar(t, notCheckpoint, map[string]string{"etc/passwd": "root:x:0:0::/:/bin/sh\n"})
+	fifo := filepath.Join(dir, "fifo")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	dirs := e.containerDirs(t)
+	for _, tc := range []struct {
+		name         string
+		pod, archive string
+		podCfg       *runtimeapi.PodSandboxConfig
+		want         codes.Code
+	}{
+		{"missing archive", pod, filepath.Join(dir, "none.tar"), podCfg, codes.NotFound},
+		{"not a tar archive", pod, garbage, podCfg, codes.InvalidArgument},
+		{"a tar archive but no checkpoint", pod, notCheckpoint, podCfg, codes.InvalidArgument},
+		{"a directory", pod, dir, podCfg, codes.InvalidArgument},
+		{"a FIFO", pod, fifo, podCfg, codes.InvalidArgument},
+		{"unclean path", pod, dir + "/../" + filepath.Base(dir) + "/src.tar", podCfg, codes.InvalidArgument},
+		{"image not present", pod, foreign, podCfg, codes.NotFound},
+		{"pod with a user namespace", usernsPod, archive, usernsCfg, codes.FailedPrecondition},
+	} {
+		cfg := e.ctr("restored", "true")
+		cfg.Image.Image = tc.archive
+		_, err := e.d.Runtime.CreateContainer(Ctx(t), &runtimeapi.CreateContainerRequest{PodSandboxId: tc.pod, Config: cfg, SandboxConfig: tc.podCfg})
+		if status.Code(err) != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
+		}
+		t.Logf("%s: %v", tc.name, err)
+	}
+	if n := e.containerDirs(t); n != dirs {
+		t.Errorf("refused restores left %d container directories", n-dirs)
+	}
+	resp, err := e.d.Runtime.ListContainers(Ctx(t), &runtimeapi.ListContainersRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Containers) != 1 {
+		t.Errorf("%d containers after the refusals, want the checkpointed one", len(resp.Containers))
+	}
+}
+
+// writeTar writes an archive of the named files.
+func writeTar(t *testing.T, p string, files map[string]string) {
+	t.Helper()
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	tw := tar.NewWriter(f)
+	for name, body := range files {
+		if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o600, Size: int64(len(body)), Typeflag: tar.TypeReg}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write([]byte(body)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
