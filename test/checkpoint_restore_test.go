@@ -115,8 +115,8 @@ func TestCheckpointRestoreRefusals(t *testing.T) {
 	// A checkpoint of an image this node does not have.
 	foreign := filepath.Join(dir, "foreign.tar")
 	writeTar(t, foreign, map[string]string{
-		"config.dump":             `{"id":"x","name":"x","rootfsImageName":"registry.invalid/nothere:1"}`,
-		"spec.dump":               `{"ociVersion":"1.0.2","process":{"cwd":"/","args":["sh"]},"linux":{}}`,
+		"config.dump":              `{"id":"x","name":"x","rootfsImageName":"registry.invalid/nothere:1"}`,
+		"spec.dump":                `{"ociVersion":"1.0.2","process":{"cwd":"/","args":["sh"]},"linux":{}}`,
 		"checkpoint/inventory.img": "",
 	})
 	notCheckpoint := filepath.Join(dir, "plain.tar")
