@@ -135,3 +135,95 @@ func TestWriteRootfsDiffSwappedDirectory(t *testing.T) {
 		t.Errorf("entries written for paths leading out of the layer: %v", err)
 	}
 }
+
+// What WriteRootfsDiff took of one writable layer, ApplyRootfsDiff puts
+// into another: files, owners, the symlink as a link, and a whiteout for
+// every deleted file.
+func TestApplyRootfsDiffRoundTrip(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("owners and whiteouts need root")
+	}
+	src := t.TempDir()
+	upper := filepath.Join(src, "upper")
+	if err := os.MkdirAll(filepath.Join(upper, "var/log"), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(upper, "var/log/app.log"), []byte("line\n"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(filepath.Join(upper, "var/log/app.log"), 1000, 2000); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/etc/shadow", filepath.Join(upper, "secret")); err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if _, err := WriteRootfsDiff(src, &buf); err != nil {
+		t.Fatal(err)
+	}
+	dst := t.TempDir()
+	if err := ApplyRootfsDiff(dst, &RootfsChanges{Diff: &buf, Deleted: []string{"/etc/group", "bin"}}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(dst, "var/log/app.log"))
+	var st unix.Stat_t
+	_ = unix.Lstat(filepath.Join(dst, "var/log/app.log"), &st)
+	if err != nil || string(b) != "line\n" || st.Uid != 1000 || st.Gid != 2000 || st.Mode&0o777 != 0o640 {
+		t.Errorf("var/log/app.log: %q %v, uid %d gid %d mode %o", b, err, st.Uid, st.Gid, st.Mode&0o777)
+	}
+	if l, err := os.Readlink(filepath.Join(dst, "secret")); err != nil || l != "/etc/shadow" {
+		t.Errorf("secret: %q %v, want the symlink", l, err)
+	}
+	for _, w := range []string{"etc/group", "bin"} {
+		if err := unix.Lstat(filepath.Join(dst, w), &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR || st.Rdev != 0 {
+			t.Errorf("%s: %v, mode %o rdev %d; want an overlay whiteout", w, err, st.Mode, st.Rdev)
+		}
+	}
+}
+
+// A hostile archive's diff writes nothing outside the layer: not through
+// "..", not through a symlink an earlier entry planted, and a deleted
+// file that names no path in the rootfs is refused.
+func TestApplyRootfsDiffHostile(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("whiteouts need root")
+	}
+	outside := t.TempDir()
+	for _, tc := range []struct {
+		name    string
+		entries []*tar.Header
+		deleted []string
+	}{
+		{"dot-dot", []*tar.Header{{Name: "../escaped", Typeflag: tar.TypeReg, Mode: 0o644}}, nil},
+		{"through a symlink", []*tar.Header{
+			{Name: "out", Typeflag: tar.TypeSymlink, Linkname: outside},
+			{Name: "out/escaped", Typeflag: tar.TypeReg, Mode: 0o644},
+		}, nil},
+		{"deleted through a symlink", []*tar.Header{{Name: "out", Typeflag: tar.TypeSymlink, Linkname: outside}}, []string{"/out/escaped"}},
+		{"deleted dot-dot", nil, []string{"/../escaped"}},
+		{"deleted root", nil, []string{"/"}},
+	} {
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		for _, h := range tc.entries {
+			if err := tw.WriteHeader(h); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := tw.Close(); err != nil {
+			t.Fatal(err)
+		}
+		layer := filepath.Join(t.TempDir(), "upper")
+		if err := os.Mkdir(layer, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := ApplyRootfsDiff(layer, &RootfsChanges{Diff: &buf, Deleted: tc.deleted}); err == nil {
+			t.Errorf("%s: applied", tc.name)
+		}
+		for _, p := range []string{filepath.Join(outside, "escaped"), filepath.Join(filepath.Dir(layer), "escaped")} {
+			if _, err := os.Lstat(p); err == nil {
+				t.Errorf("%s: %s was written", tc.name, p)
+			}
+		}
+	}
+}

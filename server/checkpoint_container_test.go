@@ -15,22 +15,31 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
-// readTar returns the regular files of the tar archive at p by name.
+// readTar returns the regular files of the tar archive r by name.
 func readTar(t *testing.T, r io.Reader) map[string][]byte {
 	t.Helper()
+	files, err := tarFiles(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return files
+}
+
+// tarFiles returns the regular files of the tar archive r by name.
+func tarFiles(r io.Reader) (map[string][]byte, error) {
 	files := map[string][]byte{}
 	tr := tar.NewReader(r)
 	for {
 		hdr, err := tr.Next()
 		if errors.Is(err, io.EOF) {
-			return files
+			return files, nil
 		}
 		if err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
 		b, err := io.ReadAll(tr)
 		if err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
 		files[hdr.Name] = b
 	}

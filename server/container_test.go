@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"io"
 	"context"
 	"encoding/json"
 	"errors"
@@ -48,6 +49,14 @@ type ctrImages struct {
 	VolumeErr      error
 	VolumeErrIndex int
 	volumes        map[string][]image.VolumeRequest
+	// changes are the rootfs changes a mount was given, by container:
+	// the diff's files and the deleted paths.
+	changes map[string]fakeChanges
+}
+
+type fakeChanges struct {
+	files   map[string][]byte
+	deleted []string
 }
 
 func (f *ctrImages) Root() string { return "/nonexistent" }
@@ -67,6 +76,22 @@ func (f *ctrImages) MountRootfs(_ context.Context, req image.MountRequest) (stri
 		if err := os.WriteFile(filepath.Join(rootfs, "etc", name), []byte(content), 0o644); err != nil {
 			return "", err
 		}
+	}
+	if req.Changes != nil {
+		if f.changes == nil {
+			f.changes = map[string]fakeChanges{}
+		}
+		c := fakeChanges{deleted: req.Changes.Deleted}
+		if req.Changes.Diff != nil {
+			b, err := io.ReadAll(req.Changes.Diff)
+			if err != nil {
+				return "", err
+			}
+			if c.files, err = tarFiles(bytes.NewReader(b)); err != nil {
+				return "", err
+			}
+		}
+		f.changes[req.ContainerID] = c
 	}
 	f.mounted[req.ContainerID] = req
 	return rootfs, nil

@@ -37,6 +37,9 @@ type Runtime struct {
 	CreatePreparedErr error
 	// ProbeErr is what Probe reports: the runtime cannot run containers.
 	ProbeErr error
+	// RestoredFrom is, by container, the pstree.img of the images a
+	// container was restored from (CreateOptions.Restore).
+	RestoredFrom map[string]string
 	// Probes counts Probe calls.
 	Probes int
 	// FeaturesResult is returned by Features; nil means no features.
@@ -185,7 +188,20 @@ func (r *Runtime) createLocked(o oci.CreateOptions) (int, error) {
 		r.exitDirs = map[string]string{}
 	}
 	r.exitDirs[o.ID] = o.ExitDir
-	r.Containers[o.ID] = &oci.State{ID: o.ID, Status: oci.StatusCreated, Pid: r.nextPid, Bundle: o.Bundle, Created: time.Now(), ExitCode: -1}
+	st := &oci.State{ID: o.ID, Status: oci.StatusCreated, Pid: r.nextPid, Bundle: o.Bundle, Created: time.Now(), ExitCode: -1}
+	if o.Restore != "" {
+		// runc restore leaves it running, from the images it was given.
+		st.Status = oci.StatusRunning
+		if r.RestoredFrom == nil {
+			r.RestoredFrom = map[string]string{}
+		}
+		pstree, err := os.ReadFile(filepath.Join(o.Restore, "pstree.img"))
+		if err != nil {
+			return 0, fmt.Errorf("restore %s: %w", o.ID, err)
+		}
+		r.RestoredFrom[o.ID] = string(pstree)
+	}
+	r.Containers[o.ID] = st
 	r.Specs[o.ID] = o.Spec
 	return r.nextPid, nil
 }
@@ -474,8 +490,10 @@ func (r *Runtime) Checkpoint(_ context.Context, id, imageDir, workDir string) er
 	if st.Status != oci.StatusRunning {
 		return fmt.Errorf("container %s is %s: %w", id, st.Status, errdefs.ErrFailedPrecondition)
 	}
-	if err := os.WriteFile(filepath.Join(imageDir, "pstree.img"), []byte("fake pstree of "+id), 0o600); err != nil {
-		return err
+	for name, body := range map[string]string{"pstree.img": "fake pstree of " + id, "inventory.img": "fake inventory"} {
+		if err := os.WriteFile(filepath.Join(imageDir, name), []byte(body), 0o600); err != nil {
+			return err
+		}
 	}
 	if err := os.WriteFile(filepath.Join(workDir, "dump.log"), []byte("fake dump of "+id+"\n"), 0o600); err != nil {
 		return err
