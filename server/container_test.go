@@ -2,11 +2,11 @@ package server
 
 import (
 	"bytes"
-	"io"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"path/filepath"
