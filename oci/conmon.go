@@ -94,23 +94,33 @@ func (r *Runtime) leftover(ctx context.Context, o CreateOptions) (int, bool, err
 	if !prepared(o.Bundle) {
 		return 0, false, nil
 	}
-	// A restore leaves the container running, a create only created.
+	// A restore leaves the container running, a create only created. A
+	// restore still under way is waited for, never cut short: CRIU
+	// killed in the middle leaves its mounts and half a process tree.
 	done := StatusCreated
 	if o.Restore != "" {
 		done = StatusRunning
 	}
-	if rs, known, err := r.runtimeState(ctx, o.ID); err == nil && known && Status(rs.Status) == done && monitorAlive(o.Bundle, o.ID) {
-		if err := ownCreatedStdio(o.Spec, rs.Pid); err != nil {
-			return 0, false, fmt.Errorf("create container %s: stdio: %w", o.ID, err)
+	deadline := time.Now().Add(createTimeout)
+	for {
+		alive := monitorAlive(o.Bundle, o.ID)
+		if rs, known, err := r.runtimeState(ctx, o.ID); err == nil && known && Status(rs.Status) == done && alive {
+			if err := ownCreatedStdio(o.Spec, rs.Pid); err != nil {
+				return 0, false, fmt.Errorf("create container %s: stdio: %w", o.ID, err)
+			}
+			return rs.Pid, true, nil
 		}
-		return rs.Pid, true, nil
+		if o.Restore == "" || !alive || time.Now().After(deadline) || ctx.Err() != nil {
+			return 0, false, r.discard(ctx, o)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
-	return 0, false, r.discard(ctx, o)
 }
 
 // discard deletes the runtime's container of an interrupted create and
 // conmon's files, leaving the prepared bundle.
 func (r *Runtime) discard(ctx context.Context, o CreateOptions) error {
+	r.unmountRestoreLeftovers(o.ID)
 	if _, err := r.run(ctx, nil, "delete", "--force", o.ID); err != nil {
 		if err := r.failure(ctx, o.ID, err, nil, nil); !errdefs.IsNotFound(err) {
 			return err
@@ -282,6 +292,14 @@ func (r *Runtime) startConmon(o CreateOptions) (syncR *os.File, retErr error) {
 	cmd.Dir = o.Bundle
 	// ExtraFiles start at fd 3.
 	cmd.ExtraFiles = []*os.File{syncW, startR}
+	if o.Restore != "" {
+		// conmon reports the pid on the sync pipe once the restore is
+		// done, which takes long enough for pinrt to die meanwhile: with
+		// no reader left that write would kill conmon (SIGPIPE), leaving
+		// the restored container without its monitor. conmon holds a
+		// read end of its own (fd 5, unused) so the write always lands.
+		cmd.ExtraFiles = append(cmd.ExtraFiles, syncR)
+	}
 	// CHARSET tells glib, which parses conmon's options, that its
 	// arguments are UTF-8: in the C locale it converts them from ASCII
 	// and exits on the first other byte, so a log path with an "ü" failed

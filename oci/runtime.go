@@ -572,6 +572,7 @@ func (r *Runtime) Delete(ctx context.Context, id string, force bool) error {
 	if rec, err := r.loadRecord(id); err == nil && !prepared(rec.Bundle) {
 		return r.forget(id)
 	}
+	r.unmountRestoreLeftovers(id)
 	if force {
 		if _, exited := r.ExitState(id); exited {
 			if _, err := r.run(ctx, nil, "delete", id); err == nil {
@@ -591,6 +592,29 @@ func (r *Runtime) Delete(ctx context.Context, id string, force bool) error {
 	return r.forget(id)
 }
 
+// unmountRestoreLeftovers unmounts what an interrupted `runtime restore`
+// of a restored container left mounted: runc's bind of the rootfs
+// (criu-root, in its state directory) and CRIU's cgroup yard (in the
+// bundle, its work directory). `runc delete` removes its state directory
+// recursively: through a criu-root still mounted it would empty the
+// container's rootfs (the kill test saw it).
+func (r *Runtime) unmountRestoreLeftovers(id string) {
+	rec, err := r.loadRecord(id)
+	if err != nil || rec.Restore == "" {
+		return
+	}
+	root := r.h.Root
+	if root == "" {
+		root = "/run/runc"
+	}
+	paths := []string{filepath.Join(root, id, "criu-root")}
+	yards, _ := filepath.Glob(filepath.Join(rec.Bundle, ".criu.cgyard.*"))
+	for _, p := range append(paths, yards...) {
+		// MNT_DETACH takes the mounts beneath along.
+		_ = unix.Unmount(p, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
+	}
+}
+
 // Reap deletes a container that has exited from the OCI runtime (its
 // cgroup and the runtime's state go) and keeps pinrt's record and
 // conmon's exit file, so State and ExitState still answer from them and
@@ -606,6 +630,7 @@ func (r *Runtime) Reap(ctx context.Context, id string) error {
 	if _, exited := r.ExitState(id); !exited {
 		return fmt.Errorf("container %s has not exited: %w", id, errdefs.ErrFailedPrecondition)
 	}
+	r.unmountRestoreLeftovers(id)
 	if _, err := r.run(ctx, nil, "delete", id); err != nil {
 		if err := r.failure(ctx, id, err, nil, nil); !errdefs.IsNotFound(err) {
 			return err

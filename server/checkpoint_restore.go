@@ -2,6 +2,7 @@ package server
 
 import (
 	"archive/tar"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -342,4 +344,12 @@ func (r *containerRequest) extractCheckpoint(dir string) (done func(), err error
 		return func() {}, err
 	}
 	return done, nil
+}
+
+// checkpointRestored drops what the restore of c's checkpoint needed
+// once c runs: the images, which hold the checkpointed memory.
+func (s *Server) checkpointRestored(ctx context.Context, c *sandbox.Container) {
+	if err := os.RemoveAll(filepath.Join(c.Dir, checkpointImagesDir)); err != nil {
+		log.G(ctx).WithError(err).WithField("container", c.ID).Warn("removing the restored checkpoint's images")
+	}
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"syscall"
 	"time"
@@ -76,11 +75,7 @@ func (s *Server) startContainer(ctx context.Context, c *sandbox.Container) error
 		return err
 	}
 	if c.Restored {
-		// The images hold the checkpointed memory; the restore is done
-		// with them.
-		if err := os.RemoveAll(filepath.Join(c.Dir, checkpointImagesDir)); err != nil {
-			log.G(ctx).WithError(err).WithField("container", c.ID).Warn("removing the restored checkpoint's images")
-		}
+		s.checkpointRestored(ctx, c)
 	}
 	s.statsStarted(c)
 	pod, ctr = s.nriOf(c, nil)

@@ -3,7 +3,9 @@ package test
 import (
 	"archive/tar"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -38,8 +40,9 @@ func TestCheckpointRestore(t *testing.T) {
 	id := e.run(t, pod, podCfg, withData(e.ctr("worker", "sh", "-c", "echo mounted > /data/m; "+checkpointWorkload)))
 	waitEstablished(t, e, id)
 	archive := filepath.Join(dir, "worker.tar")
-	c.run(t, "checkpoint", "--export="+archive, id)
+	// Read before: the workload counts on while it is dumped.
 	at := counter(t, e, id)
+	c.run(t, "checkpoint", "--export="+archive, id)
 	c.run(t, "rm", "-f", id)
 	c.run(t, "rmp", "-f", pod)
 
@@ -180,6 +183,106 @@ func writeTar(t *testing.T, p string, files map[string]string) {
 		}
 	}
 	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCheckpointRestoreKilled kills the daemon while a container is
+// restored from a checkpoint (its create, then its start), at a
+// different instant each round. After the restart the container is
+// gone (a create cut short), created (a start cut short: starting it
+// again restores it) or running, and once removed nothing of it is left:
+// no directory, no process.
+func TestCheckpointRestoreKilled(t *testing.T) {
+	requireCRIU(t)
+	e := newCtrEnv(t)
+	dir := t.TempDir()
+	pod, podCfg := e.pod(t, PodConfig("rs-killed"))
+	src := e.run(t, pod, podCfg, e.ctr("src", "sh", "-c", restoreWorkload))
+	archive := filepath.Join(dir, "src.tar")
+	// Read before: the workload counts on while it is dumped.
+	at := counter(t, e, src)
+	if _, err := e.d.Runtime.CheckpointContainer(Ctx(t), &runtimeapi.CheckpointContainerRequest{ContainerId: src, Location: archive}); err != nil {
+		t.Fatal(err)
+	}
+	removeContainer(t, e, src)
+	dirs := e.containerDirs(t)
+	// A restart between the create and the start: the start restores.
+	cfg := e.ctr("restored-between", "true")
+	cfg.Image.Image = archive
+	between := e.create(t, pod, podCfg, cfg)
+	if err := e.d.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.d.Runtime.StartContainer(Ctx(t), &runtimeapi.StartContainerRequest{ContainerId: between}); err != nil {
+		log, _ := os.ReadFile(filepath.Join(e.d.Root, "containers", between, "restore.log"))
+		t.Fatalf("start after a restart: %v\nrestore.log:\n%s", err, log)
+	}
+	if n := counter(t, e, between); n < at {
+		t.Errorf("restored counter at %d, below the checkpoint's %d", n, at)
+	}
+	removeContainer(t, e, between)
+	for round, delay := range []time.Duration{0, 30 * time.Millisecond, 100 * time.Millisecond, 250 * time.Millisecond, 500 * time.Millisecond, 900 * time.Millisecond} {
+		cfg := e.ctr("restored-"+strconv.Itoa(round), "true")
+		cfg.Image.Image = archive
+		rt := e.d.Runtime
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			resp, err := rt.CreateContainer(Ctx(t), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: cfg, SandboxConfig: podCfg})
+			if err == nil {
+				_, _ = rt.StartContainer(Ctx(t), &runtimeapi.StartContainerRequest{ContainerId: resp.ContainerId})
+			}
+		}()
+		time.Sleep(delay)
+		if err := e.d.Restart(); err != nil {
+			t.Fatalf("round %d: restart: %v", round, err)
+		}
+		<-done
+		resp, err := e.d.Runtime.ListContainers(Ctx(t), &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{PodSandboxId: pod}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range resp.Containers {
+			t.Logf("round %d (kill after %v): the container is %v", round, delay, c.State)
+			switch c.State {
+			case runtimeapi.ContainerState_CONTAINER_CREATED:
+				if _, err := e.d.Runtime.StartContainer(Ctx(t), &runtimeapi.StartContainerRequest{ContainerId: c.Id}); err != nil {
+					log, _ := os.ReadFile(filepath.Join(e.d.Root, "containers", c.Id, "restore.log"))
+					t.Fatalf("round %d (kill after %v): starting the container a kill left created: %v\nrestore.log:\n%s", round, delay, err, log)
+				}
+			case runtimeapi.ContainerState_CONTAINER_RUNNING:
+			default:
+				st := e.status(t, c.Id)
+				log, _ := os.ReadFile(filepath.Join(e.d.Root, "containers", c.Id, "restore.log"))
+				t.Fatalf("round %d (kill after %v): restored container is %v: %s, %s\nrestore.log:\n%s", round, delay, c.State, st.Reason, st.Message, log)
+			}
+			if n := counter(t, e, c.Id); n < at {
+				t.Errorf("round %d: restored counter at %d, below the checkpoint's %d", round, n, at)
+			}
+			removeContainer(t, e, c.Id)
+		}
+		if n := e.containerDirs(t); n != dirs {
+			t.Errorf("round %d (kill after %v): %d container directories left", round, delay, n-dirs)
+		}
+		if out, err := exec.Command("pgrep", "-f", restoreMarker).Output(); err == nil {
+			t.Errorf("round %d (kill after %v): the workload's processes outlive their container: %s", round, delay, out)
+		}
+	}
+}
+
+// restoreWorkload counts in /tmp/count; its marker names its processes.
+const (
+	restoreMarker   = "sleep 100003"
+	restoreWorkload = `i=0; sleep 100003 & while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done`
+)
+
+func removeContainer(t *testing.T, e *ctrEnv, id string) {
+	t.Helper()
+	if _, err := e.d.Runtime.StopContainer(Ctx(t), &runtimeapi.StopContainerRequest{ContainerId: id}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.d.Runtime.RemoveContainer(Ctx(t), &runtimeapi.RemoveContainerRequest{ContainerId: id}); err != nil {
 		t.Fatal(err)
 	}
 }
