@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -198,4 +199,45 @@ func ApplyRootfsDiff(upper string, c *RootfsChanges) error {
 		return fmt.Errorf("deleted files: %w", err)
 	}
 	return nil
+}
+
+// TopLayerFiles calls fn with each regular file of image ref's top
+// layer, by its slash-separated path in the layer, in lexical order: what
+// a checkpoint image (an archive's files added to an empty image) holds.
+// Nothing else is read: symlinks, devices and the lower layers are
+// skipped, and each file is opened beneath the layer without following
+// a symlink.
+func (s *Store) TopLayerFiles(ref string, fn func(name string, r io.Reader) error) error {
+	img, err := s.Get(ref)
+	if err != nil {
+		return err
+	}
+	if len(img.ChainIDs) == 0 {
+		return fmt.Errorf("image %s has no layers: %w", img.ID, errdefs.ErrNotFound)
+	}
+	layer := s.path("layers", strings.TrimPrefix(img.ChainIDs[len(img.ChainIDs)-1], "sha256:"))
+	root, err := unix.Open(layer, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return fmt.Errorf("top layer of image %s: %w", img.ID, err)
+	}
+	defer unix.Close(root)
+	return filepath.WalkDir(layer, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		rel, err := filepath.Rel(layer, p)
+		if err != nil {
+			return err
+		}
+		fd, err := unix.Openat2(root, rel, &unix.OpenHow{
+			Flags:   unix.O_RDONLY | unix.O_CLOEXEC | unix.O_NOFOLLOW,
+			Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+		})
+		if err != nil {
+			return fmt.Errorf("%s of image %s: %w", rel, img.ID, err)
+		}
+		f := os.NewFile(uintptr(fd), rel)
+		defer f.Close()
+		return fn(filepath.ToSlash(rel), f)
+	})
 }

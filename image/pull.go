@@ -483,6 +483,7 @@ func (s *Store) fetch(ctx context.Context, desc *remote.Descriptor, blobs *blobC
 		ManifestDigest: mdigest.String(),
 		Size:           uint64(manifest.Config.Size),
 		Config:         cfg.Config,
+		Annotations:    manifest.Annotations,
 	}}
 	layers, layerBytes, err := recordLayers(img, manifest, cfg, f.rec)
 	if err != nil {

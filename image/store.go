@@ -35,6 +35,8 @@ type record struct {
 	Size           uint64        `json:"size"`
 	Config         v1.Config     `json:"config"`
 	Layers         []layerRecord `json:"layers"`
+	// Annotations are the manifest's.
+	Annotations map[string]string `json:"annotations,omitempty"`
 }
 
 type layerRecord struct {
@@ -51,7 +53,7 @@ type indexFile struct {
 }
 
 func (r *record) image() *Image {
-	img := &Image{ID: r.ID, RepoTags: r.RepoTags, RepoDigests: r.RepoDigests, Size: r.Size, Config: r.Config}
+	img := &Image{ID: r.ID, RepoTags: r.RepoTags, RepoDigests: r.RepoDigests, Size: r.Size, Config: r.Config, Annotations: r.Annotations}
 	for _, l := range r.Layers {
 		img.ChainIDs = append(img.ChainIDs, l.ChainID)
 	}

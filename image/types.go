@@ -3,6 +3,7 @@ package image
 import (
 	"context"
 	"errors"
+	"maps"
 	"strconv"
 	"strings"
 	"time"
@@ -56,6 +57,9 @@ type Image struct {
 	Config v1.Config
 	// ChainIDs of the layers, bottom to top.
 	ChainIDs []string
+	// Annotations are the manifest's (a checkpoint image names the
+	// checkpointed container in one).
+	Annotations map[string]string
 }
 
 // UIDOrUser splits Config.User ("1002", "1002:1002", "www-data",
@@ -151,5 +155,6 @@ func (i *Image) clone() *Image {
 	c.RepoTags = append([]string(nil), i.RepoTags...)
 	c.RepoDigests = append([]string(nil), i.RepoDigests...)
 	c.ChainIDs = append([]string(nil), i.ChainIDs...)
+	c.Annotations = maps.Clone(i.Annotations)
 	return &c
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pinrt/pinrt/image"
@@ -57,13 +58,26 @@ const (
 // maxCheckpointMetadata bounds config.dump and spec.dump.
 const maxCheckpointMetadata = 4 << 20
 
-// checkpointImport is a checkpoint archive's metadata, read before
-// anything is created.
+// checkpointImport is a checkpoint's metadata, read before anything is
+// created, and where its files are.
 type checkpointImport struct {
-	archive string
-	config  checkpointConfig
-	spec    specs.Spec
+	src    checkpointSource
+	config checkpointConfig
+	spec   specs.Spec
 }
+
+// checkpointSource holds a checkpoint's files: an archive, or a
+// checkpoint image (the archive's files added to an empty image).
+type checkpointSource struct {
+	// name is the archive's path or the image, for messages.
+	name string
+	// each calls fn with each regular file, by its clean relative path.
+	each func(fn func(name string, r io.Reader) error) error
+}
+
+// checkpointImageAnnotation marks a checkpoint image and names the
+// checkpointed container (checkpointctl's, CRI-O's and containerd's).
+const checkpointImageAnnotation = "io.kubernetes.cri-o.annotations.checkpoint.name"
 
 // isCheckpointArchive says whether a CreateContainer's image names a
 // checkpoint archive: an image reference is never an absolute path.
@@ -90,26 +104,39 @@ func openCheckpointArchive(p string) (*os.File, error) {
 	return f, nil
 }
 
-// readCheckpointImport reads the archive's config.dump and spec.dump and
-// checks that it holds CRIU's images.
-func readCheckpointImport(p string) (*checkpointImport, error) {
-	f, err := openCheckpointArchive(p)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	ci := &checkpointImport{archive: p}
-	var haveConfig, haveSpec, haveInventory bool
-	tr := tar.NewReader(f)
-	for {
-		hdr, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
+// archiveSource is the checkpoint archive at p.
+func archiveSource(p string) checkpointSource {
+	return checkpointSource{name: p, each: func(fn func(string, io.Reader) error) error {
+		f, err := openCheckpointArchive(p)
 		if err != nil {
-			return nil, invalid("checkpoint archive %q: not a tar archive: %v", p, err)
+			return err
 		}
-		name := path.Clean(strings.TrimPrefix(hdr.Name, "./"))
+		defer f.Close()
+		tr := tar.NewReader(f)
+		for {
+			hdr, err := tr.Next()
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			if err != nil {
+				return invalid("checkpoint archive %q: not a tar archive: %v", p, err)
+			}
+			if hdr.Typeflag != tar.TypeReg {
+				continue
+			}
+			if err := fn(path.Clean(strings.TrimPrefix(hdr.Name, "./")), tr); err != nil {
+				return err
+			}
+		}
+	}}
+}
+
+// readCheckpointImport reads src's config.dump and spec.dump and checks
+// that it holds CRIU's images.
+func readCheckpointImport(src checkpointSource) (*checkpointImport, error) {
+	ci := &checkpointImport{src: src}
+	var haveConfig, haveSpec, haveInventory bool
+	err := src.each(func(name string, r io.Reader) error {
 		var into any
 		switch name {
 		case "config.dump":
@@ -118,26 +145,30 @@ func readCheckpointImport(p string) (*checkpointImport, error) {
 			into, haveSpec = &ci.spec, true
 		case checkpointImagesDir + "/inventory.img":
 			haveInventory = true
-			continue
+			return nil
 		default:
-			continue
+			return nil
 		}
-		b, err := io.ReadAll(io.LimitReader(tr, maxCheckpointMetadata+1))
+		b, err := io.ReadAll(io.LimitReader(r, maxCheckpointMetadata+1))
 		if err != nil {
-			return nil, invalid("checkpoint archive %q: %s: %v", p, name, err)
+			return invalid("checkpoint %q: %s: %v", src.name, name, err)
 		}
 		if len(b) > maxCheckpointMetadata {
-			return nil, invalid("checkpoint archive %q: %s is larger than %d bytes", p, name, maxCheckpointMetadata)
+			return invalid("checkpoint %q: %s is larger than %d bytes", src.name, name, maxCheckpointMetadata)
 		}
 		if err := json.Unmarshal(b, into); err != nil {
-			return nil, invalid("checkpoint archive %q: %s: %v", p, name, err)
+			return invalid("checkpoint %q: %s: %v", src.name, name, err)
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	if !haveConfig || !haveSpec || !haveInventory {
-		return nil, invalid("checkpoint archive %q is not a container checkpoint: it lacks config.dump, spec.dump or CRIU's images", p)
+		return nil, invalid("checkpoint %q is not a container checkpoint: it lacks config.dump, spec.dump or CRIU's images", src.name)
 	}
 	if ci.spec.Process == nil || ci.spec.Linux == nil {
-		return nil, invalid("checkpoint archive %q: spec.dump has no process or no linux section", p)
+		return nil, invalid("checkpoint %q: spec.dump has no process or no linux section", src.name)
 	}
 	return ci, nil
 }
@@ -145,11 +176,11 @@ func readCheckpointImport(p string) (*checkpointImport, error) {
 // check refuses what a restore into pod sb cannot bring back.
 func (ci *checkpointImport) check(sb *sandbox.Sandbox, cfg *runtimeapi.ContainerConfig, declared map[string]struct{}) error {
 	if ci.spec.Process.Terminal {
-		return fmt.Errorf("checkpoint archive %q: restoring a container with a terminal is not supported: %w", ci.archive, errdefs.ErrFailedPrecondition)
+		return fmt.Errorf("checkpoint %q: restoring a container with a terminal is not supported: %w", ci.src.name, errdefs.ErrFailedPrecondition)
 	}
 	for _, ns := range ci.spec.Linux.Namespaces {
 		if ns.Type == specs.UserNamespace {
-			return fmt.Errorf("checkpoint archive %q: the container ran in a user namespace, whose IDs a restore would bring back into another pod: %w", ci.archive, errdefs.ErrFailedPrecondition)
+			return fmt.Errorf("checkpoint %q: the container ran in a user namespace, whose IDs a restore would bring back into another pod: %w", ci.src.name, errdefs.ErrFailedPrecondition)
 		}
 	}
 	if sb.Pins["user"] != "" {
@@ -171,7 +202,7 @@ func (ci *checkpointImport) check(sb *sandbox.Sandbox, cfg *runtimeapi.Container
 		}
 	}
 	if len(missing) > 0 {
-		return invalid("checkpoint archive %q: the container had bind mounts at %s; the request must give them again", ci.archive, strings.Join(missing, ", "))
+		return invalid("checkpoint %q: the container had bind mounts at %s; the request must give them again", ci.src.name, strings.Join(missing, ", "))
 	}
 	return nil
 }
@@ -199,57 +230,43 @@ func (ci *checkpointImport) imageCandidates() []string {
 // container is made of the image the checkpoint was taken from, and what
 // its status shows of the process is what was restored.
 func (ci *checkpointImport) restoreConfig(cfg *runtimeapi.ContainerConfig, imageRef string) *runtimeapi.ContainerConfig {
-	out := *cfg
+	out := proto.Clone(cfg).(*runtimeapi.ContainerConfig)
 	out.Image = &runtimeapi.ImageSpec{Image: imageRef}
 	out.Command, out.Args, out.WorkingDir = ci.spec.Process.Args, nil, ci.spec.Process.Cwd
 	out.Tty, out.Stdin, out.StdinOnce = false, false, false
-	return &out
+	return out
 }
 
-// extract writes the archive's CRIU images into dir/checkpoint and
-// returns its rootfs changes, the diff left in dir/rootfs-diff.tar for
-// the caller to open. Only the entries a restore reads are taken, as
-// regular files under names pinrt chooses.
+// extract writes the checkpoint's CRIU images into dir/checkpoint and
+// returns its deleted files, the rootfs diff left in dir/rootfs-diff.tar
+// for the caller to open. Only the files a restore reads are taken,
+// under names pinrt chooses.
 func (ci *checkpointImport) extract(dir string) (deleted []string, err error) {
-	f, err := openCheckpointArchive(ci.archive)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
 	images := filepath.Join(dir, checkpointImagesDir)
 	if err := os.Mkdir(images, 0o700); err != nil {
 		return nil, err
 	}
-	tr := tar.NewReader(f)
-	for {
-		hdr, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			return deleted, nil
-		}
-		if err != nil {
-			return nil, invalid("checkpoint archive %q: %v", ci.archive, err)
-		}
-		if hdr.Typeflag != tar.TypeReg {
-			continue
-		}
-		name := path.Clean(strings.TrimPrefix(hdr.Name, "./"))
+	err = ci.src.each(func(name string, r io.Reader) error {
+		var err error
 		switch {
 		case name == rootfsDiffFile:
-			err = copyNew(filepath.Join(dir, rootfsDiffFile), tr)
+			err = copyNew(filepath.Join(dir, rootfsDiffFile), r)
 		case name == deletedFilesFile:
 			var b []byte
-			if b, err = io.ReadAll(io.LimitReader(tr, maxCheckpointMetadata)); err == nil {
+			if b, err = io.ReadAll(io.LimitReader(r, maxCheckpointMetadata)); err == nil {
 				if err = json.Unmarshal(b, &deleted); err != nil {
-					err = invalid("checkpoint archive %q: %s: %v", ci.archive, deletedFilesFile, err)
+					err = invalid("%s: %v", deletedFilesFile, err)
 				}
 			}
-		case path.Dir(name) == checkpointImagesDir && path.Base(name) != "." && path.Base(name) != "..":
-			err = copyNew(filepath.Join(images, path.Base(name)), tr)
+		case path.Dir(name) == checkpointImagesDir:
+			err = copyNew(filepath.Join(images, path.Base(name)), r)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("checkpoint archive %q: %s: %w", ci.archive, name, err)
+			return fmt.Errorf("checkpoint %q: %s: %w", ci.src.name, name, err)
 		}
-	}
+		return nil
+	})
+	return deleted, err
 }
 
 // copyNew writes r to the new file p.
@@ -296,10 +313,26 @@ func writeRestoreCRIUConfig(dir string, spec *specs.Spec) error {
 	return nil
 }
 
-// importCheckpoint reads the checkpoint archive cfg's image names and
+// checkpointOf says where the checkpoint is that a CreateContainer's
+// image names: an archive's path, or an image in the store carrying the
+// checkpoint annotation; ok is false for an ordinary image.
+func (s *Server) checkpointOf(ref string) (src checkpointSource, ok bool) {
+	if isCheckpointArchive(ref) {
+		return archiveSource(ref), true
+	}
+	img, err := s.deps.Images.Get(ref)
+	if err != nil || img.Annotations[checkpointImageAnnotation] == "" {
+		return checkpointSource{}, false
+	}
+	return checkpointSource{name: ref, each: func(fn func(string, io.Reader) error) error {
+		return s.deps.Images.TopLayerFiles(img.ID, fn)
+	}}, true
+}
+
+// importCheckpoint reads the checkpoint src, which cfg's image names, and
 // returns the request to create its container with, in pod sb.
-func (s *Server) importCheckpoint(sb *sandbox.Sandbox, cfg *runtimeapi.ContainerConfig) (*checkpointImport, *runtimeapi.ContainerConfig, error) {
-	ci, err := readCheckpointImport(cfg.Image.Image)
+func (s *Server) importCheckpoint(sb *sandbox.Sandbox, cfg *runtimeapi.ContainerConfig, src checkpointSource) (*checkpointImport, *runtimeapi.ContainerConfig, error) {
+	ci, err := readCheckpointImport(src)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -312,8 +345,8 @@ func (s *Server) importCheckpoint(sb *sandbox.Sandbox, cfg *runtimeapi.Container
 		}
 	}
 	if img == nil {
-		return nil, nil, fmt.Errorf("checkpoint archive %q: the image it was taken from (%s) is not present; pull it first: %w",
-			ci.archive, strings.Join(ci.imageCandidates(), ", "), errdefs.ErrNotFound)
+		return nil, nil, fmt.Errorf("checkpoint %q: the image it was taken from (%s) is not present; pull it first: %w",
+			ci.src.name, strings.Join(ci.imageCandidates(), ", "), errdefs.ErrNotFound)
 	}
 	// Shown by name where the name is the same image.
 	if n := ci.config.RootfsImageName; n != "" && n != ref {

@@ -12,7 +12,10 @@ import (
 	"testing"
 
 	"github.com/containerd/errdefs"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pinrt/pinrt/image"
 )
 
 // A checkpoint archive named as a CreateContainer's image makes a
@@ -162,5 +165,69 @@ func writeTestTar(t *testing.T, p string, files map[string]string) {
 	}
 	if err := tw.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A checkpoint image (the archive's files added to an empty image, with
+// the checkpoint annotation), as kubelet pulls it for a pod, is restored
+// like the archive; an image without the annotation is an image.
+func TestRestoreFromCheckpointImage(t *testing.T) {
+	f, src := checkpointFixture(t)
+	ctx := context.Background()
+	archive := filepath.Join(t.TempDir(), "ck.tar")
+	if _, err := f.srv.CheckpointContainer(ctx, &runtimeapi.CheckpointContainerRequest{ContainerId: src, Location: archive}); err != nil {
+		t.Fatal(err)
+	}
+	ar, err := os.Open(archive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]string{}
+	for name, b := range readTar(t, ar) {
+		files[name] = string(b)
+	}
+	ar.Close()
+	const ckID = "sha256:3333333333333333333333333333333333333333333333333333333333333333"
+	f.images.Registry["localhost/ck:1"] = image.Image{ID: ckID, RepoTags: []string{"localhost/ck:1"},
+		Annotations: map[string]string{checkpointImageAnnotation: "app"}}
+	f.images.TopLayers = map[string]map[string]string{ckID: files}
+	if _, err := f.images.Pull(ctx, "localhost/ck:1", nil); err != nil {
+		t.Fatal(err)
+	}
+	pod := f.srv.containers.List()[0].SandboxID
+	cfg := unitCtr("restored")
+	cfg.Image.Image = "localhost/ck:1"
+	resp, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.srv.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: resp.ContainerId}); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.rt.RestoredFrom[resp.ContainerId]; got != "fake pstree of "+src {
+		t.Errorf("restored from %q, want the checkpoint of %s", got, src)
+	}
+	st, err := f.srv.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: resp.ContainerId})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Status.ImageId != testImageID {
+		t.Errorf("restored container's image %s, want the checkpointed one's %s", st.Status.ImageId, testImageID)
+	}
+	// The same files without the annotation make no checkpoint.
+	const plainID = "sha256:4444444444444444444444444444444444444444444444444444444444444444"
+	f.images.Registry["localhost/plain:1"] = image.Image{ID: plainID, RepoTags: []string{"localhost/plain:1"}, Config: v1.Config{Cmd: []string{"sh"}}}
+	f.images.TopLayers[plainID] = files
+	if _, err := f.images.Pull(ctx, "localhost/plain:1", nil); err != nil {
+		t.Fatal(err)
+	}
+	cfg = unitCtr("plain")
+	cfg.Image.Image = "localhost/plain:1"
+	presp, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, _ := f.srv.containers.Get(presp.ContainerId); c == nil || c.Restored {
+		t.Errorf("a container of an image without the checkpoint annotation was restored")
 	}
 }

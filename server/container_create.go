@@ -465,8 +465,8 @@ func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *run
 	}
 	defer unlock()
 	var ci *checkpointImport
-	if isCheckpointArchive(cfg.GetImage().GetImage()) {
-		if ci, cfg, err = s.importCheckpoint(sb, cfg); err != nil {
+	if src, ok := s.checkpointOf(cfg.GetImage().GetImage()); ok {
+		if ci, cfg, err = s.importCheckpoint(sb, cfg, src); err != nil {
 			return nil, err
 		}
 	}

@@ -65,6 +65,9 @@ type Images interface {
 	UnmountRootfs(ctx context.Context, containerID, podID, dir string) error
 	ReleasePod(ctx context.Context, podID string) error
 	Usage(dir string) (bytes, inodes uint64, err error)
+	// TopLayerFiles calls fn with each regular file of an image's top
+	// layer (a checkpoint image's files).
+	TopLayerFiles(ref string, fn func(name string, r io.Reader) error) error
 }
 
 // Shm mounts a pod's shared /dev/shm.

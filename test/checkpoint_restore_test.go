@@ -10,10 +10,15 @@ import (
 	"testing"
 	"time"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pinrt/pinrt/test/testimage"
 )
 
 // TestCheckpointRestore restores a checkpoint into a new pod the way
@@ -285,4 +290,51 @@ func removeContainer(t *testing.T, e *ctrEnv, id string) {
 	if _, err := e.d.Runtime.RemoveContainer(Ctx(t), &runtimeapi.RemoveContainerRequest{ContainerId: id}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestCheckpointRestoreFromImage restores the way Kubernetes users do:
+// the checkpoint archive's files added to an empty image with the
+// checkpoint annotation (what buildah add and buildah config
+// --annotation make), pushed to a registry, pulled over the CRI as
+// kubelet pulls a pod's image, and named as the new container's image.
+func TestCheckpointRestoreFromImage(t *testing.T) {
+	requireCRIU(t)
+	e := newCtrEnv(t)
+	dir := t.TempDir()
+	pod, podCfg := e.pod(t, PodConfig("rs-image-before"))
+	src := e.run(t, pod, podCfg, e.ctr("counter", "sh", "-c", restoreWorkload))
+	at := counter(t, e, src)
+	archive := filepath.Join(dir, "counter.tar")
+	if _, err := e.d.Runtime.CheckpointContainer(Ctx(t), &runtimeapi.CheckpointContainerRequest{ContainerId: src, Location: archive}); err != nil {
+		t.Fatal(err)
+	}
+	removeContainer(t, e, src)
+
+	var files []testimage.File
+	for name, body := range testimage.TarFileAt(t, archive) {
+		files = append(files, testimage.File{Path: name, Content: body, Mode: 0o600})
+	}
+	img, err := mutate.AppendLayers(empty.Image, testimage.Layer(t, files))
+	if err != nil {
+		t.Fatal(err)
+	}
+	img = mutate.Annotations(img, map[string]string{"io.kubernetes.cri-o.annotations.checkpoint.name": "counter"}).(v1.Image)
+	ref := e.reg.Push(t, "counter-checkpoint:1", img)
+	e.pull(t, ref)
+
+	pod2, podCfg2 := e.pod(t, PodConfig("rs-image-after"))
+	cfg := e.ctr("counter", "true")
+	cfg.Image.Image = ref
+	id := e.run(t, pod2, podCfg2, cfg)
+	st := e.status(t, id)
+	if st.State != runtimeapi.ContainerState_CONTAINER_RUNNING || st.ImageId != e.bbID {
+		t.Errorf("restored container %v of image %s, want running, of the checkpointed container's image %s", st.State, st.ImageId, e.bbID)
+	}
+	if n := counter(t, e, id); n < at {
+		t.Errorf("restored counter at %d, below the checkpoint's %d", n, at)
+	}
+	if !e.info(t, id).Restored {
+		t.Error("verbose info does not say restored")
+	}
+	removeContainer(t, e, id)
 }

@@ -151,6 +151,7 @@ func (e *ctrEnv) status(t testing.TB, id string) *runtimeapi.ContainerStatus {
 type ctrInfo struct {
 	Pid         int   `json:"pid"`
 	Privileged  *bool `json:"privileged"`
+	Restored    bool  `json:"restored"`
 	RuntimeSpec struct {
 		Linux struct {
 			CgroupsPath string `json:"cgroupsPath"`

@@ -355,7 +355,7 @@ func (s *streamEnv) testWebSocketV5ClientGone(t *testing.T) {
 	done := make(chan error, 1)
 	u := s.execURL(t, s.server, []string{"sleep", "1000"}, false, false)
 	go func() { done <- wsStream(ctx, u, streamOpts{stdout: io.Discard, stderr: io.Discard}) }()
-	waitFor(t, 15*time.Second, "the exec'd sleep and its stream", func() bool {
+	waitFor(t, 30*time.Second, "the exec'd sleep and its stream", func() bool {
 		return len(runcExecs(s.server)) == 1 && s.streamsOpen() == before+1
 	})
 	cancel()

@@ -6,6 +6,8 @@ package imagetest
 import (
 	"context"
 	"fmt"
+	"io"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -35,6 +37,26 @@ type Fake struct {
 	// one gets a linux config holding its runtime Config.
 	Configs   map[string]*v1.ConfigFile
 	ConfigErr error
+	// TopLayers are the files of each image's top layer, by image ID.
+	TopLayers map[string]map[string]string
+}
+
+// TopLayerFiles calls fn with TopLayers[ID] of the image ref names, in
+// lexical order.
+func (f *Fake) TopLayerFiles(ref string, fn func(name string, r io.Reader) error) error {
+	img, err := f.Get(ref)
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	files := maps.Clone(f.TopLayers[img.ID])
+	f.mu.Unlock()
+	for _, name := range slices.Sorted(maps.Keys(files)) {
+		if err := fn(name, strings.NewReader(files[name])); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Pull "downloads" Registry[ref].
