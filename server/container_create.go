@@ -464,17 +464,10 @@ func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *run
 		return nil, err
 	}
 	defer unlock()
-	var ci *checkpointImport
-	if src, ok := s.checkpointOf(cfg.GetImage().GetImage()); ok {
-		if ci, cfg, err = s.importCheckpoint(sb, cfg, src); err != nil {
-			return nil, err
-		}
-	}
-	req, err := s.containerRequest(sb, cfg)
+	req, cfg, err := s.requestFor(sb, cfg)
 	if err != nil {
 		return nil, err
 	}
-	req.checkpoint = ci
 	rt, err := s.usableRuntime(ctx, sb.Handler)
 	if err != nil {
 		return nil, err
@@ -496,22 +489,10 @@ func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *run
 	}
 
 	dir := s.containerDir(md.ID)
-	undo.add("remove directory", func(context.Context) error { return os.RemoveAll(dir) })
-	if err := makeContainerDir(dir, sb); err != nil {
+	checkpointDone, err := s.startContainerDir(sb, req, &md, dir, &undo)
+	defer checkpointDone()
+	if err != nil {
 		return nil, err
-	}
-	// Recorded before the first mount: a daemon killed from here until
-	// the intent is cleared leaves a container the next start tears down.
-	if err := sandbox.MarkIntent(dir, sandbox.IntentCreating, md); err != nil {
-		return nil, err
-	}
-	if ci != nil {
-		done, err := req.extractCheckpoint(dir)
-		defer done()
-		if err != nil {
-			return nil, err
-		}
-		md.Restored = true
 	}
 	rootfs, hostPathsDone, err := s.mountContainerFS(ctx, sb, req, &md, img, dir, &undo)
 	defer hostPathsDone()
@@ -526,7 +507,7 @@ func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *run
 	if err != nil {
 		return nil, err
 	}
-	if ci != nil {
+	if md.Restored {
 		if err := writeRestoreCRIUConfig(dir, spec); err != nil {
 			return nil, err
 		}
@@ -556,6 +537,45 @@ func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *run
 	nriNotify(ctx, "PostCreateContainer", s.nri.PostCreateContainer(ctx, nriPod(&sb.Metadata), nriContainer(&md, c.Status(), spec)))
 	log.G(ctx).Debug("container created")
 	return c, nil
+}
+
+// requestFor is the validated request for cfg in pod sb; for a
+// checkpoint (see checkpoint_restore.go), the request that restores it,
+// returned with the config it was made from.
+func (s *Server) requestFor(sb *sandbox.Sandbox, cfg *runtimeapi.ContainerConfig) (*containerRequest, *runtimeapi.ContainerConfig, error) {
+	var ci *checkpointImport
+	if src, ok := s.checkpointOf(cfg.GetImage().GetImage()); ok {
+		var err error
+		if ci, cfg, err = s.importCheckpoint(sb, cfg, src); err != nil {
+			return nil, nil, err
+		}
+	}
+	req, err := s.containerRequest(sb, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	req.checkpoint = ci
+	return req, cfg, nil
+}
+
+// startContainerDir makes the new container's directory, undone by
+// undo, and records the intent to create it; for a restore it also
+// extracts the checkpoint there (done closes its rootfs changes).
+func (s *Server) startContainerDir(sb *sandbox.Sandbox, req *containerRequest, md *sandbox.ContainerMetadata, dir string, undo *cleanups) (done func(), err error) {
+	undo.add("remove directory", func(context.Context) error { return os.RemoveAll(dir) })
+	if err := makeContainerDir(dir, sb); err != nil {
+		return func() {}, err
+	}
+	// Recorded before the first mount: a daemon killed from here until
+	// the intent is cleared leaves a container the next start tears down.
+	if err := sandbox.MarkIntent(dir, sandbox.IntentCreating, *md); err != nil {
+		return func() {}, err
+	}
+	if req.checkpoint == nil {
+		return func() {}, nil
+	}
+	md.Restored = true
+	return req.extractCheckpoint(dir)
 }
 
 // newContainerMetadata is the metadata of a new container for req, with
