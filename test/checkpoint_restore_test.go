@@ -1,7 +1,6 @@
 package test
 
 import (
-	"archive/tar"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -170,24 +169,14 @@ func TestCheckpointRestoreRefusals(t *testing.T) {
 	}
 }
 
-// writeTar writes an archive of the named files.
+// writeTar writes an archive of the named regular files.
 func writeTar(t *testing.T, p string, files map[string]string) {
 	t.Helper()
-	f, err := os.Create(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	tw := tar.NewWriter(f)
+	var fs []testimage.File
 	for name, body := range files {
-		if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o600, Size: int64(len(body)), Typeflag: tar.TypeReg}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := tw.Write([]byte(body)); err != nil {
-			t.Fatal(err)
-		}
+		fs = append(fs, testimage.File{Path: name, Content: []byte(body), Mode: 0o600})
 	}
-	if err := tw.Close(); err != nil {
+	if err := os.WriteFile(p, testimage.TarBytes(t, fs), 0o600); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -201,16 +190,7 @@ func writeTar(t *testing.T, p string, files map[string]string) {
 func TestCheckpointRestoreKilled(t *testing.T) {
 	requireCRIU(t)
 	e := newCtrEnv(t)
-	dir := t.TempDir()
-	pod, podCfg := e.pod(t, PodConfig("rs-killed"))
-	src := e.run(t, pod, podCfg, e.ctr("src", "sh", "-c", restoreWorkload))
-	archive := filepath.Join(dir, "src.tar")
-	// Read before: the workload counts on while it is dumped.
-	at := counter(t, e, src)
-	if _, err := e.d.Runtime.CheckpointContainer(Ctx(t), &runtimeapi.CheckpointContainerRequest{ContainerId: src, Location: archive}); err != nil {
-		t.Fatal(err)
-	}
-	removeContainer(t, e, src)
+	pod, podCfg, archive, at := checkpointCounter(t, e, "rs-killed")
 	dirs := e.containerDirs(t)
 	// A restart between the create and the start: the start restores.
 	cfg := e.ctr("restored-between", "true")
@@ -282,6 +262,22 @@ const (
 	restoreWorkload = `i=0; sleep 100003 & while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done`
 )
 
+// checkpointCounter runs the counting workload in a new pod, checkpoints
+// it into an archive and removes it; at is its counter before the dump
+// (it counts on while it is dumped).
+func checkpointCounter(t *testing.T, e *ctrEnv, podName string) (pod string, podCfg *runtimeapi.PodSandboxConfig, archive string, at int) {
+	t.Helper()
+	pod, podCfg = e.pod(t, PodConfig(podName))
+	src := e.run(t, pod, podCfg, e.ctr("counter", "sh", "-c", restoreWorkload))
+	archive = filepath.Join(t.TempDir(), "counter.tar")
+	at = counter(t, e, src)
+	if _, err := e.d.Runtime.CheckpointContainer(Ctx(t), &runtimeapi.CheckpointContainerRequest{ContainerId: src, Location: archive}); err != nil {
+		t.Fatal(err)
+	}
+	removeContainer(t, e, src)
+	return pod, podCfg, archive, at
+}
+
 func removeContainer(t *testing.T, e *ctrEnv, id string) {
 	t.Helper()
 	if _, err := e.d.Runtime.StopContainer(Ctx(t), &runtimeapi.StopContainerRequest{ContainerId: id}); err != nil {
@@ -300,15 +296,7 @@ func removeContainer(t *testing.T, e *ctrEnv, id string) {
 func TestCheckpointRestoreFromImage(t *testing.T) {
 	requireCRIU(t)
 	e := newCtrEnv(t)
-	dir := t.TempDir()
-	pod, podCfg := e.pod(t, PodConfig("rs-image-before"))
-	src := e.run(t, pod, podCfg, e.ctr("counter", "sh", "-c", restoreWorkload))
-	at := counter(t, e, src)
-	archive := filepath.Join(dir, "counter.tar")
-	if _, err := e.d.Runtime.CheckpointContainer(Ctx(t), &runtimeapi.CheckpointContainerRequest{ContainerId: src, Location: archive}); err != nil {
-		t.Fatal(err)
-	}
-	removeContainer(t, e, src)
+	_, _, archive, at := checkpointCounter(t, e, "rs-image-before")
 
 	var files []testimage.File
 	for name, body := range testimage.TarFileAt(t, archive) {
