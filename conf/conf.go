@@ -142,6 +142,13 @@ type RuntimeConfig struct {
 	// no seccomp profile RuntimeDefault instead of the CRI's Unconfined, as
 	// CRI-O's seccomp_use_default_when_empty does.
 	SeccompDefaultWhenUnset bool `toml:"seccomp_default_when_unset" comment:"Containers without a seccomp profile get RuntimeDefault instead of Unconfined (the CRI's meaning of unset)."`
+	// RestoreCheckpointImages lets a container whose image is a
+	// checkpoint image be restored from it. Off, such an image is
+	// refused: a checkpoint's processes come back with the credentials,
+	// capabilities and seccomp filters CRIU recorded, whatever the pod
+	// asks, and the image is the pod author's choice. A checkpoint
+	// archive on the node (a CRI client's path) is always restorable.
+	RestoreCheckpointImages bool `toml:"restore_checkpoint_images" comment:"Restore containers from checkpoint images (io.kubernetes.cri-o.annotations.checkpoint.name). A checkpoint brings back the credentials and capabilities it recorded, whatever the pod asks: enable only where pod authors may run privileged containers. Off: such an image is refused."`
 }
 
 // Handler is one OCI runtime.

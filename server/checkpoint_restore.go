@@ -315,18 +315,22 @@ func writeRestoreCRIUConfig(dir string, spec *specs.Spec) error {
 
 // checkpointOf says where the checkpoint is that a CreateContainer's
 // image names: an archive's path, or an image in the store carrying the
-// checkpoint annotation; ok is false for an ordinary image.
-func (s *Server) checkpointOf(ref string) (src checkpointSource, ok bool) {
+// checkpoint annotation, refused unless the node restores checkpoint
+// images; ok is false for an ordinary image.
+func (s *Server) checkpointOf(ref string) (src checkpointSource, ok bool, err error) {
 	if isCheckpointArchive(ref) {
-		return archiveSource(ref), true
+		return archiveSource(ref), true, nil
 	}
 	img, err := s.deps.Images.Get(ref)
 	if err != nil || img.Annotations[checkpointImageAnnotation] == "" {
-		return checkpointSource{}, false
+		return checkpointSource{}, false, nil
+	}
+	if !s.cfg.Runtime.RestoreCheckpointImages {
+		return checkpointSource{}, false, fmt.Errorf("image %q is a checkpoint image, and restoring checkpoint images is off on this node (runtime.restore_checkpoint_images): %w", ref, errdefs.ErrFailedPrecondition)
 	}
 	return checkpointSource{name: ref, each: func(fn func(string, io.Reader) error) error {
 		return s.deps.Images.TopLayerFiles(img.ID, fn)
-	}}, true
+	}}, true, nil
 }
 
 // importCheckpoint reads the checkpoint src, which cfg's image names, and

@@ -197,6 +197,12 @@ func TestRestoreFromCheckpointImage(t *testing.T) {
 	pod := f.srv.containers.List()[0].SandboxID
 	cfg := unitCtr("restored")
 	cfg.Image.Image = "localhost/ck:1"
+	// Off by default: the image is the pod author's, the credentials
+	// its processes come back with are the checkpoint's.
+	if _, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: cfg}); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "restore_checkpoint_images") {
+		t.Fatalf("checkpoint image with restore_checkpoint_images off: %v, want FailedPrecondition naming the option", err)
+	}
+	f.cfg.Runtime.RestoreCheckpointImages = true
 	resp, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: cfg})
 	if err != nil {
 		t.Fatal(err)

@@ -544,8 +544,11 @@ func (s *Server) createContainer(ctx context.Context, sandboxID string, cfg *run
 // returned with the config it was made from.
 func (s *Server) requestFor(sb *sandbox.Sandbox, cfg *runtimeapi.ContainerConfig) (*containerRequest, *runtimeapi.ContainerConfig, error) {
 	var ci *checkpointImport
-	if src, ok := s.checkpointOf(cfg.GetImage().GetImage()); ok {
-		var err error
+	src, ok, err := s.checkpointOf(cfg.GetImage().GetImage())
+	if err != nil {
+		return nil, nil, err
+	}
+	if ok {
 		if ci, cfg, err = s.importCheckpoint(sb, cfg, src); err != nil {
 			return nil, nil, err
 		}

@@ -295,7 +295,9 @@ func removeContainer(t *testing.T, e *ctrEnv, id string) {
 // kubelet pulls a pod's image, and named as the new container's image.
 func TestCheckpointRestoreFromImage(t *testing.T) {
 	requireCRIU(t)
-	e := newCtrEnv(t)
+	e := newCtrEnvWith(t, "", func(o *Options) {
+		o.Config = strings.Replace(o.Config, "[runtime]\n", "[runtime]\nrestore_checkpoint_images = true\n", 1)
+	})
 	_, _, archive, at := checkpointCounter(t, e, "rs-image-before")
 
 	var files []testimage.File
