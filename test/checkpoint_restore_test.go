@@ -1,6 +1,7 @@
 package test
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -41,7 +42,9 @@ func TestCheckpointRestore(t *testing.T) {
 		return cfg
 	}
 	pod, podCfg := e.pod(t, PodConfig("rs-before"))
-	id := e.run(t, pod, podCfg, withData(e.ctr("worker", "sh", "-c", "echo mounted > /data/m; "+checkpointWorkload)))
+	// It logs every count too: kubectl logs of the restored container.
+	workload := "echo mounted > /data/m; " + strings.Replace(checkpointWorkload, "echo $i > /tmp/count;", "echo $i > /tmp/count; echo tick $i;", 1)
+	id := e.run(t, pod, podCfg, withData(e.ctr("worker", "sh", "-c", workload)))
 	waitEstablished(t, e, id)
 	archive := filepath.Join(dir, "worker.tar")
 	// Read before: the workload counts on while it is dumped.
@@ -83,6 +86,11 @@ func TestCheckpointRestore(t *testing.T) {
 	if after := counter(t, e, ctr); after <= n {
 		t.Errorf("restored counter stands at %d", after)
 	}
+	logPath := e.status(t, ctr).LogPath
+	waitFor(t, 10*time.Second, "the restored workload's lines in its new log", func() bool {
+		b, _ := os.ReadFile(logPath)
+		return strings.Contains(string(b), fmt.Sprintf("stdout F tick %d\n", n+1))
+	})
 	if got := e.mustExec(t, ctr, "cat", "/data-file"); got != "hello\n" {
 		t.Errorf("/data-file of the restored container: %q", got)
 	}
