@@ -87,34 +87,70 @@ func (r *Runtime) CreatePrepared(ctx context.Context, id string) (int, error) {
 }
 
 // leftover deals with a conmon an earlier CreatePrepared of o started
-// before a crash: a created container under a live conmon is adopted
+// before a crash: a container it left under a live conmon is adopted
 // (its pid, ok), anything else of it is deleted so that the create can
 // run again.
 func (r *Runtime) leftover(ctx context.Context, o CreateOptions) (int, bool, error) {
 	if !prepared(o.Bundle) {
 		return 0, false, nil
 	}
-	// A restore leaves the container running, a create only created. A
-	// restore still under way is waited for, never cut short: CRIU
-	// killed in the middle leaves its mounts and half a process tree.
+	if pid, ok := r.settled(ctx, o, createTimeout); ok {
+		if err := ownCreatedStdio(o.Spec, pid); err != nil {
+			return 0, false, fmt.Errorf("create container %s: stdio: %w", o.ID, err)
+		}
+		return pid, true, nil
+	}
+	return 0, false, r.discard(ctx, o)
+}
+
+// settled is the pid of o's container if the runtime holds it as an
+// earlier CreatePrepared leaves it, under that call's live conmon:
+// created, or running once a restore is done. A restore still under way
+// is waited for (at most wait), never cut short: CRIU killed in the
+// middle leaves its mounts and half a process tree.
+func (r *Runtime) settled(ctx context.Context, o CreateOptions, wait time.Duration) (int, bool) {
 	done := StatusCreated
 	if o.Restore != "" {
 		done = StatusRunning
 	}
-	deadline := time.Now().Add(createTimeout)
+	deadline := time.Now().Add(wait)
 	for {
 		alive := monitorAlive(o.Bundle, o.ID)
-		if rs, known, err := r.runtimeState(ctx, o.ID); err == nil && known && Status(rs.Status) == done && alive {
-			if err := ownCreatedStdio(o.Spec, rs.Pid); err != nil {
-				return 0, false, fmt.Errorf("create container %s: stdio: %w", o.ID, err)
-			}
-			return rs.Pid, true, nil
+		if rs, known, err := r.runtimeState(ctx, o.ID); err == nil && known && Status(rs.Status) == done && rs.Pid > 0 && alive && restoreEnded(o) {
+			return rs.Pid, true
 		}
 		if o.Restore == "" || !alive || time.Now().After(deadline) || ctx.Err() != nil {
-			return 0, false, r.discard(ctx, o)
+			return 0, false
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// restoreEnded says whether `runtime restore` of o is over: runc says
+// running as soon as CRIU has made the process tree, while CRIU still
+// has it stopped and its mounts up; the pid file is written last.
+func restoreEnded(o CreateOptions) bool {
+	if o.Restore == "" {
+		return true
+	}
+	_, err := os.Stat(filepath.Join(o.Bundle, "pidfile"))
+	return err == nil
+}
+
+// WaitRestore waits, at most wait, for the restore a crash cut short of
+// prepared container id while the conmon of that CreatePrepared lives.
+// It returns the container's pid and true once it runs under that
+// conmon; false for a container that is no restore, whose restore failed
+// or outlasted the wait (Reset then undoes it).
+func (r *Runtime) WaitRestore(ctx context.Context, id string, wait time.Duration) (int, bool) {
+	if validateID(id) != nil {
+		return 0, false
+	}
+	rec, err := r.loadRecord(id)
+	if err != nil || rec.Restore == "" || !prepared(rec.Bundle) {
+		return 0, false
+	}
+	return r.settled(ctx, CreateOptions{ID: id, Bundle: rec.Bundle, Restore: rec.Restore}, wait)
 }
 
 // discard deletes the runtime's container of an interrupted create and

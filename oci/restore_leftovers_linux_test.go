@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/moby/sys/mountinfo"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -91,4 +93,83 @@ func mounted(t *testing.T, p string) bool {
 		t.Fatal(err)
 	}
 	return ok
+}
+
+// WaitRestore adopts a restore a crash cut short once the runtime runs
+// the container under that start's live conmon, waits while the restore
+// is under way, and gives up at once when conmon is gone.
+func TestWaitRestore(t *testing.T) {
+	dir := t.TempDir()
+	flag := filepath.Join(dir, "restored")
+	bin := filepath.Join(dir, "fakerunc")
+	// Running only once the restore "ends" (the flag file appears).
+	script := fmt.Sprintf(`#!/bin/sh
+[ "$1" = --root ] && shift 2
+case "$1" in
+state) if [ -e %q ]; then echo '{"id":"c1","pid":4242,"status":"running"}'; else echo "container does not exist" >&2; exit 1; fi ;;
+esac
+`, flag)
+	if err := os.WriteFile(bin, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	rt, err := NewRuntime(Handler{Name: "fake", Binary: bin, Root: filepath.Join(dir, "root"), MonitorPath: "/bin/true"}, filepath.Join(dir, "state"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	prepare := func(id string, restore bool) string {
+		bundle := filepath.Join(dir, id)
+		o := CreateOptions{ID: id, Bundle: bundle, ExitDir: filepath.Join(dir, "exits"), Spec: &specs.Spec{Process: &specs.Process{Args: []string{"sh"}}}}
+		if restore {
+			o.Restore = filepath.Join(bundle, "checkpoint")
+		}
+		if err := rt.Prepare(o); err != nil {
+			t.Fatal(err)
+		}
+		return bundle
+	}
+	// A stand-in conmon: a process whose command line names the container.
+	conmon := exec.Command("sh", "-c", "sleep 60", "c1")
+	if err := conmon.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conmon.Process.Kill(); _ = conmon.Wait() })
+	bundle := prepare("c1", true)
+	if err := os.WriteFile(filepath.Join(bundle, "conmon.pid"), []byte(fmt.Sprint(conmon.Process.Pid)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// runc says running before its restore is over; the pid file
+	// comes last.
+	if err := os.WriteFile(flag, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		_ = os.WriteFile(filepath.Join(bundle, "pidfile"), []byte("4242"), 0o644)
+	}()
+	if pid, ok := rt.WaitRestore(context.Background(), "c1", 30*time.Second); !ok || pid != 4242 {
+		t.Errorf("WaitRestore = %d, %v; want the restored container's 4242 once it runs", pid, ok)
+	}
+	if _, err := os.Stat(filepath.Join(bundle, "pidfile")); err != nil {
+		t.Errorf("WaitRestore adopted the container before the restore wrote its pid file: %v", err)
+	}
+	prepare("plain", false)
+	if _, ok := rt.WaitRestore(context.Background(), "plain", 30*time.Second); ok {
+		t.Error("WaitRestore adopted a container that is no restore")
+	}
+	// conmon gone: nothing to wait for, whatever the wait allows.
+	_ = conmon.Process.Kill()
+	_ = conmon.Wait()
+	if err := os.Remove(flag); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan bool, 1)
+	go func() { _, ok := rt.WaitRestore(context.Background(), "c1", time.Hour); done <- ok }()
+	select {
+	case ok := <-done:
+		if ok {
+			t.Error("WaitRestore adopted a restore whose conmon is gone")
+		}
+	case <-time.After(20 * time.Second):
+		t.Error("WaitRestore waits on a restore whose conmon is gone")
+	}
 }

@@ -288,32 +288,23 @@ func (s *Server) resetPending(ctx context.Context, c *sandbox.Container) {
 const checkpointRestoreWait = 30 * time.Second
 
 // awaitCheckpointRestore waits for the restore of c's checkpoint that a
-// crash cut short, while its conmon lives: a container the runtime ends
-// up running under that conmon is adopted as started (true); a restore
-// that failed, or outlasts the wait, is left to Reset.
+// crash cut short (rt.WaitRestore): a container the runtime ends up
+// running under that start's conmon is adopted as started (true); a
+// restore that failed, or outlasts the wait, is left to Reset.
 func (s *Server) awaitCheckpointRestore(ctx context.Context, rt ContainerRuntime, c *sandbox.Container) bool {
-	deadline := time.Now().Add(checkpointRestoreWait)
-	for {
-		_, alive, _ := monitorPid(c.Dir, c.ID)
-		if !alive {
-			return false
-		}
-		if st, err := rt.State(ctx, c.ID); err == nil && st.Status == oci.StatusRunning && st.Pid > 0 {
-			if err := c.UpdateStatus(func(cs *sandbox.ContainerStatus) {
-				cs.State, cs.Pid, cs.RuntimePending, cs.StartedAt = sandbox.ContainerRunning, st.Pid, false, time.Now()
-			}); err != nil {
-				log.G(ctx).WithError(err).WithField("container", c.ID).Warn("restore: saving a restored container's state")
-				return false
-			}
-			s.checkpointRestored(ctx, c)
-			log.G(ctx).WithField("container", c.ID).WithField("pid", st.Pid).Info("restore: adopted a container restored from a checkpoint")
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(50 * time.Millisecond)
+	pid, ok := rt.WaitRestore(ctx, c.ID, checkpointRestoreWait)
+	if !ok {
+		return false
 	}
+	if err := c.UpdateStatus(func(cs *sandbox.ContainerStatus) {
+		cs.State, cs.Pid, cs.RuntimePending, cs.StartedAt = sandbox.ContainerRunning, pid, false, time.Now()
+	}); err != nil {
+		log.G(ctx).WithError(err).WithField("container", c.ID).Warn("restore: saving a restored container's state")
+		return false
+	}
+	s.checkpointRestored(ctx, c)
+	log.G(ctx).WithField("container", c.ID).WithField("pid", pid).Info("restore: adopted a container restored from a checkpoint")
+	return true
 }
 
 // finishUpdate completes an UpdateContainerResources a crash cut short

@@ -85,6 +85,9 @@ type ContainerRuntime interface {
 	CreatePrepared(ctx context.Context, id string) (int, error)
 	// Reset undoes an interrupted CreatePrepared, back to the bundle.
 	Reset(ctx context.Context, id string) error
+	// WaitRestore waits for the restore an interrupted CreatePrepared
+	// of a checkpoint left under way: the pid and true once it runs.
+	WaitRestore(ctx context.Context, id string, wait time.Duration) (int, bool)
 	Start(ctx context.Context, id string) error
 	Kill(ctx context.Context, id string, sig syscall.Signal, all bool) error
 	Stop(ctx context.Context, id string, sig syscall.Signal, timeout time.Duration) error

@@ -142,6 +142,19 @@ func (r *Runtime) CreatePrepared(_ context.Context, id string) (int, error) {
 	return r.createLocked(o)
 }
 
+// WaitRestore reports a container the fake restored (RestoredFrom)
+// that runs.
+func (r *Runtime) WaitRestore(_ context.Context, id string, _ time.Duration) (int, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.record("waitrestore", id)
+	st, ok := r.Containers[id]
+	if _, restored := r.RestoredFrom[id]; !ok || !restored || st.Status != oci.StatusRunning {
+		return 0, false
+	}
+	return st.Pid, true
+}
+
 // Reset makes a created (never started) container prepared again.
 func (r *Runtime) Reset(_ context.Context, id string) error {
 	r.mu.Lock()
