@@ -437,13 +437,13 @@ func securityContext(c *oci.ContainerSpec, sc *runtimeapi.LinuxContainerSecurity
 			return invalid("masked or read-only path %q is not absolute", p)
 		}
 	}
-	// CRI sends empty lists for "use the defaults"; oci reads nil as that.
-	if len(sc.MaskedPaths) > 0 {
-		c.MaskedPaths = sc.MaskedPaths
-	}
-	if len(sc.ReadonlyPaths) > 0 {
-		c.ReadonlyPaths = sc.ReadonlyPaths
-	}
+	// kubelet sends the default lists itself, and empty ones for
+	// procMount: Unmasked (proto3 cannot tell empty from absent), so a
+	// security context's lists are taken as they are, as containerd and
+	// CRI-O take them. Only a request without a security context gets
+	// oci's defaults (nil).
+	c.MaskedPaths = append([]string{}, sc.MaskedPaths...)
+	c.ReadonlyPaths = append([]string{}, sc.ReadonlyPaths...)
 	if sc.Apparmor != nil {
 		if c.AppArmor, err = securityProfile(sc.Apparmor); err != nil {
 			return err

@@ -963,7 +963,8 @@ func TestTimeoutSeconds(t *testing.T) {
 	}
 }
 
-// Masked and read-only paths are absolute container paths.
+// Masked and read-only paths are absolute container paths, taken as they
+// are: kubelet's procMount Unmasked sends empty lists, which mean none.
 func TestSecurityContextPaths(t *testing.T) {
 	for _, tc := range []struct {
 		masked, readonly []string
@@ -979,6 +980,14 @@ func TestSecurityContextPaths(t *testing.T) {
 		if tc.ok != (err == nil) || (err != nil && !errdefs.IsInvalidArgument(err)) {
 			t.Errorf("masked %q read-only %q: %v, want ok %v (InvalidArgument otherwise)", tc.masked, tc.readonly, err, tc.ok)
 		}
+		if tc.ok && (c.MaskedPaths == nil || c.ReadonlyPaths == nil || !slices.Equal(c.MaskedPaths, tc.masked) || !slices.Equal(c.ReadonlyPaths, tc.readonly)) {
+			t.Errorf("masked %q read-only %q became %#v %#v: want the same, never nil (oci's defaults)", tc.masked, tc.readonly, c.MaskedPaths, c.ReadonlyPaths)
+		}
+	}
+	// No security context at all: oci's defaults.
+	var c oci.ContainerSpec
+	if err := securityContext(&c, nil); err != nil || c.MaskedPaths != nil || c.ReadonlyPaths != nil {
+		t.Errorf("no security context: %v, masked %#v read-only %#v, want nil (the defaults)", err, c.MaskedPaths, c.ReadonlyPaths)
 	}
 }
 

@@ -219,6 +219,7 @@ func TestContainers(t *testing.T) {
 	t.Run("ExitCodesAndLogs", e.testExitCodesAndLogs)
 	t.Run("ReopenLog", e.testReopenLog)
 	t.Run("UsernsPod", e.testUsernsPod)
+	t.Run("ProcMount", e.testProcMount)
 	t.Run("IDMappedVolume", e.testIDMappedVolume)
 	t.Run("RuntimeWithoutIDMap", e.testRuntimeWithoutIDMap)
 	t.Run("RuntimeHandlers", e.testRuntimeHandlers)
@@ -448,6 +449,30 @@ func (e *ctrEnv) testUsernsPod(t *testing.T) {
 	}
 	if idmapped != 1 {
 		t.Errorf("%d idmapped mounts for pod %s with two containers, want exactly 1", idmapped, pod)
+	}
+}
+
+// testProcMount asks for /proc as kubelet does in a user namespace pod:
+// procMount Default sends kubelet's lists, Unmasked sends empty ones,
+// which must mean no masked path (the e2e_node spec "will unmask proc
+// mounts if requested" counts the /proc mounts as this does).
+func (e *ctrEnv) testProcMount(t *testing.T) {
+	pod, podCfg := e.pod(t, UsernsPod(PodConfig("procmount"), 0))
+	def := e.ctr("default", "sleep", "1000")
+	def.Linux.SecurityContext.MaskedPaths = []string{"/proc/asound", "/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+		"/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware", "/sys/devices/virtual/powercap"}
+	def.Linux.SecurityContext.ReadonlyPaths = []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"}
+	unmasked := e.ctr("unmasked", "sleep", "1000")
+	for _, tc := range []struct {
+		cfg           *runtimeapi.ContainerConfig
+		masked, alone bool
+	}{{def, true, false}, {unmasked, false, true}} {
+		id := e.run(t, pod, podCfg, tc.cfg)
+		out := strings.TrimSpace(e.mustExec(t, id, "sh", "-ec", "mount | grep /proc"))
+		lines, ro := len(strings.Split(out, "\n")), strings.Count(out, "(ro")
+		if tc.alone != (lines == 1) || tc.masked != (ro > 0) {
+			t.Errorf("%s: /proc mounts\n%s\nwant masked %v, /proc alone %v", tc.cfg.Metadata.Name, out, tc.masked, tc.alone)
+		}
 	}
 }
 
