@@ -45,6 +45,9 @@ type containerRequest struct {
 	checkpoint *checkpointImport
 	// changes fill the restored container's writable layer.
 	changes *image.RootfsChanges
+	// userImage is the image as the pod names it (ImageSpec's
+	// user_specified_image), which kubelet sends beside the image ID.
+	userImage string
 }
 
 // containerRequest validates cfg against the pod and converts it. Nothing
@@ -59,6 +62,9 @@ func (s *Server) containerRequest(sb *sandbox.Sandbox, cfg *runtimeapi.Container
 	}
 	if cfg.GetImage().GetImage() == "" {
 		return nil, invalid("container %q names no image", m.Name)
+	}
+	if err := validImageName("user-specified image", cfg.Image.UserSpecifiedImage); err != nil {
+		return nil, err
 	}
 	logPath, err := containerLogPath(sb.LogDirectory, cfg.LogPath)
 	if err != nil {
@@ -78,6 +84,7 @@ func (s *Server) containerRequest(sb *sandbox.Sandbox, cfg *runtimeapi.Container
 			LogPath: logPath, Handler: sb.Handler, StopSignal: stop,
 			Privileged: cfg.GetLinux().GetSecurityContext().GetPrivileged(),
 		},
+		userImage: cfg.Image.UserSpecifiedImage,
 		spec: oci.ContainerSpec{
 			SandboxID: sb.ID,
 			Namespaces: oci.Namespaces{
@@ -602,7 +609,36 @@ func (s *Server) newContainerMetadata(req *containerRequest) (sandbox.ContainerM
 	if len(img.RepoDigests) > 0 {
 		md.ImageRef = img.RepoDigests[0]
 	}
+	md.Image = statusImage(req.userImage, md.Image, img)
 	return md, img, nil
+}
+
+// statusImage is the image a container's status names, which kubelet
+// shows as the pod's status.containerStatuses[].image: the pod's own
+// name for it (kubelet asks for the image by its ID), else the name
+// the request used, else, for a request by ID, the image's first tag,
+// as containerd reports it.
+func statusImage(user, requested string, img *image.Image) string {
+	switch {
+	case user != "":
+		return user
+	case requested != img.ID && requested != strings.TrimPrefix(img.ID, "sha256:"):
+		return requested
+	case len(img.RepoTags) > 0:
+		return img.RepoTags[0]
+	}
+	return requested
+}
+
+// maxImageName bounds an image name kept only to be shown back: a
+// reference is far shorter (the registry's name limit is 255).
+const maxImageName = 4096
+
+func validImageName(what, name string) error {
+	if len(name) > maxImageName {
+		return invalid("%s is %d bytes, over %d", what, len(name), maxImageName)
+	}
+	return validate.NoNUL(what, name)
 }
 
 // reserveContainerName reserves md's name and attempt in pod sandboxID;

@@ -1055,3 +1055,30 @@ func TestMemoryUnderSwap(t *testing.T) {
 		})
 	}
 }
+
+// A container's status names its image as the pod does: kubelet asks
+// for the image by ID, and the pod's status shows this name.
+func TestStatusImage(t *testing.T) {
+	img := &image.Image{ID: "sha256:" + strings.Repeat("ab", 32), RepoTags: []string{"registry.k8s.io/pause:3.10", "example.com/p:1"}}
+	untagged := &image.Image{ID: img.ID}
+	for _, tc := range []struct {
+		user, requested string
+		img             *image.Image
+		want            string
+	}{
+		{"registry.k8s.io/e2e-test-images/agnhost:2.66.1", img.ID, img, "registry.k8s.io/e2e-test-images/agnhost:2.66.1"},
+		{"", img.ID, img, "registry.k8s.io/pause:3.10"},
+		{"", strings.TrimPrefix(img.ID, "sha256:"), img, "registry.k8s.io/pause:3.10"},
+		{"", "busybox", img, "busybox"},
+		{"", img.ID, untagged, img.ID},
+	} {
+		if got := statusImage(tc.user, tc.requested, tc.img); got != tc.want {
+			t.Errorf("statusImage(%q, %q) = %q, want %q", tc.user, tc.requested, got, tc.want)
+		}
+	}
+	for _, bad := range []string{"a\x00b", strings.Repeat("x", maxImageName+1)} {
+		if err := validImageName("user-specified image", bad); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("validImageName(%.20q...) = %v, want InvalidArgument", bad, err)
+		}
+	}
+}

@@ -231,6 +231,7 @@ func TestContainers(t *testing.T) {
 	t.Run("SharedPID", e.testSharedPID)
 	t.Run("UpdateResources", e.testUpdateResources)
 	t.Run("List", e.testList)
+	t.Run("StatusImage", e.testStatusImage)
 	t.Run("BadInput", e.testBadInput)
 	t.Run("MissingHostPath", e.testMissingHostPath)
 	t.Run("MonitorKilled", e.testMonitorKilled)
@@ -973,6 +974,53 @@ func (e *ctrEnv) testList(t *testing.T) {
 	if _, err = e.d.Runtime.RemoveContainer(Ctx(t), &runtimeapi.RemoveContainerRequest{ContainerId: running}); err != nil {
 		t.Errorf("RemoveContainer of a removed container: %v, want success", err)
 	}
+}
+
+// testStatusImage creates containers as kubelet does, by image ID with
+// the pod's name for the image beside it: the status and the list name
+// the pod's (kubelet shows it as the pod's containerStatuses[].image, and
+// the e2e_node sidecar specs wait for it to change), never the ID.
+func (e *ctrEnv) testStatusImage(t *testing.T) {
+	pod, podCfg := e.pod(t, PodConfig("statusimage"))
+	const named = "registry.k8s.io/e2e-test-images/busybox:1.37.0-2"
+	byPod := e.ctr("kubelet", "true")
+	byPod.Image = &runtimeapi.ImageSpec{Image: e.bbID, UserSpecifiedImage: named}
+	byRef := e.ctr("crictl", "true")
+	byID := e.ctr("id", "true")
+	byID.Image = &runtimeapi.ImageSpec{Image: e.bbID}
+	// By ID alone: the image's first tag, as containerd shows it.
+	e.pull(t, e.reg.Ref("busybox:1"))
+	tags := e.imageTags(t, e.bbID)
+	if len(tags) == 0 {
+		t.Fatalf("busybox pulled by tag has no tags")
+	}
+	byIDWant := tags[0]
+	want := map[string]string{
+		e.create(t, pod, podCfg, byPod): named,
+		e.create(t, pod, podCfg, byRef): e.busybox,
+		e.create(t, pod, podCfg, byID):  byIDWant,
+	}
+	resp, err := e.d.Runtime.ListContainers(Ctx(t), &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{PodSandboxId: pod}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range resp.Containers {
+		if st := e.status(t, c.Id); st.GetImage().GetImage() != want[c.Id] || c.GetImage().GetImage() != want[c.Id] || st.ImageId != e.bbID {
+			t.Errorf("%s: status image %q, list image %q, image ID %q; want %q and %q", c.Metadata.Name, st.GetImage().GetImage(), c.GetImage().GetImage(), st.ImageId, want[c.Id], e.bbID)
+		}
+	}
+	bad := e.ctr("bad", "true")
+	bad.Image.UserSpecifiedImage = "a\x00b"
+	_, err = e.d.Runtime.CreateContainer(Ctx(t), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: bad, SandboxConfig: podCfg})
+	wantCode(t, err, codes.InvalidArgument, "user-specified image")
+}
+
+func (e *ctrEnv) imageTags(t *testing.T, id string) []string {
+	resp, err := e.d.Image.ImageStatus(Ctx(t), &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: id}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.GetImage().GetRepoTags()
 }
 
 func sortedIDs(ids ...string) []string {
