@@ -99,14 +99,16 @@ func Path(what, p string) error {
 const MaxHostnameLen = 64
 
 // Hostname checks a pod hostname: a DNS name (RFC 1123 labels of letters,
-// digits and '-', not starting or ending with '-', joined by dots) that
-// the kernel accepts. It ends up in /etc/hostname and /etc/hosts, so a
-// space or newline would add entries there.
+// digits and '-', not starting or ending with '-', joined by dots, and
+// maybe a root dot at the end) that the kernel accepts. It ends up in
+// /etc/hostname and /etc/hosts, so a space or newline would add entries
+// there. kubelet sends an FQDN that ends in a dot for setHostnameAsFQDN
+// when its clusterDomain is empty, which containerd and CRI-O run.
 func Hostname(v string) error {
 	if v == "" || len(v) > MaxHostnameLen {
 		return invalid("hostname %q must be 1 to %d characters", v, MaxHostnameLen)
 	}
-	for _, l := range strings.Split(v, ".") {
+	for _, l := range strings.Split(strings.TrimSuffix(v, "."), ".") {
 		if err := dnsLabel(l); err != nil {
 			return invalid("hostname %q is not a DNS name: %v", v, err)
 		}

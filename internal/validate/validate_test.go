@@ -68,6 +68,8 @@ func TestHostname(t *testing.T) {
 		{"", false}, {strings.Repeat("a", 64), false}, {strings.Repeat("a.", 32) + "a", false},
 		{"a b", false}, {"a\n1.2.3.4 evil", false}, {"-a", false}, {"a-", false}, {"a..b", false},
 		{".a", false}, {"a_b", false}, {"a/b", false},
+		// kubelet's FQDN with an empty clusterDomain; one root dot only.
+		{"web-0.t.ns.svc.", true}, {"a..", false}, {".", false},
 	} {
 		t.Run(tc.v, func(t *testing.T) { check(t, Hostname(tc.v), tc.ok, "hostname") })
 	}

@@ -8,7 +8,8 @@
 #   build.sh              print the path of the node binary, building it if the cache has none
 #   build.sh conformance  also build, beside it, what make node-e2e runs:
 #                         conformance.test (Kubernetes' e2e specs, see
-#                         build/conformance), the ginkgo CLI and agnhost;
+#                         build/conformance), e2e_node.test (its node e2e
+#                         specs), the ginkgo CLI and agnhost;
 #                         print the directory
 #
 # Environment:
@@ -50,6 +51,10 @@ if [ "${1:-}" != conformance ]; then
 	exit 0
 fi
 build conformance.test go test -c -trimpath -ldflags "$ldflags" -o "$dir/conformance.test.tmp" ./conformance
+# test/e2e_node's own specs (proc mounts, recursive read-only mounts,
+# image volumes, sidecars, ...), which e2e.test does not link; go.sum
+# holds its test-only modules (go get -t k8s.io/kubernetes/test/e2e_node).
+build e2e_node.test go test -c -trimpath -ldflags "$ldflags" -o "$dir/e2e_node.test.tmp" k8s.io/kubernetes/test/e2e_node
 build ginkgo go build -trimpath -o "$dir/ginkgo.tmp" github.com/onsi/ginkgo/v2/ginkgo
 build agnhost go build -trimpath -ldflags "-s -w" -o "$dir/agnhost.tmp" k8s.io/kubernetes/test/images/agnhost
 echo "$dir"

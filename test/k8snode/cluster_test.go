@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/hex"
 	"encoding/pem"
 	"fmt"
 	"math/big"
@@ -56,6 +57,7 @@ type node struct {
 	pinrtSvc     service
 	kubeletSvc   service
 	cfg          *rest.Config
+	token        string // a system:masters bearer token
 	cs           *kubernetes.Clientset
 	images       images
 	apiPort      int
@@ -276,6 +278,14 @@ func (n *node) certs() {
 		t.Fatal(err)
 	}
 	n.write("pki/sa.pub", string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub})))
+	// Kubernetes' node e2e suite reaches the API server with a bearer
+	// token (--bearer-token), not a kubeconfig.
+	tok := make([]byte, 16)
+	if _, err := rand.Read(tok); err != nil {
+		t.Fatal(err)
+	}
+	n.token = hex.EncodeToString(tok)
+	n.write("pki/tokens.csv", n.token+",k8snode-e2e-node,k8snode-e2e-node,system:masters\n")
 }
 
 var serial int64
@@ -412,7 +422,7 @@ func (n *node) startControlPlane() {
 		"--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", n.apiPort),
 		"--advertise-address="+n.ip,
 		"--tls-cert-file="+pki("apiserver.crt"), "--tls-private-key-file="+pki("apiserver.key"),
-		"--client-ca-file="+pki("ca.crt"),
+		"--client-ca-file="+pki("ca.crt"), "--token-auth-file="+pki("tokens.csv"),
 		"--kubelet-client-certificate="+pki("apiserver-kubelet-client.crt"),
 		"--kubelet-client-key="+pki("apiserver-kubelet-client.key"),
 		"--kubelet-preferred-address-types=InternalIP",

@@ -70,7 +70,7 @@ var featureTag = regexp.MustCompile(`\[Feature:([^\]]*)\]`)
 // selectedFeatures says whether the label filter's feature clause takes
 // a spec by its name: no feature tag, or one of features and not
 // OffByDefault.
-func selectedFeatures(name string) bool {
+func selectedFeatures(name string, features []string) bool {
 	tags := featureTag.FindAllStringSubmatch(name, -1)
 	if len(tags) == 0 {
 		return true
@@ -81,6 +81,67 @@ func selectedFeatures(name string) bool {
 		}
 	}
 	return slices.ContainsFunc(tags, func(t []string) bool { return slices.Contains(features, t[1]) })
+}
+
+// nodeE2EFeatures are the [Feature:...] specs of test/e2e_node the node
+// e2e suite runs besides: features (its ImageVolume specs, which e2e.test
+// has too, among them) and procMount: Unmasked, beta and on by default,
+// whose specs want a pod's /proc unmasked in a user namespace and masked
+// without one.
+var nodeE2EFeatures = append(slices.Clip(features), "ProcMountType", "ImageVolume")
+
+// suite is one of the build's e2e binaries and what a run takes of it.
+type suite struct {
+	name   string // as the log names it
+	binary string // in the build directory
+	// labels is ginkgo's --label-filter; a spec it selects is also one
+	// whose name holds selected and whose features are among features
+	// (readJUnit counts listed skips by that).
+	labels, selected string
+	features         []string
+	// focusEnv names the variable that narrows the focus (selected).
+	focusEnv string
+	// focusFile is ginkgo's --focus-file: where a selected spec is.
+	focusFile string
+	args      []string // the binary's own flags
+}
+
+// conformanceSuite is conformance.test: test/e2e's specs of a node.
+func (n *node) conformanceSuite(kubectl string) suite {
+	return suite{
+		name: "node conformance", binary: "conformance.test",
+		labels: selectedLabels, selected: selectedName, features: features,
+		focusEnv: "PINRT_NODE_E2E_FOCUS",
+		args: []string{
+			"--kubeconfig=" + n.kubeconfig("admin"),
+			"--provider=skeleton", "--node-os-distro=debian", "--kubectl-path=" + kubectl,
+			"--container-runtime-endpoint=unix://" + n.pinrtSock,
+			"--non-blocking-taints=node-role.kubernetes.io/control-plane",
+		},
+	}
+}
+
+// nodeE2ESuite is e2e_node.test, Kubernetes' node e2e suite, of which the
+// specs in test/e2e_node itself: the rest of it is test/e2e/common, which
+// conformance.test runs. Not the serial or disruptive ones, which restart
+// kubelet with other configurations. The suite starts no services of its
+// own here (--start-services=false): it uses this node, through the API
+// server with a bearer token, and pinrt's socket for its CRI calls.
+func (n *node) nodeE2ESuite() suite {
+	return suite{
+		name: "node e2e", binary: "e2e_node.test",
+		labels: "(NodeConformance || sig-node) && (!/^Feature:/ || Feature:" +
+			strings.Join(nodeE2EFeatures, " || Feature:") + ") && !Feature:OffByDefault",
+		selected: `\[NodeConformance\]|\[sig-node\]`, features: nodeE2EFeatures,
+		focusEnv: "PINRT_NODE_E2E_NODE_FOCUS", focusFile: "/test/e2e_node/",
+		args: []string{
+			"--start-services=false", "--prepull-images=false",
+			fmt.Sprintf("--host=https://127.0.0.1:%d", n.apiPort), "--bearer-token=" + n.token,
+			"--node-name=" + nodeName,
+			"--container-runtime-endpoint=unix://" + n.pinrtSock,
+			"--image-service-endpoint=unix://" + n.pinrtSock,
+		},
+	}
 }
 
 // TestNodeConformance runs Kubernetes' own [NodeConformance], SIG Node
@@ -122,7 +183,14 @@ func TestNodeConformance(t *testing.T) {
 	}
 	w := n.watchUserns(t)
 	t.Logf("node conformance: %s", mode)
-	res := n.runConformance(t, dir, out, skips)
+	kubectl := n.kubectl(t)
+	var res []*conformanceResult
+	for _, s := range []suite{n.conformanceSuite(kubectl), n.nodeE2ESuite()} {
+		if !slices.Contains(strings.Fields(envOr("PINRT_NODE_E2E_SUITES", "conformance.test e2e_node.test")), s.binary) {
+			continue
+		}
+		res = append(res, n.runSuite(t, s, dir, filepath.Join(out, strings.TrimSuffix(s.binary, ".test")), skips))
+	}
 	seen := w.stop()
 	t.Logf("node conformance (%s): %s", mode, seen)
 	if userns && seen.userns == 0 {
@@ -131,7 +199,19 @@ func TestNodeConformance(t *testing.T) {
 	if !userns && seen.userns != 0 {
 		t.Errorf("%d pods ran in a user namespace although none asked for one", seen.userns)
 	}
-	res.report(t)
+	for _, r := range res {
+		r.report(t)
+	}
+	if len(res) == 0 {
+		t.Errorf("PINRT_NODE_E2E_SUITES names no suite: conformance.test, e2e_node.test")
+	}
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
 }
 
 // skipEntry is one line of a skip list: "REGEXP # reason".
@@ -357,6 +437,7 @@ func (w *usernsWatch) stop() usernsSeen {
 // conformanceResult is what the ginkgo run left: its summary lines and
 // each spec's outcome from the JUnit report.
 type conformanceResult struct {
+	name     string // the suite's
 	exit     error
 	summary  []string
 	log      string
@@ -367,28 +448,9 @@ type conformanceResult struct {
 	elapsed  time.Duration
 }
 
-// runConformance runs the suite under the ginkgo CLI and reads its
-// JUnit report.
-func (n *node) runConformance(t *testing.T, dir, out string, skips []skipEntry) *conformanceResult {
-	// The framework labels every spec with what its name says
-	// (selectedLabels); the focus narrows that selection further.
-	focus := os.Getenv("PINRT_NODE_E2E_FOCUS")
-	if focus == "" {
-		focus = selectedName
-	}
-	procs := os.Getenv("PINRT_NODE_E2E_PROCS")
-	if procs == "" {
-		procs = "8"
-	}
-	timeout := os.Getenv("PINRT_NODE_E2E_TIMEOUT")
-	if timeout == "" {
-		timeout = "60m"
-	}
-	if err := os.MkdirAll(out, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	// The specs run kubectl (exec, cp, port-forward, logs, debug) of
-	// the node's release: the node binary is kubectl by that name.
+// kubectl is the node's release of kubectl, which the specs run (exec,
+// cp, port-forward, logs, debug): the node binary by that name.
+func (n *node) kubectl(t *testing.T) string {
 	kubectl := n.path("bin/kubectl")
 	if err := os.MkdirAll(filepath.Dir(kubectl), 0o755); err != nil {
 		t.Fatal(err)
@@ -396,22 +458,35 @@ func (n *node) runConformance(t *testing.T, dir, out string, skips []skipEntry) 
 	if err := os.Symlink(n.k8s, kubectl); err != nil {
 		t.Fatal(err)
 	}
+	return kubectl
+}
+
+// runSuite runs the suite under the ginkgo CLI and reads its JUnit
+// report.
+func (n *node) runSuite(t *testing.T, s suite, dir, out string, skips []skipEntry) *conformanceResult {
+	// The framework labels every spec with what its name says
+	// (s.labels); the focus narrows that selection further.
+	focus := envOr(s.focusEnv, s.selected)
+	procs := envOr("PINRT_NODE_E2E_PROCS", "8")
+	timeout := envOr("PINRT_NODE_E2E_TIMEOUT", "60m")
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	junit := filepath.Join(out, "junit.xml")
 	logPath := filepath.Join(out, "ginkgo.log")
 	args := []string{
 		"--procs=" + procs, "--no-color", "--timeout=" + timeout,
-		"--label-filter=" + selectedLabels,
+		"--label-filter=" + s.labels,
 		"--focus=" + focus, "--skip=" + skipPattern(skips),
 		// An absolute path: with --output-dir ginkgo mangles it into a
 		// name made of the binary's path.
 		"--junit-report=" + junit,
 		"--poll-progress-after=5m",
-		filepath.Join(dir, "conformance.test"), "--",
-		"--kubeconfig=" + n.kubeconfig("admin"),
-		"--provider=skeleton", "--node-os-distro=debian", "--kubectl-path=" + kubectl,
-		"--container-runtime-endpoint=unix://" + n.pinrtSock,
-		"--non-blocking-taints=node-role.kubernetes.io/control-plane",
 	}
+	if s.focusFile != "" {
+		args = append(args, "--focus-file="+s.focusFile)
+	}
+	args = append(append(args, filepath.Join(dir, s.binary), "--"), s.args...)
 	f, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)
@@ -424,9 +499,9 @@ func (n *node) runConformance(t *testing.T, dir, out string, skips []skipEntry) 
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	cmd.WaitDelay = 30 * time.Second
-	res := &conformanceResult{log: logPath}
+	res := &conformanceResult{name: s.name, log: logPath}
 	start := time.Now()
-	t.Logf("node conformance: ginkgo %s (log %s)", strings.Join(args, " "), logPath)
+	t.Logf("%s: ginkgo %s (log %s)", s.name, strings.Join(args, " "), logPath)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -440,8 +515,8 @@ func (n *node) runConformance(t *testing.T, dir, out string, skips []skipEntry) 
 	go func() { waited <- cmd.Wait() }()
 	select {
 	case res.exit = <-waited:
-	case s := <-sig:
-		t.Errorf("node conformance: %v: stopping the suite", s)
+	case sg := <-sig:
+		t.Errorf("%s: %v: stopping the suite", s.name, sg)
 		_ = cmd.Process.Signal(syscall.SIGINT)
 		res.exit = <-waited
 	}
@@ -451,7 +526,7 @@ func (n *node) runConformance(t *testing.T, dir, out string, skips []skipEntry) 
 			res.summary = append(res.summary, strings.TrimSpace(line))
 		}
 	}
-	res.readJUnit(t, junit, skips, regexp.MustCompile(focus))
+	res.readJUnit(t, junit, skips, s, regexp.MustCompile(focus))
 	return res
 }
 
@@ -483,7 +558,7 @@ type junitCase struct {
 // itself always with one: those without a reason are counted only when
 // the skip list names them, and any other outcome is a selected spec's
 // (or, failed, the suite's set-up).
-func (r *conformanceResult) readJUnit(t *testing.T, path string, skips []skipEntry, focus *regexp.Regexp) {
+func (r *conformanceResult) readJUnit(t *testing.T, path string, skips []skipEntry, s suite, focus *regexp.Regexp) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Errorf("no JUnit report: %v", err)
@@ -494,9 +569,9 @@ func (r *conformanceResult) readJUnit(t *testing.T, path string, skips []skipEnt
 		t.Errorf("JUnit report %s: %v", path, err)
 		return
 	}
-	desel, sel := regexp.MustCompile(deselection()), regexp.MustCompile(selectedName)
-	for _, s := range js.Suites {
-		for _, c := range s.Cases {
+	desel, sel := regexp.MustCompile(deselection()), regexp.MustCompile(s.selected)
+	for _, ts := range js.Suites {
+		for _, c := range ts.Cases {
 			switch c.Status {
 			case "passed":
 				// Not the suite's set-up and tear-down nodes, which
@@ -512,7 +587,7 @@ func (r *conformanceResult) readJUnit(t *testing.T, path string, skips []skipEnt
 					why = c.Skipped.Message
 				}
 				if why == "skipped" {
-					if listed(skips, c.Name) && sel.MatchString(c.Name) && focus.MatchString(c.Name) && !desel.MatchString(c.Name) && selectedFeatures(c.Name) {
+					if listed(skips, c.Name) && sel.MatchString(c.Name) && focus.MatchString(c.Name) && !desel.MatchString(c.Name) && selectedFeatures(c.Name, s.features) {
 						r.listed++
 					}
 					continue
@@ -533,8 +608,8 @@ func listed(skips []skipEntry, name string) bool {
 }
 
 func (r *conformanceResult) report(t *testing.T) {
-	t.Logf("node conformance: %d passed, %d failed, %d skipped by node-e2e-skip.txt, %d unlisted skips, in %s",
-		len(r.passed), len(r.failed), r.listed, len(r.unlisted), r.elapsed.Round(time.Second))
+	t.Logf("%s: %d passed, %d failed, %d skipped by node-e2e-skip.txt, %d unlisted skips, in %s",
+		r.name, len(r.passed), len(r.failed), r.listed, len(r.unlisted), r.elapsed.Round(time.Second))
 	for _, l := range r.summary {
 		t.Logf("ginkgo: %s", l)
 	}

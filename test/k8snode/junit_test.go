@@ -33,7 +33,8 @@ func TestReadJUnit(t *testing.T) {
 	}
 	skips := []skipEntry{{re: regexp.MustCompile(`\[sig-node\] PrivilegedPod should enable privileged commands`), reason: "no dummy links"}}
 	var r conformanceResult
-	r.readJUnit(t, path, skips, regexp.MustCompile("."))
+	conf := (&node{}).conformanceSuite("kubectl")
+	r.readJUnit(t, path, skips, conf, regexp.MustCompile("."))
 	wantPassed := []string{"[It] [sig-node] Pods should be submitted and removed [NodeConformance] [Conformance] [sig-node, NodeConformance, Conformance]"}
 	wantFailed := []string{"[It] [sig-node] Pod InPlace Resize Container valid increase of CPU [sig-node]", "[SynchronizedBeforeSuite]"}
 	if !slices.Equal(r.passed, wantPassed) {
@@ -52,7 +53,7 @@ func TestReadJUnit(t *testing.T) {
 
 	// Narrowed by a focus, a listed spec outside it is not counted.
 	var narrow conformanceResult
-	narrow.readJUnit(t, path, skips, regexp.MustCompile("Pods"))
+	narrow.readJUnit(t, path, skips, conf, regexp.MustCompile("Pods"))
 	if narrow.listed != 0 {
 		t.Errorf("focus Pods: %d listed skips, want 0", narrow.listed)
 	}
@@ -69,7 +70,7 @@ func TestSelectedFeatures(t *testing.T) {
 		"[sig-node] [Feature:ContainerStopSignals] [FeatureGate:ContainerStopSignals] StopSignal [Alpha] [Feature:OffByDefault]":                                    false,
 		"[sig-node] [Feature:UserNamespacesSupport] something new [Alpha] [Feature:OffByDefault]":                                                                   false,
 	} {
-		if got := selectedFeatures(name); got != want {
+		if got := selectedFeatures(name, features); got != want {
 			t.Errorf("selectedFeatures(%q) = %v, want %v", name, got, want)
 		}
 	}
