@@ -70,17 +70,19 @@ func WithAppArmor(p SecurityProfile, enabled bool) SpecOpt {
 	}
 }
 
-// WithSELinux sets the process label when the host runs SELinux.
+// WithSELinux sets the process label when the host runs SELinux. On a
+// host without it the label is ignored, as containerd and CRI-O ignore
+// it (go-selinux labels nothing there): pods and charts made for
+// SELinux nodes set seLinuxOptions and run unchanged elsewhere, and
+// Kubernetes' own e2e_node specs set them on every distribution. An
+// AppArmor profile, which is refused then, is a different matter: it
+// names a policy to load, which a host without AppArmor cannot apply.
 func WithSELinux(label string, enabled bool) SpecOpt {
 	return func(g *Generator) error {
 		g.Config.Process.SelinuxLabel = ""
-		if label == "" {
-			return nil
+		if enabled {
+			g.Config.Process.SelinuxLabel = label
 		}
-		if !enabled {
-			return fmt.Errorf("selinux label %q requested but SELinux is not enabled on this host: %w", label, errdefs.ErrFailedPrecondition)
-		}
-		g.Config.Process.SelinuxLabel = label
 		return nil
 	}
 }

@@ -372,8 +372,12 @@ func TestWithAppArmorAndSELinux(t *testing.T) {
 			t.Errorf("apparmor %+v = %q, %v; want none", p, s.Process.ApparmorProfile, err)
 		}
 	}
-	if _, err := gen(t, WithSELinux("system_u:system_r:container_t:s0", false)); !errors.Is(err, errdefs.ErrFailedPrecondition) {
-		t.Errorf("selinux on host without it: %v", err)
+	// A label on a host without SELinux is ignored, as containerd does.
+	if s, err := gen(t, WithSELinux("system_u:system_r:container_t:s0", false)); err != nil || s.Process.SelinuxLabel != "" {
+		t.Errorf("selinux on host without it: %q, %v; want no label, no error", s.Process.SelinuxLabel, err)
+	}
+	if s, err := gen(t, WithSELinux("system_u:system_r:container_t:s0", true)); err != nil || s.Process.SelinuxLabel != "system_u:system_r:container_t:s0" {
+		t.Errorf("selinux on a host with it: %q, %v", s.Process.SelinuxLabel, err)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"encoding/hex"
 	"encoding/pem"
 	"fmt"
+	"io"
 	"math/big"
 	"net"
 	"os"
@@ -698,6 +699,11 @@ func (n *node) startKubelet() {
 		t.Logf("cgroup v1 host (%s): kubelet runs with failCgroupV1: false", fs)
 		extra += "failCgroupV1: false\nfailSwapOn: false\n"
 	}
+	if n.opts.conformance {
+		// On the node IP only; the e2e_node metrics spec reads it on
+		// localhost, through forwardReadOnlyPort.
+		extra += fmt.Sprintf("readOnlyPort: %d\n", kubeletReadOnlyPort)
+	}
 	config := n.write("kubelet/config.yaml", fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 containerRuntimeEndpoint: unix://%s
@@ -706,6 +712,9 @@ address: %s
 port: %d
 healthzPort: 0
 podLogsDir: %s
+# Static pods, as kubeadm's control plane runs (the e2e_node mirror pod
+# specs write theirs here).
+staticPodPath: %s
 authentication:
   anonymous: {enabled: false}
   webhook: {enabled: true}
@@ -722,7 +731,10 @@ evictionHard:
   memory.available: 100Mi
   nodefs.available: 1%%
   imagefs.available: 1%%
-%s`, n.pinrtSock, n.driver, n.ip, n.kubeletPort, n.podLogDir, n.path("pki/ca.crt"), extra))
+%s`, n.pinrtSock, n.driver, n.ip, n.kubeletPort, n.podLogDir, n.path("manifests"), n.path("pki/ca.crt"), extra))
+	if err := os.MkdirAll(n.path("manifests"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	argv := []string{n.k8s, "kubelet", "--config=" + config,
 		"--kubeconfig=" + n.kubeconfig("kubelet"),
 		"--root-dir=" + n.kubeletRoot,
@@ -891,4 +903,39 @@ func (n *node) dumpLogs() {
 		fmt.Fprintf(&b, "===== %s log (last 40 lines)\n%s\n", p.name, tail(readFile(p.log), 40))
 	}
 	n.t.Log("\n" + b.String())
+}
+
+// kubeletReadOnlyPort is kubelet's unauthenticated read-only port, where
+// the e2e_node specs read /metrics/cadvisor ("localhost:10255").
+const kubeletReadOnlyPort = 10255
+
+// forwardReadOnlyPort forwards localhost's read-only port to kubelet's on
+// the node IP, until the test ends: kubelet serves on the node IP only,
+// so that nothing of the test listens on the host's own addresses.
+func (n *node) forwardReadOnlyPort(t *testing.T) {
+	l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", kubeletReadOnlyPort))
+	if err != nil {
+		t.Errorf("kubelet's read-only port on localhost, for the metrics spec: %v", err)
+		return
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	target := net.JoinHostPort(n.ip, strconv.Itoa(kubeletReadOnlyPort))
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				up, err := net.DialTimeout("tcp", target, 10*time.Second)
+				if err != nil {
+					return
+				}
+				defer up.Close()
+				go func() { _, _ = io.Copy(up, c); _ = up.(*net.TCPConn).CloseWrite() }()
+				_, _ = io.Copy(c, up)
+			}()
+		}
+	}()
 }

@@ -90,6 +90,15 @@ func selectedFeatures(name string, features []string) bool {
 // without one.
 var nodeE2EFeatures = append(slices.Clip(features), "ProcMountType", "ImageVolume")
 
+// testHandlerConf gives pinrt the runtime handler e2e_node's RuntimeClass
+// specs (pod overhead) expect a node to have, "test-handler"
+// (e2enode.PreconfiguredRuntimeClassHandler), as the containerd and CRI-O
+// configurations of upstream's node e2e jobs have it: runc again.
+const testHandlerConf = `[runtime.runtimes.test-handler]
+binary = "runc"
+type = "oci"
+`
+
 // suite is one of the build's e2e binaries and what a run takes of it.
 type suite struct {
 	name   string // as the log names it
@@ -104,6 +113,8 @@ type suite struct {
 	// focusFile is ginkgo's --focus-file: where a selected spec is.
 	focusFile string
 	args      []string // the binary's own flags
+	// setup readies the node for the suite, if it needs more.
+	setup func(*testing.T)
 }
 
 // conformanceSuite is conformance.test: test/e2e's specs of a node.
@@ -141,6 +152,7 @@ func (n *node) nodeE2ESuite() suite {
 			"--container-runtime-endpoint=unix://" + n.pinrtSock,
 			"--image-service-endpoint=unix://" + n.pinrtSock,
 		},
+		setup: n.forwardReadOnlyPort,
 	}
 }
 
@@ -175,7 +187,7 @@ func TestNodeConformance(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := startNodeOpts(t, imageSource(t), nodeOpts{conformance: true})
+	n := startNodeOpts(t, imageSource(t), nodeOpts{conformance: true, pinrtConf: testHandlerConf})
 	mode := "host user namespace"
 	if userns {
 		n.forceUserns(t)
@@ -188,6 +200,9 @@ func TestNodeConformance(t *testing.T) {
 	for _, s := range []suite{n.conformanceSuite(kubectl), n.nodeE2ESuite()} {
 		if !slices.Contains(strings.Fields(envOr("PINRT_NODE_E2E_SUITES", "conformance.test e2e_node.test")), s.binary) {
 			continue
+		}
+		if s.setup != nil {
+			s.setup(t)
 		}
 		res = append(res, n.runSuite(t, s, dir, filepath.Join(out, strings.TrimSuffix(s.binary, ".test")), skips))
 	}

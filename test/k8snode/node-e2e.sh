@@ -2,9 +2,10 @@
 # node-e2e.sh: Kubernetes' node conformance, SIG Node and SIG CLI specs
 # against pinrt, on this host.
 # Builds (cached by version, see build.sh) the node binary, the e2e specs
-# (build/conformance), the ginkgo CLI and agnhost; builds and serves the
-# stand-in images of test/standin on 127.0.0.1; then runs
-# TestNodeConformance (conformance_test.go) once per mode: every pod in
+# (build/conformance), the node e2e specs (e2e_node.test), the ginkgo CLI
+# and agnhost; builds and serves the stand-in images of test/standin on
+# 127.0.0.1; then runs TestNodeConformance (conformance_test.go, both
+# suites, one after the other on one node) once per mode: every pod in
 # the host's user namespace ("host"), then every pod that can have one in
 # its own ("userns", a MutatingAdmissionPolicy sets hostUsers: false).
 # Each run brings up its own node and removes it. A last run
@@ -18,6 +19,10 @@
 #   PINRT_NODE_E2E_MODES    the runs, in order (default "host userns sigpolicy checkpoint")
 #   PINRT_NODE_E2E_FOCUS    ginkgo --focus within [NodeConformance], SIG Node, SIG CLI and SIG
 #                           Network (default: all of the first three, and the host port spec)
+#   PINRT_NODE_E2E_NODE_FOCUS  the same for e2e_node.test's own specs (default: all of
+#                           its [NodeConformance] and SIG Node specs but serial ones)
+#   PINRT_NODE_E2E_SUITES   the suites each conformance mode runs (default
+#                           "conformance.test e2e_node.test")
 #   PINRT_NODE_E2E_SUBSET   "ci": the subset make test runs (the focus below), unless
 #                           PINRT_NODE_E2E_FOCUS is set
 #   PINRT_NODE_E2E_SKIP     a regexp of specs to leave out as well (the subset's default:
@@ -43,8 +48,17 @@ ci_focus='\[sig-node\] (Pods|PodOSRejection|Container Runtime|Container Lifecycl
 # not restarted, and the 500 pod spec updates that only the API server
 # and kubelet see: the full run has them.
 ci_skip='should \*not\* be restarted|issue 500 podspec updates'
+# Of e2e_node.test's own specs: what the runtime does for them (proc
+# mounts, recursive read-only mounts, the FQDN hostname, static pods,
+# metrics and the summary API, pod conditions, IPs and termination, the
+# security context, image volumes, kubelet's cgroups) and the sidecar
+# specs that change a container's image, which read the image back from
+# the status; not the other 90 sidecar and init container lifecycle specs
+# (kubelet's logic, 7 minutes a mode), which the full run has.
+ci_node_focus='\[sig-node\] (ProcMount|DefaultProcMount|Mount recursive read-only|Hostname of Pod|MirrorPod|Summary API|ContainerMetrics|Pod conditions|Deleted pods|ImageVolume|Kubelet|Pod SIGKILL|Security Context|Terminate Pods|Containers Lifecycle .*(image changed after its liveness|updated with a new image|has its image updated after a failed liveness))|\[sig-network\] Pod (Host )?IPs'
 if [ "${PINRT_NODE_E2E_SUBSET:-}" = ci ] && [ -z "${PINRT_NODE_E2E_FOCUS:-}" ]; then
 	export PINRT_NODE_E2E_FOCUS=$ci_focus PINRT_NODE_E2E_SKIP=${PINRT_NODE_E2E_SKIP:-$ci_skip}
+	export PINRT_NODE_E2E_NODE_FOCUS=${PINRT_NODE_E2E_NODE_FOCUS:-$ci_node_focus}
 	# Measured at 4-5 minutes a mode; a hung suite must not eat CI's time.
 	export PINRT_NODE_E2E_TIMEOUT=${PINRT_NODE_E2E_TIMEOUT:-20m}
 fi
