@@ -285,37 +285,51 @@ type CPURates struct {
 type cpuSample struct {
 	at    time.Time
 	usage uint64
+	// rate is the nano-cores over the window that ended at at, when
+	// there was one (hasRate).
+	rate    uint64
+	hasRate bool
 }
 
 // NewCPURates returns an empty tracker.
 func NewCPURates() *CPURates { return &CPURates{prev: map[string]cpuSample{}} }
 
 // minRateWindow is the shortest interval a rate is computed over. kubelet
-// asks for the same container through ListContainerStats and
-// ListPodSandboxStats within milliseconds; a rate over such a gap is
-// mostly scheduler noise, so a sample closer than this to the stored one
-// is measured against it without replacing it.
+// asks for the same container through ListPodSandboxStats and
+// ListContainerStats within milliseconds, and the summary API on demand
+// in between; a rate over such a gap is mostly scheduler noise (and 0 for
+// a container that slept through it, which the summary API spec catches),
+// so a sample closer than this to the stored one gets the stored window's
+// rate, as cAdvisor's rates are those between its housekeeping samples.
 const minRateWindow = time.Second
 
-// Rate records usage at at for key and returns the nano-cores used since
-// the stored sample, and false for a key's first sample, a sample that is
-// not newer, or a counter that went backwards (a new cgroup under an old
-// key).
+// Rate records usage at at for key and returns the nano-cores used over
+// the last window of at least minRateWindow, and false for a key's first
+// sample or a counter that went backwards (a new cgroup under an old
+// key). A sample within the window of the stored one, or not newer,
+// gets the stored window's rate; the first sample's window, until there
+// is a full one, is whatever time has passed.
 func (c *CPURates) Rate(key string, at time.Time, usage uint64) (uint64, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	p, ok := c.prev[key]
-	if ok && !at.After(p.at) {
-		return 0, false
-	}
-	if !ok || usage < p.usage || at.Sub(p.at) >= minRateWindow {
+	switch {
+	case ok && !at.After(p.at):
+		return p.rate, p.hasRate
+	case !ok || usage < p.usage:
 		c.prev[key] = cpuSample{at: at, usage: usage}
-	}
-	if !ok || usage < p.usage {
 		return 0, false
 	}
 	dt := at.Sub(p.at)
-	return uint64(float64(usage-p.usage) / dt.Seconds()), true
+	rate := uint64(float64(usage-p.usage) / dt.Seconds())
+	if dt >= minRateWindow {
+		c.prev[key] = cpuSample{at: at, usage: usage, rate: rate, hasRate: true}
+		return rate, true
+	}
+	if p.hasRate {
+		return p.rate, true
+	}
+	return rate, true
 }
 
 // Forget drops key's history (the container or pod was removed).

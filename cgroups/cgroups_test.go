@@ -302,13 +302,17 @@ func TestCPURates(t *testing.T) {
 		wantOK bool
 	}{
 		{"first sample has no rate", t0, 1e9, 0, false},
+		// Before a full window, the time there is.
+		{"short first window", t0.Add(500 * time.Millisecond), 1e9 + 1e8, 2e8, true},
 		{"half a core over 2s", t0.Add(2 * time.Second), 2e9, 5e8, true},
-		{"same instant", t0.Add(2 * time.Second), 3e9, 0, false},
-		// 100ms later, against the sample 2s ago: stored sample kept.
-		{"within the window", t0.Add(2100 * time.Millisecond), 2e9 + 1e8, 1e9, true},
-		{"still against the kept sample", t0.Add(2200 * time.Millisecond), 2e9 + 2e8, 1e9, true},
-		{"counter reset", t0.Add(3 * time.Second), 1e6, 0, false},
-		{"after reset", t0.Add(4 * time.Second), 1e6 + 2e9, 2e9, true},
+		{"same instant: the same rate", t0.Add(2 * time.Second), 3e9, 5e8, true},
+		// kubelet's second call, milliseconds after the first, of a
+		// container that slept through them: the window's rate, not 0.
+		{"within the window", t0.Add(2005 * time.Millisecond), 2e9, 5e8, true},
+		{"still the stored window's", t0.Add(2900 * time.Millisecond), 2e9 + 9e8, 5e8, true},
+		{"the next full window", t0.Add(3 * time.Second), 2e9 + 1e9, 1e9, true},
+		{"counter reset", t0.Add(4 * time.Second), 1e6, 0, false},
+		{"after reset", t0.Add(5 * time.Second), 1e6 + 2e9, 2e9, true},
 	}
 	for _, s := range steps {
 		got, ok := c.Rate("ctr", s.at, s.usage)
