@@ -211,8 +211,10 @@ func TestNodeConformance(t *testing.T) {
 	if userns && seen.userns == 0 {
 		t.Errorf("no pod ran in a user namespace: the admission policy took no effect")
 	}
-	if !userns && seen.userns != 0 {
-		t.Errorf("%d pods ran in a user namespace although none asked for one", seen.userns)
+	// In host mode only the specs' own hostUsers: false pods (the user
+	// namespace and proc mount specs) may have one.
+	if !userns && seen.unasked != 0 {
+		t.Errorf("%d pods ran in a user namespace although their spec has no hostUsers: false", seen.unasked)
 	}
 	for _, r := range res {
 		r.report(t)
@@ -362,13 +364,36 @@ type usernsWatch struct {
 	done   chan struct{}
 	mu     sync.Mutex
 	pods   map[string]bool // sandbox ID: a non-identity uid_map
-	ctrs   int
+	// unasked are the sandboxes with a non-identity uid_map whose pod,
+	// as the API server has it, did not ask for one (hostUsers: false).
+	unasked map[string]bool
+	ctrs    int
+	// asked says whether the pod of a sandbox asked for a user namespace.
+	asked func(ctx context.Context, sandbox string) bool
 }
 
-type usernsSeen struct{ pods, userns, containers int }
+type usernsSeen struct{ pods, userns, unasked, containers int }
 
 func (s usernsSeen) String() string {
-	return fmt.Sprintf("%d pods seen running, %d of them with a non-identity uid_map (%d containers read)", s.pods, s.userns, s.containers)
+	return fmt.Sprintf("%d pods seen running, %d of them with a non-identity uid_map, %d of those without hostUsers: false (%d containers read)", s.pods, s.userns, s.unasked, s.containers)
+}
+
+// podAsksUserns reads a sandbox's pod from the API server: whether its
+// spec has hostUsers: false (its own, or the admission policy's). A pod
+// gone already counts as having asked: nothing says otherwise.
+func (n *node) podAsksUserns(rs runtimeapi.RuntimeServiceClient) func(context.Context, string) bool {
+	return func(ctx context.Context, sandbox string) bool {
+		st, err := rs.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: sandbox})
+		if err != nil {
+			return true
+		}
+		md := st.GetStatus().GetMetadata()
+		pod, err := n.cs.CoreV1().Pods(md.GetNamespace()).Get(ctx, md.GetName(), metav1.GetOptions{})
+		if err != nil {
+			return true
+		}
+		return pod.Spec.HostUsers != nil && !*pod.Spec.HostUsers
+	}
 }
 
 func (n *node) watchUserns(t *testing.T) *usernsWatch {
@@ -379,7 +404,7 @@ func (n *node) watchUserns(t *testing.T) *usernsWatch {
 	t.Cleanup(func() { _ = conn.Close() })
 	rs := runtimeapi.NewRuntimeServiceClient(conn)
 	ctx, cancel := context.WithCancel(context.Background())
-	w := &usernsWatch{cancel: cancel, done: make(chan struct{}), pods: map[string]bool{}}
+	w := &usernsWatch{cancel: cancel, done: make(chan struct{}), pods: map[string]bool{}, unasked: map[string]bool{}, asked: n.podAsksUserns(rs)}
 	seen := map[string]bool{}
 	go func() {
 		defer close(w.done)
@@ -423,9 +448,14 @@ func (w *usernsWatch) poll(ctx context.Context, rs runtimeapi.RuntimeServiceClie
 			continue // gone already
 		}
 		seen[c.Id] = true
+		userns := !identityMap(string(m))
+		unasked := userns && !w.asked(cctx, c.PodSandboxId)
 		w.mu.Lock()
 		w.ctrs++
-		w.pods[c.PodSandboxId] = w.pods[c.PodSandboxId] || !identityMap(string(m))
+		w.pods[c.PodSandboxId] = w.pods[c.PodSandboxId] || userns
+		if unasked {
+			w.unasked[c.PodSandboxId] = true
+		}
 		w.mu.Unlock()
 	}
 }
@@ -440,7 +470,7 @@ func (w *usernsWatch) stop() usernsSeen {
 	<-w.done
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	s := usernsSeen{pods: len(w.pods), containers: w.ctrs}
+	s := usernsSeen{pods: len(w.pods), unasked: len(w.unasked), containers: w.ctrs}
 	for _, u := range w.pods {
 		if u {
 			s.userns++
