@@ -23,31 +23,14 @@ func TestDeleteRestoredUnmountsLeftovers(t *testing.T) {
 		t.Skip("bind mounts need root")
 	}
 	dir := t.TempDir()
-	root := filepath.Join(dir, "root")
-	bin := filepath.Join(dir, "fakerunc")
 	// Its delete removes its state directory as runc's does: recursively.
-	script := `#!/bin/sh
+	rt, root, bundle := preparedRestore(t, dir, `#!/bin/sh
 [ "$1" = --root ] && root=$2 && shift 2
 case "$1" in
 delete) shift; [ "$1" = --force ] && shift; rm -rf "$root/$1" ;;
 state) echo '{"id":"c1","status":"running"}' ;;
 esac
-`
-	if err := os.WriteFile(bin, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	rt, err := NewRuntime(Handler{Name: "fake", Binary: bin, Root: root, MonitorPath: "/bin/true"}, filepath.Join(dir, "state"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	bundle := filepath.Join(dir, "bundle")
-	if err := rt.Prepare(CreateOptions{ID: "c1", Bundle: bundle, ExitDir: filepath.Join(dir, "exits"), Spec: &specs.Spec{Process: &specs.Process{Args: []string{"sh"}}}, Restore: filepath.Join(bundle, "checkpoint")}); err != nil {
-		t.Fatal(err)
-	}
-	// conmon was started for it.
-	if err := os.WriteFile(filepath.Join(bundle, "conmon.pid"), []byte(fmt.Sprint(os.Getpid())), 0o644); err != nil {
-		t.Fatal(err)
-	}
+`, "c1")
 	rootfs := filepath.Join(dir, "rootfs")
 	if err := os.MkdirAll(filepath.Join(rootfs, "bin"), 0o755); err != nil {
 		t.Fatal(err)
@@ -83,6 +66,80 @@ esac
 			t.Errorf("%s is still mounted", p)
 		}
 	}
+}
+
+// A `runtime restore` that outlived its conmon may still bind the rootfs
+// into runc's state directory after Delete has looked; Delete waits for
+// it to end first. Here the restore binds the rootfs 100 ms in and
+// unmounts it when it ends, and runc's delete removes its state
+// directory 300 ms in: without the wait, through the bind.
+func TestDeleteWaitsForRestore(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("bind mounts need root")
+	}
+	dir := t.TempDir()
+	rt, root, _ := preparedRestore(t, dir, `#!/bin/sh
+[ "$1" = --root ] && root=$2 && shift 2
+case "$1" in
+delete) shift; [ "$1" = --force ] && shift; sleep 0.3; rm -rf "$root/$1" ;;
+esac
+`, "c2")
+	rootfs, criuRoot := filepath.Join(dir, "rootfs"), filepath.Join(root, "c2", "criu-root")
+	for _, d := range []string{filepath.Join(rootfs, "bin"), criuRoot} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(rootfs, "bin", "busybox"), []byte("the image's"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// Its arguments are those of `runc restore ... c2`.
+	restore := exec.Command("sh", "-c", `sleep 0.1; mount --bind "$2" "$3"; sleep 0.5; umount "$3"`, "restore", "restore", rootfs, criuRoot, "c2")
+	if err := restore.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// Reaped as it ends: a zombie's command line is empty.
+	ended := make(chan struct{})
+	go func() { _ = restore.Wait(); close(ended) }()
+	t.Cleanup(func() {
+		_ = restore.Process.Kill()
+		<-ended
+		_ = unix.Unmount(criuRoot, unix.MNT_DETACH)
+	})
+	if !restoreRunning("c2") || restoreRunning("c3") {
+		t.Fatalf("restoreRunning(c2) = %v, (c3) = %v: want true, false", restoreRunning("c2"), restoreRunning("c3"))
+	}
+	if err := rt.Delete(context.Background(), "c2", true); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(rootfs, "bin", "busybox")); err != nil || string(b) != "the image's" {
+		t.Errorf("the rootfs lost its files through a restore's criu-root: %q, %v", b, err)
+	}
+}
+
+// preparedRestore is a runtime whose binary is the shell script given
+// (its first argument may be --root <dir>) and a container id prepared
+// for a restore, as if its conmon had been started; dir holds it all.
+func preparedRestore(t *testing.T, dir, script, id string) (rt *Runtime, root, bundle string) {
+	t.Helper()
+	root = filepath.Join(dir, "root")
+	bin := filepath.Join(dir, "fakerunc")
+	if err := os.WriteFile(bin, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	rt, err := NewRuntime(Handler{Name: "fake", Binary: bin, Root: root, MonitorPath: "/bin/true"}, filepath.Join(dir, "state"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bundle = filepath.Join(dir, "bundle")
+	if err := rt.Prepare(CreateOptions{ID: id, Bundle: bundle, ExitDir: filepath.Join(dir, "exits"), Spec: &specs.Spec{Process: &specs.Process{Args: []string{"sh"}}}, Restore: filepath.Join(bundle, "checkpoint")}); err != nil {
+		t.Fatal(err)
+	}
+	// conmon was started for it.
+	if err := os.WriteFile(filepath.Join(bundle, "conmon.pid"), []byte(fmt.Sprint(os.Getpid())), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return rt, root, bundle
 }
 
 // mounted says whether p is a mount point, from the mount table.

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -598,10 +599,19 @@ func (r *Runtime) Delete(ctx context.Context, id string, force bool) error {
 // bundle, its work directory). `runc delete` removes its state directory
 // recursively: through a criu-root still mounted it would empty the
 // container's rootfs (the kill test saw it).
+//
+// A `runtime restore` that outlived its conmon (or the daemon that
+// started it) is waited for first, at most restoreRunWait: until it
+// ends, it may still make or use those mounts, and a delete meanwhile
+// went through them (a kill test in CI saw a rootfs without bin/busybox
+// after a restart, 1 run in about 20).
 func (r *Runtime) unmountRestoreLeftovers(id string) {
 	rec, err := r.loadRecord(id)
 	if err != nil || rec.Restore == "" {
 		return
+	}
+	for deadline := time.Now().Add(restoreRunWait); restoreRunning(id) && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
 	}
 	root := r.h.Root
 	if root == "" {
@@ -613,6 +623,39 @@ func (r *Runtime) unmountRestoreLeftovers(id string) {
 		// MNT_DETACH takes the mounts beneath along.
 		_ = unix.Unmount(p, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
 	}
+}
+
+// restoreRunWait bounds the wait for a `runtime restore` still running.
+const restoreRunWait = 30 * time.Second
+
+// restoreRunning says whether `runtime restore` of container id runs:
+// a process with "restore" and id among its arguments (conmon's own
+// are --restore and -c id, so a live conmon is not one).
+func restoreRunning(id string) bool {
+	return AnyProcess(func(cmdline []byte) bool {
+		args := bytes.Split(cmdline, []byte{0})
+		return slices.ContainsFunc(args, func(a []byte) bool { return string(a) == "restore" }) &&
+			slices.ContainsFunc(args, func(a []byte) bool { return string(a) == id })
+	})
+}
+
+// AnyProcess says whether the command line (NUL-separated arguments) of
+// any process on the host satisfies match.
+func AnyProcess(match func(cmdline []byte) bool) bool {
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		return false
+	}
+	for _, p := range procs {
+		if _, err := strconv.Atoi(p.Name()); err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
+		if err == nil && match(cmdline) {
+			return true
+		}
+	}
+	return false
 }
 
 // Reap deletes a container that has exited from the OCI runtime (its

@@ -21,6 +21,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pinrt/pinrt/image"
+	"github.com/pinrt/pinrt/oci"
 	"github.com/pinrt/pinrt/sandbox"
 )
 
@@ -318,21 +319,8 @@ func removeDump(ctx context.Context, dir string) {
 // dumping reports whether a process's command line names dir: the
 // runtime dumping into it (its --image-path and --work-path).
 func dumping(dir string) bool {
-	procs, err := os.ReadDir("/proc")
-	if err != nil {
-		return false
-	}
 	want := []byte(dir + "/")
-	for _, p := range procs {
-		if _, err := strconv.Atoi(p.Name()); err != nil {
-			continue
-		}
-		cmdline, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
-		if err == nil && bytes.Contains(cmdline, want) {
-			return true
-		}
-	}
-	return false
+	return oci.AnyProcess(func(cmdline []byte) bool { return bytes.Contains(cmdline, want) })
 }
 
 // unixTmpfile opens an unnamed file in a directory (O_TMPFILE); linkFd
