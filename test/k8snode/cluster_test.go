@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -568,65 +569,182 @@ type procService struct {
 	name string
 	argv []string
 	log  string
-	cmd  *exec.Cmd
-	done chan struct{}
+	// respawn starts the process again a second after it exited on its
+	// own, as Restart=always does under systemd (pinrt's unit has it);
+	// pidFile, when set, then names its current pid.
+	respawn bool
+	pidFile string
+	// oomScoreAdj is the unit's OOMScoreAdjust, given to each process;
+	// oomRefused says the kernel refused it once (logged once).
+	oomScoreAdj string
+	oomRefused  bool
+
+	mu       sync.Mutex
+	cmd      *exec.Cmd
+	stopping bool
+	done     chan struct{} // closed when the supervisor gives up
+}
+
+// spawn starts the process; the caller holds mu or is the only user.
+func (p *procService) spawn() error {
+	f, err := os.OpenFile(p.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	cmd := exec.Command(p.argv[0], p.argv[1:]...)
+	cmd.Stdout, cmd.Stderr = f, f
+	// Its own session: a SIGKILL of pinrt must not reach conmon, as
+	// KillMode=process has it under systemd.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	p.cmd = cmd
+	if p.oomScoreAdj != "" {
+		// As systemd sets it; the kernel refuses a lower one without
+		// CAP_SYS_RESOURCE, and the process then keeps its own.
+		f := filepath.Join("/proc", strconv.Itoa(cmd.Process.Pid), "oom_score_adj")
+		if err := os.WriteFile(f, []byte(p.oomScoreAdj), 0o644); err != nil && !p.oomRefused {
+			p.oomRefused = true
+			p.t.Logf("%s: OOMScoreAdjust=%s: %v", p.name, p.oomScoreAdj, err)
+		}
+	}
+	if p.pidFile != "" {
+		// No newline: the e2e specs read it with strconv.Atoi.
+		return os.WriteFile(p.pidFile, []byte(strconv.Itoa(cmd.Process.Pid)), 0o644)
+	}
+	return nil
+}
+
+// unitSetting is the value of a unit file's Key= line, or "".
+func unitSetting(unit, key string) string {
+	for _, l := range strings.Split(unit, "\n") {
+		if v, ok := strings.CutPrefix(l, key+"="); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
 }
 
 func (p *procService) start() {
-	f, err := os.OpenFile(p.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	defer f.Close()
-	p.cmd = exec.Command(p.argv[0], p.argv[1:]...)
-	p.cmd.Stdout, p.cmd.Stderr = f, f
-	// Its own session: a SIGKILL of pinrt must not reach conmon, as
-	// KillMode=process has it under systemd.
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := p.cmd.Start(); err != nil {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.stopping = false
+	if err := p.spawn(); err != nil {
 		p.t.Fatal(err)
 	}
 	done := make(chan struct{})
 	p.done = done
-	go func() { _ = p.cmd.Wait(); close(done) }()
+	go p.supervise(p.cmd, done)
+}
+
+// supervise waits for cmd and, with respawn, for each process that
+// follows it, until stop or a failed start.
+func (p *procService) supervise(cmd *exec.Cmd, done chan struct{}) {
+	defer close(done)
+	for {
+		werr := cmd.Wait()
+		p.mu.Lock()
+		again := p.respawn && !p.stopping
+		p.mu.Unlock()
+		if !again {
+			return
+		}
+		time.Sleep(time.Second)
+		p.mu.Lock()
+		if p.stopping {
+			p.mu.Unlock()
+			return
+		}
+		err := p.spawn()
+		cmd = p.cmd
+		p.mu.Unlock()
+		if err != nil {
+			p.t.Logf("%s: respawn: %v", p.name, err)
+			return
+		}
+		p.t.Logf("%s exited (%v); started again as pid %d", p.name, werr, cmd.Process.Pid)
+	}
 }
 
 func (p *procService) stop() {
+	p.mu.Lock()
 	if p.cmd == nil {
+		p.mu.Unlock()
 		return
 	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	p.stopping = true
+	cmd, done := p.cmd, p.done
+	p.mu.Unlock()
+	_ = cmd.Process.Signal(syscall.SIGTERM)
 	select {
-	case <-p.done:
+	case <-done:
 	case <-time.After(30 * time.Second):
+		p.mu.Lock()
 		_ = p.cmd.Process.Kill()
-		<-p.done
+		p.mu.Unlock()
+		<-done
 	}
+	p.mu.Lock()
 	p.cmd = nil
+	p.mu.Unlock()
 }
 
 func (p *procService) restart() { p.stop(); p.start() }
 
+// kill SIGKILLs the process and returns once it runs again: respawned,
+// or started here.
 func (p *procService) kill() {
-	_ = p.cmd.Process.Kill()
-	<-p.done
-	p.start()
+	p.mu.Lock()
+	cmd, done, respawn := p.cmd, p.done, p.respawn
+	p.mu.Unlock()
+	_ = cmd.Process.Kill()
+	if !respawn {
+		<-done
+		p.start()
+		return
+	}
+	deadline := time.Now().Add(time.Minute)
+	for p.mainPID() == cmd.Process.Pid {
+		if time.Now().After(deadline) {
+			p.t.Fatalf("%s not respawned a minute after SIGKILL", p.name)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
-func (p *procService) mainPID() int { return p.cmd.Process.Pid }
+func (p *procService) mainPID() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
 func (p *procService) logs() string { return tail(readFile(p.log), 300) }
+
+// pidFile is where a service run without systemd has its pid.
+func (n *node) pidFile(name string) string { return n.path("logs/" + name + ".pid") }
 
 func (n *node) newService(name, unit string, argv []string) service {
 	if n.systemd {
 		return newUnit(n.t, name, unit, strings.Join(argv, " "))
 	}
-	p := &procService{t: n.t, name: name, argv: argv, log: n.path("logs/" + name + ".log")}
+	// As systemd would: restarted when the unit says so, its pid in a
+	// file (the node e2e runtime restart spec reads pinrt's).
+	p := &procService{t: n.t, name: name, argv: argv, log: n.path("logs/" + name + ".log"),
+		respawn: unitSetting(unit, "Restart") == "always", pidFile: n.pidFile(name),
+		oomScoreAdj: unitSetting(unit, "OOMScoreAdjust")}
 	if err := os.MkdirAll(filepath.Dir(p.log), 0o755); err != nil {
 		n.t.Fatal(err)
 	}
 	n.t.Cleanup(p.stop)
 	return p
 }
+
+// pinrtService is pinrt's unit, or its name without systemd.
+const pinrtService = "k8snode-pinrt.service"
 
 // startPinrt runs pinrt from contrib/pinrt.service with its state under
 // the test's directories and its config naming the cgroup driver, the
@@ -661,7 +779,7 @@ cgroup_driver = %q
 	argv := []string{n.pinrt, "--config", config, "--config-dir", n.path("pinrt.d"),
 		"--root", n.pinrtRoot, "--runroot", n.pinrtRun, "--listen", n.pinrtSock,
 		"--cni-config-dir", cniConf, "--cni-plugin-dir", "/opt/cni/bin"}
-	n.pinrtSvc = n.newService("k8snode-pinrt.service", contrib.SystemdUnit, argv)
+	n.pinrtSvc = n.newService(pinrtService, contrib.SystemdUnit, argv)
 	n.pinrtSvc.start()
 	if !n.systemd {
 		n.poll(n.t, "pinrt socket", 30*time.Second, func() (bool, error) {
@@ -735,7 +853,16 @@ evictionHard:
 	if err := os.MkdirAll(n.path("manifests"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	argv := []string{n.k8s, "kubelet", "--config=" + config,
+	// Named kubelet, as the node e2e specs look for it by its name.
+	kubelet := n.path("bin/kubelet")
+	if err := os.MkdirAll(filepath.Dir(kubelet), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_ = os.Remove(kubelet)
+	if err := os.Symlink(n.k8s, kubelet); err != nil {
+		t.Fatal(err)
+	}
+	argv := []string{kubelet, "--config=" + config,
 		"--kubeconfig=" + n.kubeconfig("kubelet"),
 		"--root-dir=" + n.kubeletRoot,
 		"--hostname-override=" + nodeName, "--node-ip=" + n.ip, "--v=2"}

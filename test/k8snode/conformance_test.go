@@ -23,6 +23,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -115,6 +116,30 @@ type suite struct {
 	args      []string // the binary's own flags
 	// setup readies the node for the suite, if it needs more.
 	setup func(*testing.T)
+	// key names the suite in PINRT_NODE_E2E_SUITES and its output
+	// directory; the binary's name less .test when empty.
+	key string
+	// serial runs the specs one at a time, and takes the [Serial] and
+	// [Disruptive] specs that deselected leaves out of the others.
+	serial bool
+	// env is added to the suite's environment.
+	env []string
+}
+
+// id is the suite's key.
+func (s suite) id() string {
+	if s.key != "" {
+		return s.key
+	}
+	return strings.TrimSuffix(s.binary, ".test")
+}
+
+// deselected is what the suite never selects.
+func (s suite) deselected() string {
+	if s.serial {
+		return deselectedSerial
+	}
+	return deselection()
 }
 
 // conformanceSuite is conformance.test: test/e2e's specs of a node.
@@ -156,6 +181,41 @@ func (n *node) nodeE2ESuite() suite {
 	}
 }
 
+// serialNodeE2EFocus are the serial and disruptive specs of e2e_node.test
+// that need no restart of kubelet (which they make with systemctl, with
+// another configuration): the container runtime SIGKILLed six times, 20
+// seconds apart, under 100 pods, which must all stay running with no
+// container restarted and no IP leaked; kubelet's garbage collection of
+// dead containers; and the OOM score adjustments of the runtime, the
+// infra processes and each QoS class's containers.
+const serialNodeE2EFocus = `\[sig-node\] (Restart Container Runtime Network should recover from ip leak|GarbageCollect|Container Manager Misc)`
+
+// deselectedSerial is what the serial suite never selects: flaky specs.
+const deselectedSerial = `\[Flaky\]`
+
+// nodeE2ESerialSuite is e2e_node.test's serial specs, one at a time, on
+// the same node after the others. They find pinrt by its pid file and
+// run `sudo kill -SIGKILL` and `sudo ps`: the test is root, and sudo
+// is a shim in the node's bin directory that runs its arguments.
+func (n *node) nodeE2ESerialSuite() suite {
+	s := n.nodeE2ESuite()
+	s.name, s.key, s.serial = "node e2e serial", "e2e_node.serial", true
+	s.labels = "Serial && (NodeConformance || sig-node)"
+	s.selected, s.features = serialNodeE2EFocus, []string{"OOMScoreAdj"}
+	s.focusEnv = "PINRT_NODE_E2E_SERIAL_FOCUS"
+	s.args = append(s.args, "--container-runtime-process-name=pinrt",
+		"--container-runtime-pid-file="+n.pidFile(pinrtService))
+	s.setup = func(t *testing.T) {
+		n.forwardReadOnlyPort(t)
+		n.write("bin/sudo", "#!/bin/sh\nexec \"$@\"\n")
+		if err := os.Chmod(n.path("bin/sudo"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.env = []string{"PATH=" + n.path("bin") + ":" + os.Getenv("PATH")}
+	return s
+}
+
 // TestNodeConformance runs Kubernetes' own [NodeConformance], SIG Node
 // and SIG CLI e2e specs (build/conformance: test/e2e/common, node and
 // kubectl of the pinned release, run by the ginkgo CLI, in parallel;
@@ -187,6 +247,7 @@ func TestNodeConformance(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	skips = append(skips, hostSkips()...)
 	n := startNodeOpts(t, imageSource(t), nodeOpts{conformance: true, pinrtConf: testHandlerConf})
 	mode := "host user namespace"
 	if userns {
@@ -197,14 +258,14 @@ func TestNodeConformance(t *testing.T) {
 	t.Logf("node conformance: %s", mode)
 	kubectl := n.kubectl(t)
 	var res []*conformanceResult
-	for _, s := range []suite{n.conformanceSuite(kubectl), n.nodeE2ESuite()} {
-		if !slices.Contains(strings.Fields(envOr("PINRT_NODE_E2E_SUITES", "conformance.test e2e_node.test")), s.binary) {
+	for _, s := range []suite{n.conformanceSuite(kubectl), n.nodeE2ESuite(), n.nodeE2ESerialSuite()} {
+		if !slices.Contains(strings.Fields(envOr("PINRT_NODE_E2E_SUITES", defaultSuites)), s.id()) {
 			continue
 		}
 		if s.setup != nil {
 			s.setup(t)
 		}
-		res = append(res, n.runSuite(t, s, dir, filepath.Join(out, strings.TrimSuffix(s.binary, ".test")), skips))
+		res = append(res, n.runSuite(t, s, dir, filepath.Join(out, s.id()), skips))
 	}
 	seen := w.stop()
 	t.Logf("node conformance (%s): %s", mode, seen)
@@ -220,15 +281,51 @@ func TestNodeConformance(t *testing.T) {
 		r.report(t)
 	}
 	if len(res) == 0 {
-		t.Errorf("PINRT_NODE_E2E_SUITES names no suite: conformance.test, e2e_node.test")
+		t.Errorf("PINRT_NODE_E2E_SUITES names no suite: %s", defaultSuites)
 	}
 }
+
+// defaultSuites are the suites a run takes, in order, by their keys.
+const defaultSuites = "conformance.test e2e_node.test e2e_node.serial"
 
 func envOr(k, def string) string {
 	if v := os.Getenv(k); v != "" {
 		return v
 	}
 	return def
+}
+
+// hostSkips are the specs this host cannot pass, whatever the runtime:
+// the skip list's entries that depend on what the host lets root do.
+func hostSkips() []skipEntry {
+	if hasCap(unix.CAP_SYS_RESOURCE) {
+		return nil
+	}
+	// pinrt's unit (OOMScoreAdjust=-999) and kubelet (--oom-score-adj,
+	// default -999) lower their own oom_score_adj, which the kernel
+	// allows only with CAP_SYS_RESOURCE; the test gives pinrt its unit's
+	// setting as systemd would, and both stay at 0 without it.
+	return []skipEntry{oomScoreHostSkip}
+}
+
+var oomScoreHostSkip = skipEntry{
+	re:     regexp.MustCompile(`\[sig-node\] Container Manager Misc .* (container runtime|Kubelet)'s oom-score-adj should be -999`),
+	reason: "(host) the test host lacks CAP_SYS_RESOURCE, without which no process may lower its oom_score_adj",
+}
+
+// hasCap says whether this process has capability c in its effective set.
+func hasCap(c int) bool {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return false
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "CapEff:"); ok {
+			eff, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			return err == nil && eff&(1<<uint(c)) != 0
+		}
+	}
+	return false
 }
 
 // skipEntry is one line of a skip list: "REGEXP # reason".
@@ -270,8 +367,8 @@ func deselection() string {
 	return deselected
 }
 
-func skipPattern(skips []skipEntry) string {
-	p := []string{deselection()}
+func skipPattern(deselected string, skips []skipEntry) string {
+	p := []string{deselected}
 	for _, s := range skips {
 		p = append(p, s.re.String())
 	}
@@ -513,6 +610,9 @@ func (n *node) runSuite(t *testing.T, s suite, dir, out string, skips []skipEntr
 	// (s.labels); the focus narrows that selection further.
 	focus := envOr(s.focusEnv, s.selected)
 	procs := envOr("PINRT_NODE_E2E_PROCS", "8")
+	if s.serial {
+		procs = "1"
+	}
 	timeout := envOr("PINRT_NODE_E2E_TIMEOUT", "60m")
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		t.Fatal(err)
@@ -522,7 +622,7 @@ func (n *node) runSuite(t *testing.T, s suite, dir, out string, skips []skipEntr
 	args := []string{
 		"--procs=" + procs, "--no-color", "--timeout=" + timeout,
 		"--label-filter=" + s.labels,
-		"--focus=" + focus, "--skip=" + skipPattern(skips),
+		"--focus=" + focus, "--skip=" + skipPattern(s.deselected(), skips),
 		// An absolute path: with --output-dir ginkgo mangles it into a
 		// name made of the binary's path.
 		"--junit-report=" + junit,
@@ -542,6 +642,9 @@ func (n *node) runSuite(t *testing.T, s suite, dir, out string, skips []skipEntr
 	// The suite's output goes to the log as it comes: its progress marks
 	// (one per spec) are not lines.
 	cmd.Stdout, cmd.Stderr = f, f
+	if len(s.env) > 0 {
+		cmd.Env = append(os.Environ(), s.env...)
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	cmd.WaitDelay = 30 * time.Second
 	res := &conformanceResult{name: s.name, log: logPath}
@@ -614,7 +717,7 @@ func (r *conformanceResult) readJUnit(t *testing.T, path string, skips []skipEnt
 		t.Errorf("JUnit report %s: %v", path, err)
 		return
 	}
-	desel, sel := regexp.MustCompile(deselection()), regexp.MustCompile(s.selected)
+	desel, sel := regexp.MustCompile(s.deselected()), regexp.MustCompile(s.selected)
 	for _, ts := range js.Suites {
 		for _, c := range ts.Cases {
 			switch c.Status {

@@ -4,8 +4,9 @@
 # Builds (cached by version, see build.sh) the node binary, the e2e specs
 # (build/conformance), the node e2e specs (e2e_node.test), the ginkgo CLI
 # and agnhost; builds and serves the stand-in images of test/standin on
-# 127.0.0.1; then runs TestNodeConformance (conformance_test.go, both
-# suites, one after the other on one node) once per mode: every pod in
+# 127.0.0.1; then runs TestNodeConformance (conformance_test.go, its
+# suites one after the other on one node: conformance.test, e2e_node.test,
+# and e2e_node.test's serial specs one at a time) once per mode: every pod in
 # the host's user namespace ("host"), then every pod that can have one in
 # its own ("userns", a MutatingAdmissionPolicy sets hostUsers: false).
 # Each run brings up its own node and removes it. A last run
@@ -22,7 +23,10 @@
 #   PINRT_NODE_E2E_NODE_FOCUS  the same for e2e_node.test's own specs (default: all of
 #                           its [NodeConformance] and SIG Node specs but serial ones)
 #   PINRT_NODE_E2E_SUITES   the suites each conformance mode runs (default
-#                           "conformance.test e2e_node.test")
+#                           "conformance.test e2e_node.test e2e_node.serial"; the
+#                           subset's host mode runs the first two)
+#   PINRT_NODE_E2E_SERIAL_FOCUS  the same for e2e_node.test's serial specs (default: the
+#                           runtime SIGKILLed under 100 pods, garbage collection, OOM scores)
 #   PINRT_NODE_E2E_SUBSET   "ci": the subset make test runs (the focus below), unless
 #                           PINRT_NODE_E2E_FOCUS is set
 #   PINRT_NODE_E2E_SKIP     a regexp of specs to leave out as well (the subset's default:
@@ -56,9 +60,18 @@ ci_skip='should \*not\* be restarted|issue 500 podspec updates'
 # the status; not the other 90 sidecar and init container lifecycle specs
 # (kubelet's logic, 7 minutes a mode), which the full run has.
 ci_node_focus='\[sig-node\] (ProcMount|DefaultProcMount|Mount recursive read-only|Hostname of Pod|MirrorPod|Summary API|ContainerMetrics|Pod conditions|Deleted pods|ImageVolume|Kubelet|Pod SIGKILL|Security Context|Terminate Pods|Containers Lifecycle .*(image changed after its liveness|updated with a new image|has its image updated after a failed liveness))|\[sig-network\] Pod (Host )?IPs'
+# Of its serial specs: pinrt SIGKILLed six times under 100 pods, which
+# must all stay running with their IPs, and the OOM score adjustments;
+# not kubelet's garbage collection of dead containers (5 minutes a mode).
+# In the userns mode only (3 minutes): the host mode's run is the full
+# one's.
+ci_serial_focus='\[sig-node\] (Restart Container Runtime Network should recover from ip leak|Container Manager Misc)'
+ci_suites=
 if [ "${PINRT_NODE_E2E_SUBSET:-}" = ci ] && [ -z "${PINRT_NODE_E2E_FOCUS:-}" ]; then
 	export PINRT_NODE_E2E_FOCUS=$ci_focus PINRT_NODE_E2E_SKIP=${PINRT_NODE_E2E_SKIP:-$ci_skip}
 	export PINRT_NODE_E2E_NODE_FOCUS=${PINRT_NODE_E2E_NODE_FOCUS:-$ci_node_focus}
+	export PINRT_NODE_E2E_SERIAL_FOCUS=${PINRT_NODE_E2E_SERIAL_FOCUS:-$ci_serial_focus}
+	ci_suites=1
 	# Measured at 4-5 minutes a mode; a hung suite must not eat CI's time.
 	export PINRT_NODE_E2E_TIMEOUT=${PINRT_NODE_E2E_TIMEOUT:-20m}
 fi
@@ -104,8 +117,12 @@ status=0
 summary=()
 for mode in $modes; do
 	test=TestNodeConformance
+	suites=${PINRT_NODE_E2E_SUITES:-}
 	case $mode in
-	host) userns=0 ;;
+	host)
+		userns=0
+		if [ -n "$ci_suites" ] && [ -z "$suites" ]; then suites="conformance.test e2e_node.test"; fi
+		;;
 	userns) userns=1 ;;
 	sigpolicy) userns=0 test=TestNodeSignaturePolicy ;;
 	checkpoint) userns=0 test=TestNodeCheckpoint ;;
@@ -115,6 +132,7 @@ for mode in $modes; do
 	rc=0
 	# The test reads node-e2e-skip.txt from its own directory.
 	(cd "$here" && PINRT_NODE_E2E_DIR=$dir PINRT_NODE_E2E_USERNS=$userns PINRT_NODE_E2E_OUT=$out/$mode \
+		PINRT_NODE_E2E_SUITES=$suites \
 		PINRT_K8S_BINARY=$dir/k8s PINRT_K8S_PINRT=$work/pinrt PINRT_K8S_CGROUP_DRIVER=cgroupfs \
 		PINRT_K8S_STANDIN_CONF=$work/mirrors.toml \
 		"$work/k8snode.test" -test.v -test.timeout=120m -test.run "^$test\$") 2>&1 |
