@@ -55,8 +55,12 @@ type node struct {
 	kubeletRoot, cniDataDir        string
 	podLogDir                      string
 
-	procs        []*proc
-	pinrtSvc     service
+	procs    []*proc
+	pinrtSvc service
+	// kubeletConfig is kubelet's configuration file.
+	kubeletConfig string
+	// forwarded are the ports forwardPort has forwarded.
+	forwarded    map[int]bool
 	kubeletSvc   service
 	cfg          *rest.Config
 	token        string // a system:masters bearer token
@@ -789,6 +793,9 @@ cgroup_driver = %q
 	}
 }
 
+// hostKubeletDir is kubelet's default root directory on a host.
+const hostKubeletDir = "/var/lib/kubelet"
+
 // kubeletUnit is kubelet's unit as kubeadm's packages ship it, less the
 // restart loop: a kubelet that exits fails the test.
 const kubeletUnit = `[Unit]
@@ -817,19 +824,21 @@ func (n *node) startKubelet() {
 		t.Logf("cgroup v1 host (%s): kubelet runs with failCgroupV1: false", fs)
 		extra += "failCgroupV1: false\nfailSwapOn: false\n"
 	}
+	healthz := "healthzPort: 0\n"
 	if n.opts.conformance {
 		// On the node IP only; the e2e_node metrics spec reads it on
-		// localhost, through forwardReadOnlyPort.
+		// localhost, and its serial specs wait for kubelet's health there
+		// after they restart it: through forwardPort.
 		extra += fmt.Sprintf("readOnlyPort: %d\n", kubeletReadOnlyPort)
+		healthz = fmt.Sprintf("healthzBindAddress: %s\nhealthzPort: %d\n", n.ip, kubeletHealthzPort)
 	}
-	config := n.write("kubelet/config.yaml", fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
+	n.kubeletConfig = n.write("kubelet/config.yaml", fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 containerRuntimeEndpoint: unix://%s
 cgroupDriver: %s
 address: %s
 port: %d
-healthzPort: 0
-podLogsDir: %s
+%spodLogsDir: %s
 # Static pods, as kubeadm's control plane runs (the e2e_node mirror pod
 # specs write theirs here).
 staticPodPath: %s
@@ -849,7 +858,7 @@ evictionHard:
   memory.available: 100Mi
   nodefs.available: 1%%
   imagefs.available: 1%%
-%s`, n.pinrtSock, n.driver, n.ip, n.kubeletPort, n.podLogDir, n.path("manifests"), n.path("pki/ca.crt"), extra))
+%s`, n.pinrtSock, n.driver, n.ip, n.kubeletPort, healthz, n.podLogDir, n.path("manifests"), n.path("pki/ca.crt"), extra))
 	if err := os.MkdirAll(n.path("manifests"), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -862,9 +871,17 @@ evictionHard:
 	if err := os.Symlink(n.k8s, kubelet); err != nil {
 		t.Fatal(err)
 	}
-	argv := []string{kubelet, "--config=" + config,
+	// Whatever its root dir, kubelet makes /var/lib/kubelet/device-plugins
+	// (the device plugin API's compiled-in path): removed after it stops
+	// when the host had no /var/lib/kubelet.
+	if _, err := os.Stat(hostKubeletDir); os.IsNotExist(err) {
+		t.Cleanup(func() { _ = os.RemoveAll(hostKubeletDir) })
+	}
+	argv := []string{kubelet, "--config=" + n.kubeletConfig,
 		"--kubeconfig=" + n.kubeconfig("kubelet"),
 		"--root-dir=" + n.kubeletRoot,
+		// Its serving certificate, else in /var/lib/kubelet/pki.
+		"--cert-dir=" + filepath.Join(n.kubeletRoot, "pki"),
 		"--hostname-override=" + nodeName, "--node-ip=" + n.ip, "--v=2"}
 	n.kubeletSvc = n.newService("k8snode-kubelet.service", kubeletUnit, argv)
 	n.kubeletSvc.start()
@@ -1036,17 +1053,29 @@ func (n *node) dumpLogs() {
 // the e2e_node specs read /metrics/cadvisor ("localhost:10255").
 const kubeletReadOnlyPort = 10255
 
-// forwardReadOnlyPort forwards localhost's read-only port to kubelet's on
-// the node IP, until the test ends: kubelet serves on the node IP only,
-// so that nothing of the test listens on the host's own addresses.
-func (n *node) forwardReadOnlyPort(t *testing.T) {
-	l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", kubeletReadOnlyPort))
+// kubeletHealthzPort is kubelet's health port, where the e2e_node serial
+// specs wait for a restarted kubelet ("127.0.0.1:10248").
+const kubeletHealthzPort = 10248
+
+// forwardPort forwards localhost's port to kubelet's on the node IP,
+// until the test ends: kubelet serves on the node IP only, so that
+// nothing of the test listens on the host's own addresses. Each suite
+// that needs a port asks; the first asking sets it up.
+func (n *node) forwardPort(t *testing.T, port int) {
+	if n.forwarded[port] {
+		return
+	}
+	if n.forwarded == nil {
+		n.forwarded = map[int]bool{}
+	}
+	n.forwarded[port] = true
+	l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 	if err != nil {
-		t.Errorf("kubelet's read-only port on localhost, for the metrics spec: %v", err)
+		t.Errorf("kubelet's port %d on localhost, for the node e2e specs: %v", port, err)
 		return
 	}
 	t.Cleanup(func() { _ = l.Close() })
-	target := net.JoinHostPort(n.ip, strconv.Itoa(kubeletReadOnlyPort))
+	target := net.JoinHostPort(n.ip, strconv.Itoa(port))
 	go func() {
 		for {
 			c, err := l.Accept()

@@ -124,6 +124,8 @@ type suite struct {
 	serial bool
 	// env is added to the suite's environment.
 	env []string
+	// cwd is where the suite runs (its output directory when empty).
+	cwd string
 }
 
 // id is the suite's key.
@@ -177,26 +179,47 @@ func (n *node) nodeE2ESuite() suite {
 			"--container-runtime-endpoint=unix://" + n.pinrtSock,
 			"--image-service-endpoint=unix://" + n.pinrtSock,
 		},
-		setup: n.forwardReadOnlyPort,
+		setup: func(t *testing.T) { n.forwardPort(t, kubeletReadOnlyPort) },
 	}
 }
 
 // serialNodeE2EFocus are the serial and disruptive specs of e2e_node.test
-// that need no restart of kubelet (which they make with systemctl, with
-// another configuration): the container runtime SIGKILLed six times, 20
-// seconds apart, under 100 pods, which must all stay running with no
-// container restarted and no IP leaked; kubelet's garbage collection of
-// dead containers; and the OOM score adjustments of the runtime, the
-// infra processes and each QoS class's containers.
-const serialNodeE2EFocus = `\[sig-node\] (Restart Container Runtime Network should recover from ip leak|GarbageCollect|Container Manager Misc)`
+// a run takes: the container runtime SIGKILLed six times, 20 seconds
+// apart, under 100 pods, which must all stay running with no container
+// restarted and no IP leaked; kubelet's garbage collection of dead
+// containers and of unused images; the OOM score adjustments of the
+// runtime, the infra processes and each QoS class's containers; and
+// those that restart kubelet, most with another configuration: OOM kills
+// and their reason, log rotation (ReopenContainerLog), static and mirror
+// pods, sidecars and init containers, pod phases and unknown pods across
+// a restart of kubelet. Not those that stop and start the runtime's unit
+// through systemd's D-Bus API, nor those that need a feature gate, a
+// device, a credential provider or kubelet's own managers (CPU, memory,
+// topology, eviction, density).
+const serialNodeE2EFocus = `\[sig-node\] (Restart Container Runtime Network should recover from ip leak|GarbageCollect|ImageGarbageCollect|Container Manager Misc|OOMKiller|ContainerLogRotation|MirrorPod |StaticPod|Pods status phase|Restart Kubelet|Containers Lifecycle when|Unknown Pods)`
 
 // deselectedSerial is what the serial suite never selects: flaky specs.
 const deselectedSerial = `\[Flaky\]`
 
+// hostKubeletState are the files of the host's /var/lib/kubelet that the
+// node e2e specs remove when they update kubelet's configuration.
+func hostKubeletState() []string {
+	m, _ := filepath.Glob(filepath.Join(hostKubeletDir, "pods/*/userns"))
+	for _, f := range []string{"cpu_manager_state", "memory_manager_state"} {
+		if _, err := os.Stat(filepath.Join(hostKubeletDir, f)); err == nil {
+			m = append(m, filepath.Join(hostKubeletDir, f))
+		}
+	}
+	return m
+}
+
 // nodeE2ESerialSuite is e2e_node.test's serial specs, one at a time, on
 // the same node after the others. They find pinrt by its pid file and
 // run `sudo kill -SIGKILL` and `sudo ps`: the test is root, and sudo
-// is a shim in the node's bin directory that runs its arguments.
+// is a shim in the node's bin directory that runs its arguments. Those
+// that change kubelet's configuration write it to kubelet-config in
+// their working directory, a link to the node kubelet's, and restart
+// kubelet through `sudo systemctl` (systemctl_test.go) without systemd.
 func (n *node) nodeE2ESerialSuite() suite {
 	s := n.nodeE2ESuite()
 	s.name, s.key, s.serial = "node e2e serial", "e2e_node.serial", true
@@ -205,14 +228,39 @@ func (n *node) nodeE2ESerialSuite() suite {
 	s.focusEnv = "PINRT_NODE_E2E_SERIAL_FOCUS"
 	s.args = append(s.args, "--container-runtime-process-name=pinrt",
 		"--container-runtime-pid-file="+n.pidFile(pinrtService))
+	cwd := n.path("serial")
+	s.cwd = cwd
 	s.setup = func(t *testing.T) {
-		n.forwardReadOnlyPort(t)
+		n.forwardPort(t, kubeletReadOnlyPort)
+		n.forwardPort(t, kubeletHealthzPort)
 		n.write("bin/sudo", "#!/bin/sh\nexec \"$@\"\n")
 		if err := os.Chmod(n.path("bin/sudo"), 0o755); err != nil {
 			t.Fatal(err)
 		}
+		// The config updates also rm -f kubelet's state files under the
+		// host's /var/lib/kubelet, hard-coded: not where a kubelet of the
+		// host has some.
+		if m := hostKubeletState(); len(m) > 0 {
+			t.Fatalf("the host's kubelet state files %v would be removed by the serial specs' kubelet config updates", m)
+		}
+		if !n.systemd {
+			self, err := os.Executable()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(self, n.path("bin/systemctl")); err != nil {
+				t.Fatal(err)
+			}
+			n.serveSystemctl(t)
+		}
+		if err := os.MkdirAll(cwd, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(n.kubeletConfig, filepath.Join(cwd, "kubelet-config")); err != nil {
+			t.Fatal(err)
+		}
 	}
-	s.env = []string{"PATH=" + n.path("bin") + ":" + os.Getenv("PATH")}
+	s.env = []string{"PATH=" + n.path("bin") + ":" + os.Getenv("PATH"), systemctlEnv + "=" + n.systemctlSock()}
 	return s
 }
 
@@ -631,14 +679,26 @@ func (n *node) runSuite(t *testing.T, s suite, dir, out string, skips []skipEntr
 	if s.focusFile != "" {
 		args = append(args, "--focus-file="+s.focusFile)
 	}
-	args = append(append(args, filepath.Join(dir, s.binary), "--"), s.args...)
+	// ginkgo runs a compiled suite in the binary's directory, where the
+	// node e2e specs write files of their own (kubelet-config, static
+	// pod manifests, scratch directories): a link to the binary there
+	// keeps them out of the build cache.
+	cwd := out
+	if s.cwd != "" {
+		cwd = s.cwd
+	}
+	bin := filepath.Join(cwd, s.binary)
+	if err := os.Symlink(filepath.Join(dir, s.binary), bin); err != nil {
+		t.Fatal(err)
+	}
+	args = append(append(args, bin, "--"), s.args...)
 	f, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
 	cmd := exec.Command(filepath.Join(dir, "ginkgo"), args...)
-	cmd.Dir = out
+	cmd.Dir = cwd
 	// The suite's output goes to the log as it comes: its progress marks
 	// (one per spec) are not lines.
 	cmd.Stdout, cmd.Stderr = f, f
