@@ -657,11 +657,11 @@ func (n *node) runSuite(t *testing.T, s suite, dir, out string, skips []skipEntr
 	// The framework labels every spec with what its name says
 	// (s.labels); the focus narrows that selection further.
 	focus := envOr(s.focusEnv, s.selected)
-	procs := envOr("PINRT_NODE_E2E_PROCS", "8")
+	procs, timeout := envOr("PINRT_NODE_E2E_PROCS", "8"), envOr("PINRT_NODE_E2E_TIMEOUT", "60m")
 	if s.serial {
-		procs = "1"
+		// About 47 minutes in full, one spec at a time.
+		procs, timeout = "1", envOr("PINRT_NODE_E2E_TIMEOUT", "90m")
 	}
-	timeout := envOr("PINRT_NODE_E2E_TIMEOUT", "60m")
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		t.Fatal(err)
 	}

@@ -32,7 +32,7 @@
 #   PINRT_NODE_E2E_SKIP     a regexp of specs to leave out as well (the subset's default:
 #                           the probe specs that watch for minutes)
 #   PINRT_NODE_E2E_PROCS    ginkgo processes (default 8: the specs mostly wait)
-#   PINRT_NODE_E2E_TIMEOUT  ginkgo --timeout per run (default 60m)
+#   PINRT_NODE_E2E_TIMEOUT  ginkgo --timeout per run (default 60m, the serial suite's 90m)
 #   PINRT_NODE_E2E_OUT      where each run's log and JUnit report go
 #                           (default a temporary directory, removed at the end)
 #   PINRT_VM_CACHE          the build cache (default /var/cache/pinrt-vm)
@@ -135,7 +135,7 @@ for mode in $modes; do
 		PINRT_NODE_E2E_SUITES=$suites \
 		PINRT_K8S_BINARY=$dir/k8s PINRT_K8S_PINRT=$work/pinrt PINRT_K8S_CGROUP_DRIVER=cgroupfs \
 		PINRT_K8S_STANDIN_CONF=$work/mirrors.toml \
-		"$work/k8snode.test" -test.v -test.timeout=120m -test.run "^$test\$") 2>&1 |
+		"$work/k8snode.test" -test.v -test.timeout=180m -test.run "^$test\$") 2>&1 |
 		tee "$work/$mode.log" || rc=$?
 	# A failed test leaves the node's logs above; the lines that matter
 	# are gathered at the end.
