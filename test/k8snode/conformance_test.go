@@ -133,7 +133,29 @@ func (s suite) id() string {
 	if s.key != "" {
 		return s.key
 	}
-	return strings.TrimSuffix(s.binary, ".test")
+	return s.binary
+}
+
+// pickSuites are the suites named in names (PINRT_NODE_E2E_SUITES), in
+// all's order; a name of no suite is an error, never a suite left out.
+func pickSuites(all []suite, names string) ([]suite, error) {
+	var out []suite
+	known := map[string]bool{}
+	for _, s := range all {
+		known[s.id()] = true
+		if slices.Contains(strings.Fields(names), s.id()) {
+			out = append(out, s)
+		}
+	}
+	for _, n := range strings.Fields(names) {
+		if !known[n] {
+			return nil, fmt.Errorf("PINRT_NODE_E2E_SUITES names %q, which is none of %s", n, defaultSuites)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("PINRT_NODE_E2E_SUITES names no suite: %s", defaultSuites)
+	}
+	return out, nil
 }
 
 // deselected is what the suite never selects.
@@ -306,14 +328,15 @@ func TestNodeConformance(t *testing.T) {
 	t.Logf("node conformance: %s", mode)
 	kubectl := n.kubectl(t)
 	var res []*conformanceResult
-	for _, s := range []suite{n.conformanceSuite(kubectl), n.nodeE2ESuite(), n.nodeE2ESerialSuite()} {
-		if !slices.Contains(strings.Fields(envOr("PINRT_NODE_E2E_SUITES", defaultSuites)), s.id()) {
-			continue
-		}
+	suites, err := pickSuites([]suite{n.conformanceSuite(kubectl), n.nodeE2ESuite(), n.nodeE2ESerialSuite()}, envOr("PINRT_NODE_E2E_SUITES", defaultSuites))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range suites {
 		if s.setup != nil {
 			s.setup(t)
 		}
-		res = append(res, n.runSuite(t, s, dir, filepath.Join(out, s.id()), skips))
+		res = append(res, n.runSuite(t, s, dir, filepath.Join(out, strings.TrimSuffix(s.id(), ".test")), skips))
 	}
 	seen := w.stop()
 	t.Logf("node conformance (%s): %s", mode, seen)
@@ -327,9 +350,6 @@ func TestNodeConformance(t *testing.T) {
 	}
 	for _, r := range res {
 		r.report(t)
-	}
-	if len(res) == 0 {
-		t.Errorf("PINRT_NODE_E2E_SUITES names no suite: %s", defaultSuites)
 	}
 }
 

@@ -34,3 +34,24 @@ func TestUnitSetting(t *testing.T) {
 		}
 	}
 }
+
+// Each name PINRT_NODE_E2E_SUITES may hold picks its suite: a name that
+// picks nothing must fail the run, not leave a suite out (a key that no
+// longer matched once ran only the serial suite in CI).
+func TestPickSuites(t *testing.T) {
+	n := &node{}
+	all := []suite{n.conformanceSuite("kubectl"), n.nodeE2ESuite(), n.nodeE2ESerialSuite()}
+	got, err := pickSuites(all, defaultSuites)
+	if err != nil || len(got) != 3 {
+		t.Fatalf("the default suites: %d picked, %v; want all 3", len(got), err)
+	}
+	got, err = pickSuites(all, "e2e_node.test conformance.test")
+	if err != nil || len(got) != 2 || got[0].binary != "conformance.test" || got[1].id() != "e2e_node.test" {
+		t.Errorf("two suites: %v, %v; want conformance.test then e2e_node.test", got, err)
+	}
+	for _, names := range []string{"conformance", "e2e_node.test typo", ""} {
+		if _, err := pickSuites(all, names); err == nil {
+			t.Errorf("pickSuites(%q): no error", names)
+		}
+	}
+}
