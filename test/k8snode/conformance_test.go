@@ -777,6 +777,23 @@ type junitCase struct {
 	Skipped *struct {
 		Message string `xml:"message,attr"`
 	} `xml:"skipped"`
+	Failure *struct {
+		Message string `xml:"message,attr"`
+	} `xml:"failure"`
+}
+
+// failedCase names a failed spec with the first line of its failure,
+// so that a summary that has only this line still says what went wrong.
+func failedCase(c junitCase) string {
+	if c.Failure == nil || strings.TrimSpace(c.Failure.Message) == "" {
+		return c.Name
+	}
+	msg, _, _ := strings.Cut(strings.TrimSpace(c.Failure.Message), "\n")
+	const max = 400
+	if len(msg) > max {
+		msg = msg[:max] + "..."
+	}
+	return c.Name + ": " + msg
 }
 
 // readJUnit sorts the specs into passed, failed, skipped by the skip
@@ -808,7 +825,7 @@ func (r *conformanceResult) readJUnit(t *testing.T, path string, skips []skipEnt
 					r.passed = append(r.passed, c.Name)
 				}
 			case "failed", "panicked", "interrupted", "timedout", "aborted":
-				r.failed = append(r.failed, c.Name)
+				r.failed = append(r.failed, failedCase(c))
 			case "skipped", "pending":
 				why := ""
 				if c.Skipped != nil {
@@ -842,10 +859,10 @@ func (r *conformanceResult) report(t *testing.T) {
 		t.Logf("ginkgo: %s", l)
 	}
 	for _, f := range r.failed {
-		t.Errorf("FAILED: %s", f)
+		t.Errorf("%s: FAILED: %s", r.name, f)
 	}
 	for _, u := range r.unlisted {
-		t.Errorf("UNLISTED SKIP (the spec skipped itself; fix it or name it in node-e2e-skip.txt with a reason): %s", u)
+		t.Errorf("%s: UNLISTED SKIP (the spec skipped itself; fix it or name it in node-e2e-skip.txt with a reason): %s", r.name, u)
 	}
 	if len(r.passed) == 0 {
 		t.Errorf("no spec passed: the selection ran nothing")

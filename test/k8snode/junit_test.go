@@ -16,7 +16,7 @@ const junitSample = `<?xml version="1.0" encoding="UTF-8"?>
   <testsuite name="Kubernetes e2e suite">
     <testcase name="[SynchronizedBeforeSuite]" status="passed"></testcase>
     <testcase name="[It] [sig-node] Pods should be submitted and removed [NodeConformance] [Conformance] [sig-node, NodeConformance, Conformance]" status="passed"></testcase>
-    <testcase name="[It] [sig-node] Pod InPlace Resize Container valid increase of CPU [sig-node]" status="failed"></testcase>
+    <testcase name="[It] [sig-node] Pod InPlace Resize Container valid increase of CPU [sig-node]" status="failed"><failure message="Timed out after 300s.&#xA;Expected pod to be resized" type="failed">[FAILED] Timed out after 300s.</failure></testcase>
     <testcase name="[It] [sig-apps] Deployment should roll over [Conformance] [sig-apps, Conformance]" status="skipped"><skipped message="skipped"></skipped></testcase>
     <testcase name="[It] [sig-node] PrivilegedPod should enable privileged commands [NodeConformance] [sig-node, NodeConformance]" status="skipped"><skipped message="skipped"></skipped></testcase>
     <testcase name="[It] [sig-node] AppArmor should enforce a profile [sig-node]" status="skipped"><skipped message="skipped - Only supported for node OS distro [gci ubuntu] (not debian)"></skipped></testcase>
@@ -36,12 +36,12 @@ func TestReadJUnit(t *testing.T) {
 	conf := (&node{}).conformanceSuite("kubectl")
 	r.readJUnit(t, path, skips, conf, regexp.MustCompile("."))
 	wantPassed := []string{"[It] [sig-node] Pods should be submitted and removed [NodeConformance] [Conformance] [sig-node, NodeConformance, Conformance]"}
-	wantFailed := []string{"[It] [sig-node] Pod InPlace Resize Container valid increase of CPU [sig-node]", "[SynchronizedBeforeSuite]"}
+	wantFailed := []string{"[It] [sig-node] Pod InPlace Resize Container valid increase of CPU [sig-node]: Timed out after 300s.", "[SynchronizedBeforeSuite]"}
 	if !slices.Equal(r.passed, wantPassed) {
 		t.Errorf("passed %q, want %q (no suite nodes)", r.passed, wantPassed)
 	}
 	if !slices.Equal(r.failed, wantFailed) {
-		t.Errorf("failed %q, want %q (a failed suite node too)", r.failed, wantFailed)
+		t.Errorf("failed %q, want %q (with the failure's first line; a failed suite node too)", r.failed, wantFailed)
 	}
 	if r.listed != 1 {
 		t.Errorf("%d listed skips, want 1: PrivilegedPod", r.listed)

@@ -140,7 +140,7 @@ for mode in $modes; do
 	# A failed test leaves the node's logs above; the lines that matter
 	# are gathered at the end.
 	line="node-e2e[$mode]: exit $rc in $(($(date +%s) - start))s"
-	summary+=("$line" "$(grep -E 'node conformance \(|node conformance: [0-9]+ passed|ginkgo: (Ran|SUCCESS|FAIL)|pod unsigned: |kubelet.s archive: ' "$work/$mode.log" | sed 's/^ *[a-z_]*\.go:[0-9]*: /  /')")
+	summary+=("$line" "$(grep -E 'node conformance \(|node conformance: [0-9]+ passed|: FAILED: |: UNLISTED SKIP|ginkgo: (Ran|SUCCESS|FAIL)|pod unsigned: |kubelet.s archive: ' "$work/$mode.log" | sed 's/^ *[a-z_]*\.go:[0-9]*: /  /')")
 	[ "$rc" -eq 0 ] || status=1
 done
 echo "node-e2e: ===== summary ($(($(date +%s) - t0))s in all; focus: ${PINRT_NODE_E2E_FOCUS:-all of [NodeConformance], SIG Node and SIG CLI, and the host port spec})"
