@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -582,6 +583,8 @@ type procService struct {
 	// oomRefused says the kernel refused it once (logged once).
 	oomScoreAdj string
 	oomRefused  bool
+	// giveUp reports a service given up on; nil: the test's Errorf.
+	giveUp func(format string, args ...any)
 
 	mu       sync.Mutex
 	cmd      *exec.Cmd
@@ -643,16 +646,40 @@ func (p *procService) start() {
 	go p.supervise(p.cmd, done)
 }
 
+func (p *procService) errorf(format string, args ...any) {
+	if p.giveUp != nil {
+		p.giveUp(format, args...)
+		return
+	}
+	p.t.Errorf(format, args...)
+}
+
+// systemd's defaults (DefaultStartLimitIntervalSec, DefaultStartLimitBurst).
+const (
+	startLimitInterval = 10 * time.Second
+	startLimitBurst    = 5
+)
+
 // supervise waits for cmd and, with respawn, for each process that
 // follows it, until stop or a failed start.
 func (p *procService) supervise(cmd *exec.Cmd, done chan struct{}) {
 	defer close(done)
+	starts := []time.Time{time.Now()}
 	for {
 		werr := cmd.Wait()
 		p.mu.Lock()
 		again := p.respawn && !p.stopping
 		p.mu.Unlock()
 		if !again {
+			return
+		}
+		// systemd's default start limit: a service that keeps failing
+		// is given up on, with its cause, not restarted until the test
+		// ends while the specs fail on what it did not do.
+		starts = slices.DeleteFunc(starts, func(s time.Time) bool { return time.Since(s) > startLimitInterval })
+		if len(starts) >= startLimitBurst {
+			p.errorf("%s exited (%v): started %d times within %s, not again (systemd's start limit); its log:\n%s",
+				p.name, werr, len(starts), startLimitInterval, p.logs())
 			return
 		}
 		time.Sleep(time.Second)
@@ -664,6 +691,7 @@ func (p *procService) supervise(cmd *exec.Cmd, done chan struct{}) {
 		err := p.spawn()
 		cmd = p.cmd
 		p.mu.Unlock()
+		starts = append(starts, time.Now())
 		if err != nil {
 			p.t.Logf("%s: respawn: %v", p.name, err)
 			return
