@@ -777,18 +777,27 @@ type junitCase struct {
 	Skipped *struct {
 		Message string `xml:"message,attr"`
 	} `xml:"skipped"`
-	Failure *struct {
-		Message string `xml:"message,attr"`
-	} `xml:"failure"`
+	// ginkgo reports a failed, timed out or aborted spec's failure, and
+	// an interrupted or panicked one's as an error.
+	Failure *junitMessage `xml:"failure"`
+	Error   *junitMessage `xml:"error"`
+}
+
+type junitMessage struct {
+	Message string `xml:"message,attr"`
 }
 
 // failedCase names a failed spec with the first line of its failure,
 // so that a summary that has only this line still says what went wrong.
 func failedCase(c junitCase) string {
-	if c.Failure == nil || strings.TrimSpace(c.Failure.Message) == "" {
+	f := c.Failure
+	if f == nil {
+		f = c.Error
+	}
+	if f == nil || strings.TrimSpace(f.Message) == "" {
 		return c.Name
 	}
-	msg, _, _ := strings.Cut(strings.TrimSpace(c.Failure.Message), "\n")
+	msg, _, _ := strings.Cut(strings.TrimSpace(f.Message), "\n")
 	const max = 400
 	if len(msg) > max {
 		msg = msg[:max] + "..."

@@ -22,6 +22,7 @@ const junitSample = `<?xml version="1.0" encoding="UTF-8"?>
     <testcase name="[It] [sig-node] AppArmor should enforce a profile [sig-node]" status="skipped"><skipped message="skipped - Only supported for node OS distro [gci ubuntu] (not debian)"></skipped></testcase>
     <testcase name="[SynchronizedAfterSuite]" status="passed"></testcase>
     <testcase name="[SynchronizedBeforeSuite]" status="failed"></testcase>
+    <testcase name="[It] [sig-node] Pods should be interrupted [sig-node]" status="interrupted"><error message="Interrupted by User" type="interrupted">...</error></testcase>
   </testsuite>
 </testsuites>
 `
@@ -36,7 +37,8 @@ func TestReadJUnit(t *testing.T) {
 	conf := (&node{}).conformanceSuite("kubectl")
 	r.readJUnit(t, path, skips, conf, regexp.MustCompile("."))
 	wantPassed := []string{"[It] [sig-node] Pods should be submitted and removed [NodeConformance] [Conformance] [sig-node, NodeConformance, Conformance]"}
-	wantFailed := []string{"[It] [sig-node] Pod InPlace Resize Container valid increase of CPU [sig-node]: Timed out after 300s.", "[SynchronizedBeforeSuite]"}
+	wantFailed := []string{"[It] [sig-node] Pod InPlace Resize Container valid increase of CPU [sig-node]: Timed out after 300s.", "[SynchronizedBeforeSuite]",
+		"[It] [sig-node] Pods should be interrupted [sig-node]: Interrupted by User"}
 	if !slices.Equal(r.passed, wantPassed) {
 		t.Errorf("passed %q, want %q (no suite nodes)", r.passed, wantPassed)
 	}
