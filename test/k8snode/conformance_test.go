@@ -653,6 +653,7 @@ type conformanceResult struct {
 	log      string
 	passed   []string
 	failed   []string
+	flaked   []string // failed, then passed on a retry (--flake-attempts)
 	listed   int
 	unlisted []string // spec text, then the reason it gave
 	elapsed  time.Duration
@@ -695,6 +696,9 @@ func (n *node) runSuite(t *testing.T, s suite, dir, out string, skips []skipEntr
 		// name made of the binary's path.
 		"--junit-report=" + junit,
 		"--poll-progress-after=5m",
+		// CI's subset retries a failed spec once; one that then passes
+		// is named in the report as flaked, one that fails again fails.
+		"--flake-attempts=" + envOr("PINRT_NODE_E2E_FLAKE_ATTEMPTS", "1"),
 	}
 	if s.focusFile != "" {
 		args = append(args, "--focus-file="+s.focusFile)
@@ -781,10 +785,25 @@ type junitCase struct {
 	// an interrupted or panicked one's as an error.
 	Failure *junitMessage `xml:"failure"`
 	Error   *junitMessage `xml:"error"`
+	// The spec's timeline, where a retried spec's earlier failures are.
+	SystemErr string `xml:"system-err"`
 }
 
 type junitMessage struct {
 	Message string `xml:"message,attr"`
+}
+
+// flakedCase names a passed spec that failed before a retry, with the
+// first line of its first failure; "" for one that passed at once.
+func flakedCase(c junitCase) string {
+	if !strings.Contains(c.SystemErr, "Attempt #1 Failed.") {
+		return ""
+	}
+	_, after, ok := strings.Cut(c.SystemErr, "[FAILED] Failure recorded during attempt 1:\n")
+	if !ok {
+		return c.Name
+	}
+	return failedCase(junitCase{Name: c.Name, Failure: &junitMessage{Message: after}})
 }
 
 // failedCase names a failed spec with the first line of its failure,
@@ -832,6 +851,9 @@ func (r *conformanceResult) readJUnit(t *testing.T, path string, skips []skipEnt
 				// every process reports; a failed one counts below.
 				if strings.HasPrefix(c.Name, "[It] ") {
 					r.passed = append(r.passed, c.Name)
+					if f := flakedCase(c); f != "" {
+						r.flaked = append(r.flaked, f)
+					}
 				}
 			case "failed", "panicked", "interrupted", "timedout", "aborted":
 				r.failed = append(r.failed, failedCase(c))
@@ -862,13 +884,16 @@ func listed(skips []skipEntry, name string) bool {
 }
 
 func (r *conformanceResult) report(t *testing.T) {
-	t.Logf("%s: %d passed, %d failed, %d skipped by node-e2e-skip.txt, %d unlisted skips, in %s",
-		r.name, len(r.passed), len(r.failed), r.listed, len(r.unlisted), r.elapsed.Round(time.Second))
+	t.Logf("%s: %d passed (%d flaked), %d failed, %d skipped by node-e2e-skip.txt, %d unlisted skips, in %s",
+		r.name, len(r.passed), len(r.flaked), len(r.failed), r.listed, len(r.unlisted), r.elapsed.Round(time.Second))
 	for _, l := range r.summary {
 		t.Logf("ginkgo: %s", l)
 	}
 	for _, f := range r.failed {
 		t.Errorf("%s: FAILED: %s", r.name, f)
+	}
+	for _, f := range r.flaked {
+		t.Logf("%s: FLAKED (failed, then passed on its retry): %s", r.name, f)
 	}
 	for _, u := range r.unlisted {
 		t.Errorf("%s: UNLISTED SKIP (the spec skipped itself; fix it or name it in node-e2e-skip.txt with a reason): %s", r.name, u)

@@ -10,7 +10,7 @@ import (
 
 // A ginkgo JUnit report of a run: the specs it ran, the ones it did not
 // select (skipped with no reason), one on the skip list, one that skipped
-// itself, and the per-process suite nodes.
+// itself, one that passed on its retry, and the per-process suite nodes.
 const junitSample = `<?xml version="1.0" encoding="UTF-8"?>
 <testsuites>
   <testsuite name="Kubernetes e2e suite">
@@ -20,6 +20,7 @@ const junitSample = `<?xml version="1.0" encoding="UTF-8"?>
     <testcase name="[It] [sig-apps] Deployment should roll over [Conformance] [sig-apps, Conformance]" status="skipped"><skipped message="skipped"></skipped></testcase>
     <testcase name="[It] [sig-node] PrivilegedPod should enable privileged commands [NodeConformance] [sig-node, NodeConformance]" status="skipped"><skipped message="skipped"></skipped></testcase>
     <testcase name="[It] [sig-node] AppArmor should enforce a profile [sig-node]" status="skipped"><skipped message="skipped - Only supported for node OS distro [gci ubuntu] (not debian)"></skipped></testcase>
+    <testcase name="[It] [sig-node] Probing container should be ready immediately after startupProbe succeeds [sig-node]" status="passed"><system-err>&gt; Enter [It] should be ready&#xA;[FAILED] Failure recorded during attempt 1:&#xA;Pod became ready in 3.2s, more than 2s after startupProbe succeeded&#xA;In [It] at: probe.go:1 @ 11/30/26 15:19:30.22&#xA;&#xA;Attempt #1 Failed.  Retrying ↺ @ 11/30/26 15:19:30.22&#xA;</system-err></testcase>
     <testcase name="[SynchronizedAfterSuite]" status="passed"></testcase>
     <testcase name="[SynchronizedBeforeSuite]" status="failed"></testcase>
     <testcase name="[It] [sig-node] Pods should be interrupted [sig-node]" status="interrupted"><error message="Interrupted by User" type="interrupted">...</error></testcase>
@@ -36,11 +37,16 @@ func TestReadJUnit(t *testing.T) {
 	var r conformanceResult
 	conf := (&node{}).conformanceSuite("kubectl")
 	r.readJUnit(t, path, skips, conf, regexp.MustCompile("."))
-	wantPassed := []string{"[It] [sig-node] Pods should be submitted and removed [NodeConformance] [Conformance] [sig-node, NodeConformance, Conformance]"}
+	wantPassed := []string{"[It] [sig-node] Pods should be submitted and removed [NodeConformance] [Conformance] [sig-node, NodeConformance, Conformance]",
+		"[It] [sig-node] Probing container should be ready immediately after startupProbe succeeds [sig-node]"}
+	wantFlaked := []string{"[It] [sig-node] Probing container should be ready immediately after startupProbe succeeds [sig-node]: Pod became ready in 3.2s, more than 2s after startupProbe succeeded"}
 	wantFailed := []string{"[It] [sig-node] Pod InPlace Resize Container valid increase of CPU [sig-node]: Timed out after 300s.", "[SynchronizedBeforeSuite]",
 		"[It] [sig-node] Pods should be interrupted [sig-node]: Interrupted by User"}
 	if !slices.Equal(r.passed, wantPassed) {
 		t.Errorf("passed %q, want %q (no suite nodes)", r.passed, wantPassed)
+	}
+	if !slices.Equal(r.flaked, wantFlaked) {
+		t.Errorf("flaked %q, want %q (passed on a retry, with its first failure)", r.flaked, wantFlaked)
 	}
 	if !slices.Equal(r.failed, wantFailed) {
 		t.Errorf("failed %q, want %q (with the failure's first line; a failed suite node too)", r.failed, wantFailed)

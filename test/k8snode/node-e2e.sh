@@ -32,6 +32,8 @@
 #   PINRT_NODE_E2E_SKIP     a regexp of specs to leave out as well (the subset's default:
 #                           the probe specs that watch for minutes)
 #   PINRT_NODE_E2E_PROCS    ginkgo processes (default 8: the specs mostly wait)
+#   PINRT_NODE_E2E_FLAKE_ATTEMPTS  ginkgo --flake-attempts (default 1; the subset's 2, and a
+#                           spec that passes only on its retry is named in the summary)
 #   PINRT_NODE_E2E_TIMEOUT  ginkgo --timeout per run (default 60m, the serial suite's 90m)
 #   PINRT_NODE_E2E_OUT      where each run's log and JUnit report go
 #                           (default a temporary directory, removed at the end)
@@ -72,6 +74,9 @@ if [ "${PINRT_NODE_E2E_SUBSET:-}" = ci ] && [ -z "${PINRT_NODE_E2E_FOCUS:-}" ]; 
 	export PINRT_NODE_E2E_NODE_FOCUS=${PINRT_NODE_E2E_NODE_FOCUS:-$ci_node_focus}
 	export PINRT_NODE_E2E_SERIAL_FOCUS=${PINRT_NODE_E2E_SERIAL_FOCUS:-$ci_serial_focus}
 	ci_suites=1
+	# A failed spec is run once more: one that then passes is named in
+	# the summary as flaked; one that fails again fails the run.
+	export PINRT_NODE_E2E_FLAKE_ATTEMPTS=${PINRT_NODE_E2E_FLAKE_ATTEMPTS:-2}
 	# Measured at 4-5 minutes a mode; a hung suite must not eat CI's time.
 	export PINRT_NODE_E2E_TIMEOUT=${PINRT_NODE_E2E_TIMEOUT:-20m}
 fi
@@ -142,7 +147,7 @@ for mode in $modes; do
 	# A failed test leaves the node's logs above; the lines that matter
 	# are gathered at the end.
 	line="node-e2e[$mode]: exit $rc in $(($(date +%s) - start))s"
-	summary+=("$line" "$(grep -E 'node conformance \(|node conformance: [0-9]+ passed|: FAILED: |: UNLISTED SKIP|ginkgo: (Ran|SUCCESS|FAIL)|pod unsigned: |kubelet.s archive: ' "$work/$mode.log" | sed 's/^ *[a-z_]*\.go:[0-9]*: /  /')")
+	summary+=("$line" "$(grep -E 'node conformance \(|: [0-9]+ passed \([0-9]+ flaked\), [0-9]+ failed|: FAILED: |: FLAKED |: UNLISTED SKIP|ginkgo: (Ran|SUCCESS|FAIL)|pod unsigned: |kubelet.s archive: ' "$work/$mode.log" | sed 's/^ *[a-z_]*\.go:[0-9]*: /  /')")
 	[ "$rc" -eq 0 ] || status=1
 done
 echo "node-e2e: ===== summary ($(($(date +%s) - t0))s in all; focus: ${PINRT_NODE_E2E_FOCUS:-all of [NodeConformance], SIG Node and SIG CLI, and the host port spec})"
