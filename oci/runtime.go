@@ -662,7 +662,8 @@ func AnyProcess(match func(cmdline []byte) bool) bool {
 // cgroup and the runtime's state go) and keeps pinrt's record and
 // conmon's exit file, so State and ExitState still answer from them and
 // a later Delete needs no runtime call. containerd deletes a task when it
-// exits the same way. A container that has not exited is refused.
+// exits the same way. A container that has not exited is refused; one
+// the runtime has no record of (a failed create deleted it) is NotFound.
 func (r *Runtime) Reap(ctx context.Context, id string) error {
 	if err := validateID(id); err != nil {
 		return err
@@ -671,6 +672,9 @@ func (r *Runtime) Reap(ctx context.Context, id string) error {
 		return nil
 	}
 	if _, exited := r.ExitState(id); !exited {
+		if _, err := r.loadRecord(id); errdefs.IsNotFound(err) {
+			return err
+		}
 		return fmt.Errorf("container %s has not exited: %w", id, errdefs.ErrFailedPrecondition)
 	}
 	r.unmountRestoreLeftovers(id)

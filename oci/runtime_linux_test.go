@@ -755,6 +755,14 @@ func TestReapKeepsState(t *testing.T) {
 	if err := e.rt.Stop(ctx, live, syscall.SIGKILL, 0); err != nil {
 		t.Fatal(err)
 	}
+	// Deleted, record and all (as a failed create leaves it): nothing
+	// is left to reap.
+	if err := e.rt.Delete(ctx, live, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.rt.Reap(ctx, live); !errdefs.IsNotFound(err) {
+		t.Errorf("Reap of a container the runtime has no record of: %v, want NotFound", err)
+	}
 }
 
 // TestPrepareThenCreate: a prepared container is only files: runc does

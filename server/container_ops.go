@@ -168,7 +168,9 @@ func (s *Server) reapLocked(ctx context.Context, c *sandbox.Container) {
 	if err != nil {
 		return
 	}
-	if err := rt.Reap(ctx, c.ID); err != nil {
+	// NotFound: the runtime holds nothing of it (a failed create
+	// deleted what it made).
+	if err := rt.Reap(ctx, c.ID); err != nil && !errdefs.IsNotFound(err) {
 		log.G(ctx).WithError(err).WithField("container", c.ID).Warn("deleting the exited container from the runtime")
 	}
 }

@@ -319,6 +319,16 @@ func (e *ctrEnv) testExitCodesAndLogs(t *testing.T) {
 		!strings.Contains(st.Message, "/no/such/binary") || strings.ContainsAny(st.Message, "\n\r") {
 		t.Errorf("a failed start: %s exit %d reason %q message %q, want EXITED 128 StartError naming the command on one line", st.State, st.ExitCode, st.Reason, st.Message)
 	}
+	// kubelet stops it as any exited container; the runtime has nothing
+	// of it left (the failed create deleted it), which is no fault.
+	if _, err := e.d.Runtime.StopContainer(Ctx(t), &runtimeapi.StopContainerRequest{ContainerId: missing}); err != nil {
+		t.Errorf("StopContainer after a failed start: %v", err)
+	}
+	for _, l := range strings.Split(e.d.Log(), "\n") {
+		if strings.Contains(l, missing) && strings.Contains(l, "deleting the exited container") {
+			t.Errorf("a container whose start failed was reaped as if the runtime held it: %s", l)
+		}
+	}
 
 	st = e.waitExit(t, utf8, 30*time.Second)
 	if lines := readCRILog(t, filepath.Join(podCfg.LogDirectory, utf8Cfg.LogPath)); st.ExitCode != 0 || len(lines) != 1 || lines[0].text != "hi" {
