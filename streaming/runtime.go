@@ -110,16 +110,31 @@ func convertResize(ctx context.Context, in <-chan remotecommand.TerminalSize) <-
 // dialTimeout bounds connecting to the pod's port.
 const dialTimeout = 10 * time.Second
 
-// halfCloseGrace is how long the pod may keep sending after the client
-// ended its side. The client's end is passed on as a half-close, so a
-// request is still answered, but an application that ignores half-closes
-// would hold the forward, and the client waiting for it, forever. CRI-O
-// waits 1 s here and socat 0.5 s; containerd closes both sides at once.
-const halfCloseGrace = 10 * time.Second
+// graces bounds how long a forward outlives one side's end.
+type graces struct {
+	// afterClient is how long the pod may keep sending after the client
+	// ended its side. The client's end is passed on as a half-close, so a
+	// request is still answered, but an application that ignores
+	// half-closes would hold the forward, and the client waiting for it,
+	// forever. CRI-O waits 1 s here and socat 0.5 s; containerd closes
+	// both sides at once.
+	afterClient time.Duration
+	// afterPod is how long the client may keep sending after the pod
+	// ended its side. kubectl ends a forward at the first end it reads
+	// and closes its local connection, resetting it under a client still
+	// sending: an HTTP client uploading a body the pod answered without
+	// reading then loses the answer. So the pod's end is passed on only
+	// when the client has ended too, or after this grace, as containerd
+	// does.
+	afterPod time.Duration
+}
+
+// forwardGraces are the graces of every forward.
+var forwardGraces = graces{afterClient: 10 * time.Second, afterPod: time.Second}
 
 // PortForward connects to port on the pod's loopback and copies both ways
-// until the pod's side closes (or, once the client's side ended, for at
-// most halfCloseGrace), the pod stops or the server closes. An error (a
+// until both sides ended (one side's end bounds the other's by a grace,
+// see graces), the pod stops or the server closes. An error (a
 // closed port) goes to the client's error stream.
 func (r *runtime) PortForward(ctx context.Context, podSandboxID string, port int32, stream io.ReadWriteCloser) error {
 	if port <= 0 || port > 65535 {
@@ -137,7 +152,7 @@ func (r *runtime) PortForward(ctx context.Context, podSandboxID string, port int
 		return err
 	}
 	defer func() { _ = conn.Close() }()
-	return pipe(ctx, conn, stream, halfCloseGrace)
+	return pipe(ctx, conn, stream, forwardGraces)
 }
 
 // dialPod dials 127.0.0.1:port, then [::1]:port if that is refused, in
@@ -178,24 +193,37 @@ type halfCloser interface{ CloseWrite() error }
 type resetter interface{ Reset() error }
 
 // pipe copies between the pod's connection and the client's stream. The
-// client's EOF half-closes the connection, so a request is still answered;
-// the pod closing its side ends the forward, and so does grace passing
-// after the client's EOF.
-func pipe(ctx context.Context, conn net.Conn, stream io.ReadWriteCloser, grace time.Duration) error {
-	stop := context.AfterFunc(ctx, func() {
-		_ = conn.Close()
+// client's end half-closes the connection, so a request is still
+// answered; the forward ends when both sides ended, or when one side's
+// grace after the other's end passed.
+//
+// A client stream is read to its end or reset, never left half-read: the
+// server only half-closes it when the forward returns, and SPDY hands a
+// stream's data to its reader one frame at a time, so a client still
+// sending into a stream no one reads stalls every stream of its
+// connection (each later forward of a kubectl port-forward).
+func pipe(ctx context.Context, conn net.Conn, stream io.ReadWriteCloser, g graces) error {
+	reset := func() {
 		if r, ok := stream.(resetter); ok {
 			_ = r.Reset()
 		}
+	}
+	stop := context.AfterFunc(ctx, func() {
+		_ = conn.Close()
+		reset()
 	})
 	defer stop()
-	clientDone := make(chan struct{})
+	// clientEnd gets whether the client's stream was read to its end (or
+	// the copy stopped at a pod that no longer reads).
+	clientEnd := make(chan bool, 1)
 	go func() {
-		defer close(clientDone)
-		_, _ = io.Copy(conn, stream)
-		if hc, ok := conn.(halfCloser); ok {
-			_ = hc.CloseWrite()
+		_, err := io.Copy(conn, stream)
+		if err == nil {
+			if hc, ok := conn.(halfCloser); ok {
+				_ = hc.CloseWrite()
+			}
 		}
+		clientEnd <- err == nil
 	}()
 	podDone := make(chan error, 1)
 	go func() {
@@ -204,19 +232,31 @@ func pipe(ctx context.Context, conn net.Conn, stream io.ReadWriteCloser, grace t
 	}()
 
 	var err error
+	streamRead := false
 	select {
 	case err = <-podDone:
-	case <-clientDone:
-		t := time.NewTimer(grace)
+		t := time.NewTimer(g.afterPod)
+		defer t.Stop()
+		select {
+		case streamRead = <-clientEnd:
+		case <-t.C:
+		case <-ctx.Done():
+		}
+	case streamRead = <-clientEnd:
+		t := time.NewTimer(g.afterClient)
 		defer t.Stop()
 		select {
 		case err = <-podDone:
+		case <-ctx.Done():
 		case <-t.C:
 			// Not waiting for the copy: closing the connection ends a
 			// read from the pod, but not a write to a stuck client.
 			_ = conn.Close()
-			return nil
 		}
+	}
+	if !streamRead {
+		_ = conn.Close()
+		reset()
 	}
 	if ctx.Err() != nil {
 		return fmt.Errorf("port-forward closed: %w", context.Cause(ctx))

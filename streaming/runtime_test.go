@@ -63,7 +63,9 @@ func TestPipeHalfClose(t *testing.T) {
 				}
 			}()
 			done := make(chan error, 1)
-			go func() { done <- pipe(context.Background(), podConn, stream, tc.grace) }()
+			go func() {
+				done <- pipe(context.Background(), podConn, stream, graces{afterClient: tc.grace, afterPod: tc.grace})
+			}()
 
 			if _, err := client.Write([]byte("ping")); err != nil {
 				t.Fatal(err)
