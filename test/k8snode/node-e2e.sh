@@ -52,13 +52,8 @@ modes=${PINRT_NODE_E2E_MODES:-host userns sigpolicy checkpoint}
 ci_focus='\[sig-node\] (Pods|PodOSRejection|Container Runtime|Container Lifecycle Hook|PreStop|Probing container|Security Context|Downward API|Variable Expansion|Kubelet|kubelet|Sysctls|ConfigMap|Secrets|Pod InPlace Resize|ImageVolume)|\[sig-storage\] (EmptyDir|ConfigMap|Secrets|Projected|Downward API)|\[sig-cli\] (Kubectl Port forwarding|Kubectl logs|Kubectl exec|Kubectl client (Simple pod|Kubectl copy|Update Demo)|kubectl debug)|\[sig-network\] HostPort '
 # Less the probe specs that watch a container for minutes to see it is
 # not restarted, and the 500 pod spec updates that only the API server
-# and kubelet see: the full run has them. Less, too, the port-forward
-# spec whose pod is removed mid-transfer: when its first request fails
-# (it did once in CI, in host mode), the spec's sender blocks on an
-# unbuffered channel its main goroutine never reads, and the spec hangs
-# until the suite's timeout (16 minutes in that run, then passed on its
-# retry); the full run has it.
-ci_skip='should \*not\* be restarted|issue 500 podspec updates|Port forwarding with a pod being removed should stop port-forwarding'
+# and kubelet see: the full run has them.
+ci_skip='should \*not\* be restarted|issue 500 podspec updates'
 # Of e2e_node.test's own specs: what the runtime does for them (proc
 # mounts, recursive read-only mounts, the FQDN hostname, static pods,
 # metrics and the summary API, pod conditions, IPs and termination, the
