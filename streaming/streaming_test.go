@@ -184,21 +184,7 @@ func TestURLsUseTheListenerPort(t *testing.T) {
 // echoListener accepts connections on the host's loopback and echoes.
 func echoListener(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() { _, _ = io.Copy(c, c); c.Close() }()
-		}
-	}()
-	return l.Addr().(*net.TCPAddr).Port
+	return serve(t, func(c net.Conn) { _, _ = io.Copy(c, c); c.Close() })
 }
 
 // closedPort is a loopback port nothing listens on.
