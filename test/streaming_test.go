@@ -121,6 +121,7 @@ func TestStreaming(t *testing.T) {
 	t.Run("PortForward", s.testPortForward)
 	t.Run("PortForwardClosedPort", s.testPortForwardClosed)
 	t.Run("PortForwardWebSocket", s.testPortForwardWebSocket)
+	t.Run("PortForwardUploadAnsweredEarly", s.testPortForwardUpload)
 	t.Run("TokenSingleUse", s.testTokenSingleUse)
 	t.Run("BadRequests", s.testBadRequests)
 	t.Run("ClientGoneEndsStreams", s.testClientGone)
@@ -621,13 +622,23 @@ func (s *streamEnv) testAttach(t *testing.T) {
 // local port and a stop function.
 func (s *streamEnv) forward(t *testing.T, port int32) (int, func()) {
 	t.Helper()
-	return s.forwardVia(t, port, func(u *url.URL) (httpstream.Dialer, error) {
-		transport, upgrader, err := spdy.RoundTripperFor(&rest.Config{})
-		if err != nil {
-			return nil, err
-		}
-		return spdy.NewDialerForStreaming(upgrader, &http.Client{Transport: transport}, "POST", u), nil
-	})
+	return s.forwardVia(t, port, spdyDialer)
+}
+
+// spdyDialer dials a port-forward URL over SPDY, as kubectl does.
+func spdyDialer(u *url.URL) (httpstream.Dialer, error) {
+	transport, upgrader, err := spdy.RoundTripperFor(&rest.Config{})
+	if err != nil {
+		return nil, err
+	}
+	return spdy.NewDialerForStreaming(upgrader, &http.Client{Transport: transport}, "POST", u), nil
+}
+
+// webSocketDialer dials a port-forward URL with SPDY tunnelled in a
+// WebSocket (crictl port-forward --transport websocket, critest
+// -websocket-portforward).
+func webSocketDialer(u *url.URL) (httpstream.Dialer, error) {
+	return portforward.NewSPDYOverWebsocketDialerForStreaming(u, &rest.Config{})
 }
 
 // forwardVia forwards a local port to the pod's port through the dialer
@@ -720,9 +731,7 @@ func (s *streamEnv) testPortForward(t *testing.T) {
 // WebSocket (crictl port-forward --transport websocket, critest
 // -websocket-portforward) carries requests as the plain one does.
 func (s *streamEnv) testPortForwardWebSocket(t *testing.T) {
-	local, stop := s.forwardVia(t, 8080, func(u *url.URL) (httpstream.Dialer, error) {
-		return portforward.NewSPDYOverWebsocketDialerForStreaming(u, &rest.Config{})
-	})
+	local, stop := s.forwardVia(t, 8080, webSocketDialer)
 	defer stop()
 	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	for i := range 20 {
@@ -730,6 +739,36 @@ func (s *streamEnv) testPortForwardWebSocket(t *testing.T) {
 		if want := "hello /ws/" + strconv.Itoa(i); err != nil || got != want {
 			t.Fatalf("request %d through the tunnel: %q, %v; want %q", i, got, err, want)
 		}
+	}
+}
+
+// testPortForwardUpload: uploads the pod's server answers without reading
+// them (its handler ignores the body; Go's server then half-closes, and
+// resets 500 ms later), as agnhost's netexec answers Kubernetes'
+// port-forward spec. Every answer must reach its client, and no upload's
+// unread rest may stall the forwards after it, over SPDY as over the
+// WebSocket tunnel.
+func (s *streamEnv) testPortForwardUpload(t *testing.T) {
+	dialers := map[string]func(*url.URL) (httpstream.Dialer, error){"SPDY": spdyDialer, "WebSocket": webSocketDialer}
+	for name, dial := range dialers {
+		t.Run(name, func(t *testing.T) {
+			local, stop := s.forwardVia(t, 8080, dial)
+			defer stop()
+			client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{}}
+			for i := range 20 {
+				size := 1<<20 + i*(3<<20)/20
+				path := "/upload/" + strconv.Itoa(i)
+				resp, err := client.Post(fmt.Sprintf("http://127.0.0.1:%d%s", local, path), "text/plain", bytes.NewReader(make([]byte, size)))
+				if err != nil {
+					t.Fatalf("upload %d of %d bytes: %v", i, size, err)
+				}
+				b, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if want := "hello " + path; err != nil || string(b) != want {
+					t.Fatalf("upload %d of %d bytes: %q, %v; want %q", i, size, b, err, want)
+				}
+			}
+		})
 	}
 }
 
