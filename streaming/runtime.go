@@ -213,8 +213,8 @@ func pipe(ctx context.Context, conn net.Conn, stream io.ReadWriteCloser, g grace
 		reset()
 	})
 	defer stop()
-	// clientEnd gets whether the client's stream was read to its end (or
-	// the copy stopped at a pod that no longer reads).
+	// clientEnd gets true when the client's stream was read to its end,
+	// false when the copy stopped first, at a pod that no longer reads.
 	clientEnd := make(chan bool, 1)
 	go func() {
 		_, err := io.Copy(conn, stream)
