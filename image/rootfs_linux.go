@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 
@@ -161,7 +162,7 @@ func clearVolatile(work string) bool {
 // mountOverlay uses the new mount API: every "lowerdir+" is its own
 // fsconfig call (kernel >= 6.8), so the one-page limit of a mount(2)
 // option string doesn't cap the number of layers. Older kernels fall back
-// to mount(2) with the joined option string.
+// to mount(2) (mountOverlayLegacy).
 //
 // The rootfs is mounted nodev, as CRI-O's default mount options have it:
 // a device node that a container created or an image carried cannot be
@@ -184,22 +185,87 @@ func clearVolatile(work string) bool {
 // a rootfs again only while its pod is Ready, which a reboot ends, and
 // then clears the marker (clearVolatile).
 func mountOverlay(lowers []string, upper, work, target string) error {
-	err := fsmountOverlay(lowers, upper, work, target)
-	if err == nil || !errors.Is(err, unix.EINVAL) {
-		return err
+	if lowerdirPlus {
+		err := fsmountOverlay(lowers, upper, work, target)
+		if err == nil || !errors.Is(err, unix.EINVAL) {
+			return err
+		}
 	}
-	opts := "lowerdir=" + strings.Join(lowers, ":") + ",upperdir=" + upper + ",workdir=" + work
-	if len(opts)+len(",volatile") >= os.Getpagesize() {
-		return fmt.Errorf("overlay options are %d bytes, over one page, and this kernel lacks lowerdir+: %w", len(opts), errdefs.ErrNotImplemented)
-	}
-	err = unix.Mount("overlay", target, "overlay", unix.MS_NODEV, opts+",volatile")
+	rest := ",upperdir=" + upper + ",workdir=" + work
+	err := mountOverlayLegacy(lowers, rest+",volatile", target, unix.MS_NODEV)
 	if errors.Is(err, unix.EINVAL) { // a kernel before 5.10
-		err = unix.Mount("overlay", target, "overlay", unix.MS_NODEV, opts)
+		err = mountOverlayLegacy(lowers, rest, target, unix.MS_NODEV)
 	}
+	return err
+}
+
+// lowerdirPlus is false where tests play a kernel without "lowerdir+".
+var lowerdirPlus = true
+
+// lowerAliases is the directory, beside an overlay's mount point, of the
+// short names mountOverlayLegacy gives its lower dirs.
+const lowerAliases = "lowers"
+
+// mountOverlayLegacy mounts an overlay with mount(2), whose option
+// string must fit in a page: with this store's paths, 40 layers, and 23
+// through a pod's idmapped tree, where images may have 127. Lower dirs
+// that do not fit are named by symlinks "0", "1", ... in lowerAliases
+// beside target, and mounted from a thread whose working directory is
+// there, as containerd and containers/storage shorten theirs. The kernel's
+// mount table then shows the short names; lowerDirs reads them back
+// through the links, which go with the container's directory.
+func mountOverlayLegacy(lowers []string, rest, target string, flags uintptr) error {
+	opts := "lowerdir=" + strings.Join(lowers, ":") + rest
+	if len(opts) < os.Getpagesize() {
+		if err := unix.Mount("overlay", target, "overlay", flags, opts); err != nil {
+			return fmt.Errorf("mount overlay: %w", err)
+		}
+		return nil
+	}
+	aliases := filepath.Join(filepath.Dir(target), lowerAliases)
+	if err := os.RemoveAll(aliases); err != nil {
+		return fmt.Errorf("overlay lower dir names: %w", err)
+	}
+	if err := os.Mkdir(aliases, 0o700); err != nil {
+		return fmt.Errorf("overlay lower dir names: %w", err)
+	}
+	short := make([]string, len(lowers))
+	for i, l := range lowers {
+		short[i] = strconv.Itoa(i)
+		if err := os.Symlink(l, filepath.Join(aliases, short[i])); err != nil {
+			return fmt.Errorf("overlay lower dir names: %w", err)
+		}
+	}
+	opts = "lowerdir=" + strings.Join(short, ":") + rest
+	if len(opts) >= os.Getpagesize() {
+		return fmt.Errorf("overlay of %d layers: options of %d bytes, over one page, and this kernel lacks lowerdir+: %w", len(lowers), len(opts), errdefs.ErrNotImplemented)
+	}
+	err := inDir(aliases, func() error { return unix.Mount("overlay", target, "overlay", flags, opts) })
 	if err != nil {
-		return fmt.Errorf("mount overlay: %w", err)
+		return fmt.Errorf("mount overlay of %d layers: %w", len(lowers), err)
 	}
 	return nil
+}
+
+// inDir runs f on an OS thread of its own whose working directory is
+// dir. The thread first unshares its file system attributes (CLONE_FS),
+// so no other thread's relative paths move, and it ends with f: its
+// goroutine exits locked to it.
+func inDir(dir string, f func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		if err := unix.Unshare(unix.CLONE_FS); err != nil {
+			errc <- fmt.Errorf("unshare the file system attributes: %w", err)
+			return
+		}
+		if err := unix.Chdir(dir); err != nil {
+			errc <- fmt.Errorf("chdir %s: %w", dir, err)
+			return
+		}
+		errc <- f()
+	}()
+	return <-errc
 }
 
 func fsmountOverlay(lowers []string, upper, work, target string) error {
@@ -327,10 +393,11 @@ func (s *Store) maybeReleasePodLocked(ctx context.Context, podID string) error {
 		return err
 	}
 	for _, m := range mounts {
-		// "lowerdir+=" with the new mount API, "lowerdir=a:b" with mount(2).
-		if strings.Contains(m.VFSOptions, "="+target+"/") || strings.Contains(m.VFSOptions, ":"+target+"/") {
-			log.G(ctx).WithField("pod", podID).WithField("mount", m.Mountpoint).Debug("idmapped layers still in use")
-			return nil
+		for _, l := range lowerDirs(m) {
+			if strings.HasPrefix(l, target+"/") {
+				log.G(ctx).WithField("pod", podID).WithField("mount", m.Mountpoint).Debug("idmapped layers still in use")
+				return nil
+			}
 		}
 	}
 	return s.releasePodLocked(podID)
@@ -509,18 +576,13 @@ func (s *Store) mountVolumeLocked(ctx context.Context, req VolumeRequest, chainI
 // mountOverlayRO mounts a read-only overlay of lowers (top first) on
 // target, also marking the mount itself read-only, nosuid and nodev.
 func mountOverlayRO(lowers []string, target string) error {
-	err := fsmountOverlayRO(lowers, target)
-	if err == nil || !errors.Is(err, unix.EINVAL) {
-		return err
+	if lowerdirPlus {
+		err := fsmountOverlayRO(lowers, target)
+		if err == nil || !errors.Is(err, unix.EINVAL) {
+			return err
+		}
 	}
-	opts := "lowerdir=" + strings.Join(lowers, ":")
-	if len(opts) >= os.Getpagesize() {
-		return fmt.Errorf("overlay options are %d bytes, over one page, and this kernel lacks lowerdir+: %w", len(opts), errdefs.ErrNotImplemented)
-	}
-	if err := unix.Mount("overlay", target, "overlay", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
-		return fmt.Errorf("mount overlay: %w", err)
-	}
-	return nil
+	return mountOverlayLegacy(lowers, "", target, unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV)
 }
 
 // fsmountOverlayRO mounts a read-only overlay of lowers, with no upper
@@ -641,7 +703,7 @@ func mountedChainIDs(target string) []string {
 	if err != nil || len(ms) == 0 || ms[len(ms)-1].FSType != "overlay" {
 		return nil
 	}
-	lowers := lowerDirs(ms[len(ms)-1].VFSOptions)
+	lowers := lowerDirs(ms[len(ms)-1])
 	var ids []string
 	for i := len(lowers) - 1; i >= 0; i-- {
 		if m := fullIDRe.FindStringSubmatch(filepath.Base(lowers[i])); m != nil {
@@ -651,15 +713,25 @@ func mountedChainIDs(target string) []string {
 	return ids
 }
 
-// lowerDirs are the lower dirs, top first, in an overlay's options.
-func lowerDirs(vfsOptions string) []string {
+// lowerDirs are the lower dirs, top first, of the overlay m. A relative
+// one is a short name mountOverlayLegacy gave, read back through its link
+// beside the mount point.
+func lowerDirs(m *mountinfo.Info) []string {
 	var lowers []string
-	for _, opt := range strings.Split(vfsOptions, ",") {
+	for _, opt := range strings.Split(m.VFSOptions, ",") {
 		// "lowerdir+=" with the new mount API, "lowerdir=a:b" with mount(2).
 		if l, ok := strings.CutPrefix(opt, "lowerdir+="); ok {
 			lowers = append(lowers, l)
 		} else if l, ok := strings.CutPrefix(opt, "lowerdir="); ok {
 			lowers = append(lowers, strings.Split(l, ":")...)
+		}
+	}
+	for i, l := range lowers {
+		if filepath.IsAbs(l) {
+			continue
+		}
+		if real, err := os.Readlink(filepath.Join(filepath.Dir(m.Mountpoint), lowerAliases, l)); err == nil {
+			lowers[i] = real
 		}
 	}
 	return lowers
@@ -678,7 +750,7 @@ func (s *Store) mountedLayers() (map[string]bool, error) {
 	layers, idmapped := s.path("layers"), s.path("idmapped")
 	used := map[string]bool{}
 	for _, m := range mounts {
-		for _, l := range lowerDirs(m.VFSOptions) {
+		for _, l := range lowerDirs(m) {
 			dir := filepath.Dir(l)
 			if dir == layers || filepath.Dir(dir) == idmapped {
 				used[filepath.Base(l)] = true

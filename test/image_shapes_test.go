@@ -209,6 +209,41 @@ func TestImageShapes(t *testing.T) {
 		e.pullRunRemove(t, pod, podCfg, "writes", ref, testimage.ID(t, img), writeChecks)
 	})
 
+	// Docker's most layers, 127, in a pod as it is and in one with a user
+	// namespace, where every layer comes through the idmapped tree: more
+	// lower dirs than one page of mount(2) options holds.
+	t.Run("ManyLayers", func(t *testing.T) {
+		const extra = 126 // on top of the busybox base layer
+		var layers [][]testimage.File
+		for i := range extra {
+			layers = append(layers, []testimage.File{
+				{Path: fmt.Sprintf("layer/%d", i), Content: []byte(fmt.Sprintf("%d\n", i)), Mode: 0o644},
+				{Path: "top", Content: []byte(fmt.Sprintf("%d\n", i)), Mode: 0o644},
+			})
+		}
+		img := testimage.Build(t, testimage.Spec{Shape: testimage.Shape{Tar: testimage.GNUTar, Compression: testimage.Gzip1}, Cmd: []string{"sh"}, Layers: layers})
+		ref := e.reg.Push(t, "shapes/many:1", img)
+		checks := []string{
+			fmt.Sprintf(`test "$(cat /top)" = %d`, extra-1),
+			`test "$(cat /layer/0)" = 0`,
+			fmt.Sprintf(`test "$(cat /layer/%d)" = %d`, extra/2, extra/2),
+			fmt.Sprintf(`test "$(ls /layer | wc -l)" = %d`, extra),
+			`echo changed >/layer/0 && test "$(cat /layer/0)" = changed`, // copied up from the bottom
+		}
+		upod, upodCfg := e.pod(t, UsernsPod(PodConfig("shapes-many-userns"), 0))
+		if got := e.pull(t, ref); got != testimage.ID(t, img) {
+			t.Fatalf("PullImage(%s) = %s, want %s", ref, got, testimage.ID(t, img))
+		}
+		if code, out := e.runChecks(t, pod, podCfg, "many", ref, checks); code != 0 {
+			t.Errorf("checks in a %d-layer image exited %d:\n%s", extra+1, code, out)
+		}
+		userns := append(checks, `grep -q '^ *0 *[1-9][0-9]* *65536$' /proc/self/uid_map`)
+		if code, out := e.runChecks(t, upod, upodCfg, "many-userns", ref, userns); code != 0 {
+			t.Errorf("checks in a %d-layer image, user namespace pod, exited %d:\n%s", extra+1, code, out)
+		}
+		imgRemove(t, e.d, ref)
+	})
+
 	// A base image from one tool, layers on top from others.
 	t.Run("MixedWriters", func(t *testing.T) {
 		base := testimage.Build(t, testimage.Spec{Shape: testimage.Shape{Tar: testimage.GNUTar, Compression: testimage.Zstd}, Cmd: []string{"sh"}})
