@@ -551,7 +551,7 @@ run_compare() {
 			if (op ~ /^(pod_end_to_end|sandbox_end_to_end|RunPodSandbox|CreateContainer|StartContainer|StopContainer|RemoveContainer|StopPodSandbox|ContainerStatus|ListContainers|ListPodSandbox|ListContainerStats|PullImage|ContainerStatus_floor|ListContainers_floor|ListContainerStats_floor|ExecSync|Exec\(stream\))$/)
 				k = k " " op "-" $(NF-4) "=" $NF
 		}
-		NF == 4 && $1 ~ /^(cpu_ms_per_pod|runtime_pss_kib|daemon_rss_kib|teardown_wall_ms)$/ { k = k " " $1 "=" $NF }
+		NF == 4 && $1 ~ /^(cpu_ms_per_pod|runtime_pss_kib|daemon_rss_kib|teardown_wall_ms|portforward_mb_per_s)$/ { k = k " " $1 "=" $NF }
 		END { print k }' "$OUT/$name.txt")
 	last="RESULT: ok"
 	[ "$rc" = 0 ] || last="RESULT: errors (exit $rc)"
@@ -588,6 +588,9 @@ run_compare compare-node status -n "$NODE_PODS" --containers "$NODE_CONTAINERS" 
 # ExecSync and streaming Exec in one pod, as kubelet's probes and
 # kubectl exec make them.
 run_compare compare-exec exec -n "$EXEC_N" --streams "$EXEC_STREAMS" --image "$IMAGE"
+# kubectl port-forward's path: 64 MiB read three times through one
+# forward, over SPDY.
+run_compare compare-portforward portforward --image "$IMAGE" --forward-mb 64 --streams 3
 run_compare compare-pull pull -n "$PULL_N" --limit-mbps "$PULL_MBPS" --scale "$PULL_SCALE" --pull-settle "$PULL_SETTLE"
 
 echo
