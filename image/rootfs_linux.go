@@ -207,13 +207,14 @@ var lowerdirPlus = true
 const lowerAliases = "lowers"
 
 // mountOverlayLegacy mounts an overlay with mount(2), whose option
-// string must fit in a page: with this store's paths, 40 layers, and 23
-// through a pod's idmapped tree, where images may have 127. Lower dirs
-// that do not fit are named by symlinks "0", "1", ... in lowerAliases
-// beside target, and mounted from a thread whose working directory is
-// there, as containerd and containers/storage shorten theirs. The kernel's
-// mount table then shows the short names; lowerDirs reads them back
-// through the links, which go with the container's directory.
+// string must fit in a page: under the default root, 40 layer paths, and
+// 23 through a pod's idmapped tree, where images may have 127. When the
+// paths do not fit, each lower dir is named by a symlink "0", "1", ...
+// in lowerAliases beside target, and the overlay is mounted from a
+// thread whose working directory is there, as containerd and
+// containers/storage shorten theirs. The kernel's mount table then shows
+// the short names; lowerDirs reads them back through the links, which go
+// with the container's directory.
 func mountOverlayLegacy(lowers []string, rest, target string, flags uintptr) error {
 	opts := "lowerdir=" + strings.Join(lowers, ":") + rest
 	if len(opts) < os.Getpagesize() {
