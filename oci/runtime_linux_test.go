@@ -611,6 +611,40 @@ func TestStopSignalsInitItself(t *testing.T) {
 	}
 }
 
+// TestStopRightAfterStart: a stop that comes before the container's
+// process has set up its handler (here a shell that sets its trap after
+// 200 ms) still ends it gracefully. The kernel drops a signal to a PID
+// namespace's init that has no handler for it: sent at once, the TERM
+// was lost and the container ran until the grace period's SIGKILL.
+func TestStopRightAfterStart(t *testing.T) {
+	e := newTestEnv(t)
+	ctx := context.Background()
+	id := "early-" + randID(t)
+	e.create(id, true, "sh", "-c", "sleep 0.2; trap 'exit 42' TERM; sleep 1000 & wait")
+	if err := e.rt.Stop(ctx, id, syscall.SIGTERM, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := e.rt.State(ctx, id); err != nil || st.Status != StatusStopped || st.ExitCode != 42 {
+		t.Errorf("state = %+v, %v; want stopped with 42 (the TERM trap)", st, err)
+	}
+
+	// An init that never handles the signal waits for nothing more than
+	// the grace period: the wait for a handler comes out of it.
+	never := "never-" + randID(t)
+	e.create(never, true, "sleep", "1000")
+	const grace = 4 * time.Second
+	start := time.Now()
+	if err := e.rt.Stop(ctx, never, syscall.SIGTERM, grace); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > grace+800*time.Millisecond {
+		t.Errorf("a stop with a %s grace period took %s", grace, took)
+	}
+	if st, err := e.rt.State(ctx, never); err != nil || st.Status != StatusStopped || st.ExitCode != 137 {
+		t.Errorf("state = %+v, %v; want stopped with 137 (the SIGKILL)", st, err)
+	}
+}
+
 // TestStopWithoutMonitor: a container whose conmon is gone (killed, or
 // its exit-file write failed) gets no exit file, ever. Stop must not wait
 // for one until its caller gives up: it kills the container and takes

@@ -25,6 +25,7 @@ func TestContainerSemantics(t *testing.T) {
 	t.Run("Privileged", e.testPrivileged)
 	t.Run("MountPropagation", e.testMountPropagation)
 	t.Run("StartMeansRunning", e.testStartMeansRunning)
+	t.Run("StopRightAfterStart", e.testStopRightAfterStart)
 	t.Run("ExecSyncBackgroundChild", e.testExecSyncBackgroundChild)
 	t.Run("SupplementalGroupsPolicy", e.testSupplementalGroupsPolicy)
 	t.Run("Resources", e.testResourcesStatus)
@@ -174,6 +175,25 @@ func (e *ctrEnv) testStartMeansRunning(t *testing.T) {
 		id := e.run(t, pod, podCfg, e.ctr("c"+strconv.Itoa(i), "sleep", "1000"))
 		if st := e.status(t, id); st.State != runtimeapi.ContainerState_CONTAINER_RUNNING || st.StartedAt == 0 {
 			t.Errorf("container %d right after StartContainer: %v started at %d, want RUNNING with a start time", i, st.State, st.StartedAt)
+		}
+	}
+}
+
+// testStopRightAfterStart: kubelet deleting a pod it has just started
+// stops its container with SIGTERM right after StartContainer. A process
+// that sets up its handler a moment later (a shell whose trap comes after
+// 200 ms) must still get the signal: the kernel drops a signal to a PID
+// namespace's init that has no handler for it, and the container ran
+// until the grace period's SIGKILL.
+func (e *ctrEnv) testStopRightAfterStart(t *testing.T) {
+	pod, podCfg := e.pod(t, PodConfig("stopearly"))
+	for i := range 3 {
+		id := e.run(t, pod, podCfg, e.ctr("c"+strconv.Itoa(i), "sh", "-c", "sleep 0.2; trap 'exit 42' TERM; sleep 1000 & wait"))
+		if _, err := e.d.Runtime.StopContainer(Ctx(t), &runtimeapi.StopContainerRequest{ContainerId: id, Timeout: 20}); err != nil {
+			t.Fatalf("StopContainer: %v", err)
+		}
+		if st := e.status(t, id); st.State != runtimeapi.ContainerState_CONTAINER_EXITED || st.ExitCode != 42 {
+			t.Errorf("container %d stopped right after its start: %v with exit code %d, want EXITED with 42 (its TERM trap)", i, st.State, st.ExitCode)
 		}
 	}
 }
