@@ -428,7 +428,7 @@ const handlerPoll = 2 * time.Millisecond
 // otherwise send it while the runtime's init still execs the container's
 // process, or while that process sets up its handler (a shell before its
 // `trap`), and the container would run until the grace period's SIGKILL:
-// 1-4 % of such stops on this host. A process that never handles sig
+// 1-8 % of such stops on this host. A process that never handles sig
 // loses nothing: the wait comes out of the grace period, whose end kills
 // it as before. runc's init (a Go program: it catches everything) counts
 // as not yet started. A container this process did not start (created
