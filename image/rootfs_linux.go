@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 
@@ -15,6 +14,7 @@ import (
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
+	"github.com/pinrt/pinrt/internal/osthread"
 	"github.com/pinrt/pinrt/internal/validate"
 )
 
@@ -254,8 +254,7 @@ func mountOverlayLegacy(lowers []string, rest, target string, flags uintptr) err
 // goroutine exits locked to it.
 func inDir(dir string, f func() error) error {
 	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
+	osthread.Go(func() {
 		if err := unix.Unshare(unix.CLONE_FS); err != nil {
 			errc <- fmt.Errorf("unshare the file system attributes: %w", err)
 			return
@@ -265,7 +264,7 @@ func inDir(dir string, f func() error) error {
 			return
 		}
 		errc <- f()
-	}()
+	})
 	return <-errc
 }
 

@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -22,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/pinrt/pinrt/internal/limitbuf"
+	"github.com/pinrt/pinrt/internal/osthread"
 )
 
 // cloneFlag is the clone(2) flag, and the NS_GET_NSTYPE answer, per kind.
@@ -237,7 +237,8 @@ func (m *Manager) start(ctx context.Context, req CreateRequest, kinds map[Kind]b
 	}
 	t := &nsThread{done: make(chan struct{}), gone: make(chan struct{})}
 	ready := make(chan error, 1)
-	go t.run(enter, kinds, setupArgs(req, kinds), ready)
+	args := setupArgs(req, kinds)
+	osthread.Go(func() { t.run(enter, kinds, args, ready) })
 	if err := <-ready; err != nil {
 		<-t.gone
 		return nil, err
@@ -286,21 +287,6 @@ type enterFunc func(kinds map[Kind]bool) (nsDir string, release func(), err erro
 // run is the thread's goroutine: it enters the namespaces, prepares them,
 // reports on ready and holds them until stop.
 func (t *nsThread) run(enter enterFunc, kinds map[Kind]bool, args []string, ready chan<- error) {
-	runtime.LockOSThread()
-	if unix.Gettid() == unix.Getpid() {
-		// The runtime cannot end the main thread when its locked
-		// goroutine returns: it parks it for good, which would keep the
-		// pod's namespaces alive. Hold the main thread, so that the
-		// work lands on another.
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			t.run(enter, kinds, args, ready)
-		}()
-		<-done
-		runtime.UnlockOSThread()
-		return
-	}
 	defer close(t.gone)
 	dir, release, err := enter(kinds)
 	if err != nil {
