@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,6 +20,9 @@ type HostInfo struct {
 	CgroupV2 bool
 	// Controllers are the cgroup controllers usable by containers.
 	Controllers map[string]bool
+	// SwapController is true when containers' swap can be limited:
+	// memory.memsw.* on v1 (swapaccount), memory.swap.max on v2.
+	SwapController bool
 	// CgroupNS is true when the kernel has cgroup namespaces.
 	CgroupNS bool
 	AppArmor bool
@@ -56,6 +60,7 @@ func ProbeHost() HostInfo {
 			h.Controllers = parseProcCgroups(f)
 			f.Close()
 		}
+		h.SwapController = swapController(h.CgroupV2)
 		_, err := os.Stat("/proc/self/ns/cgroup")
 		h.CgroupNS = err == nil
 		b, _ := os.ReadFile("/sys/module/apparmor/parameters/enabled")
@@ -68,6 +73,38 @@ func ProbeHost() HostInfo {
 		hostInfo = h
 	})
 	return hostInfo
+}
+
+// swapController tells whether the kernel accounts swap per cgroup, as
+// kubelet and containerd tell it: memory.memsw.limit_in_bytes in v1's
+// memory hierarchy; on v2, memory.swap.max in the daemon's own cgroup or,
+// where that has no memory controller (or is the root, which has no such
+// file), in any cgroup below the root.
+func swapController(v2 bool) bool {
+	if !v2 {
+		_, err := os.Stat("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes")
+		return err == nil
+	}
+	if b, err := os.ReadFile("/proc/self/cgroup"); err == nil {
+		if self, ok := v2CgroupPath(b); ok {
+			if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", self, "memory.swap.max")); err == nil {
+				return true
+			}
+		}
+	}
+	m, _ := filepath.Glob("/sys/fs/cgroup/*/memory.swap.max")
+	return len(m) > 0
+}
+
+// v2CgroupPath is the unified hierarchy's entry ("0::/path") of a
+// /proc/<pid>/cgroup file.
+func v2CgroupPath(b []byte) (string, bool) {
+	for _, l := range strings.Split(string(b), "\n") {
+		if p, ok := strings.CutPrefix(l, "0::"); ok {
+			return p, true
+		}
+	}
+	return "", false
 }
 
 // parseProcCgroups returns the v1 controllers that are enabled and mounted
@@ -182,13 +219,7 @@ func WithResources(res *Resources, host *HostInfo) SpecOpt {
 		}
 		if res.MemoryLimit != 0 || res.MemorySwapLimit != 0 {
 			if has("memory") {
-				r.Memory = &specs.LinuxMemory{}
-				if res.MemoryLimit != 0 {
-					r.Memory.Limit = i64(res.MemoryLimit)
-				}
-				if res.MemorySwapLimit != 0 {
-					r.Memory.Swap = i64(res.MemorySwapLimit)
-				}
+				r.Memory = memoryLimits(res, host)
 			} else {
 				g.logDrop("dropping memory limits: cgroup controller memory not available")
 			}
@@ -222,6 +253,24 @@ func WithResources(res *Resources, host *HostInfo) SpecOpt {
 		}
 		return nil
 	}
+}
+
+// memoryLimits are res's memory limits. A memory limit without a swap
+// limit allows no swap where the kernel accounts it, as in containerd and
+// CRI-O: memory plus swap equal to the memory (v1), memory.swap.max 0
+// (v2, runc's translation).
+func memoryLimits(res *Resources, host *HostInfo) *specs.LinuxMemory {
+	m := &specs.LinuxMemory{}
+	if res.MemoryLimit != 0 {
+		m.Limit = i64(res.MemoryLimit)
+	}
+	switch {
+	case res.MemorySwapLimit != 0:
+		m.Swap = i64(res.MemorySwapLimit)
+	case res.MemoryLimit > 0 && host != nil && host.SwapController:
+		m.Swap = i64(res.MemoryLimit)
+	}
+	return m
 }
 
 func cpuOf(r *specs.LinuxResources) *specs.LinuxCPU {

@@ -559,6 +559,67 @@ func TestWithResourcesDropsMissingControllers(t *testing.T) {
 	}
 }
 
+// A memory limit without a swap limit allows no swap where the kernel
+// accounts it (containerd and CRI-O do the same); elsewhere the spec
+// names no swap, which runc could not set.
+func TestWithResourcesSwap(t *testing.T) {
+	mem := map[string]bool{"memory": true}
+	for _, tc := range []struct {
+		name      string
+		host      HostInfo
+		mem, swap int64
+		want      *int64 // the spec's swap; nil: none
+		noMemory  bool
+	}{
+		{"memory alone, swap accounted", HostInfo{Controllers: mem, SwapController: true}, 64 << 20, 0, i64(64 << 20), false},
+		{"memory alone, v2", HostInfo{CgroupV2: true, Controllers: mem, SwapController: true}, 64 << 20, 0, i64(64 << 20), false},
+		{"memory alone, swap not accounted", HostInfo{Controllers: mem}, 64 << 20, 0, nil, false},
+		{"swap given", HostInfo{Controllers: mem, SwapController: true}, 64 << 20, 128 << 20, i64(128 << 20), false},
+		{"swap unlimited", HostInfo{Controllers: mem, SwapController: true}, 64 << 20, -1, i64(-1), false},
+		{"memory unlimited", HostInfo{Controllers: mem, SwapController: true}, -1, 0, nil, false},
+		{"no memory controller", HostInfo{Controllers: map[string]bool{"cpu": true}, SwapController: true}, 64 << 20, 0, nil, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := gen(t, WithResources(&Resources{MemoryLimit: tc.mem, MemorySwapLimit: tc.swap}, &tc.host))
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := s.Linux.Resources.Memory
+			if tc.noMemory {
+				if m != nil {
+					t.Fatalf("memory %+v without a memory controller", m)
+				}
+				return
+			}
+			if got := m.Swap; (got == nil) != (tc.want == nil) || (got != nil && *got != *tc.want) {
+				t.Errorf("swap %v, want %v", ptrString(got), ptrString(tc.want))
+			}
+		})
+	}
+}
+
+func ptrString(p *int64) string {
+	if p == nil {
+		return "none"
+	}
+	return strconv.FormatInt(*p, 10)
+}
+
+func TestV2CgroupPath(t *testing.T) {
+	for in, want := range map[string]string{
+		"0::/system.slice/pinrt.service\n":                  "/system.slice/pinrt.service",
+		"12:memory:/x\n1:name=systemd:/y\n0::/init.scope\n": "/init.scope",
+		"0::/\n": "/",
+	} {
+		if got, ok := v2CgroupPath([]byte(in)); !ok || got != want {
+			t.Errorf("v2CgroupPath(%q) = %q, %v, want %q", in, got, ok, want)
+		}
+	}
+	if got, ok := v2CgroupPath([]byte("12:memory:/x\n")); ok {
+		t.Errorf("a v1-only file gave %q", got)
+	}
+}
+
 func TestOOMScoreAdj(t *testing.T) {
 	tests := []struct{ v, floor, want int }{
 		{-998, 0, 0}, {-998, -999, -998}, {500, 0, 500}, {1500, 0, 1000}, {-1000, -1000, -1000},

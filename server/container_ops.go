@@ -269,11 +269,6 @@ func (s *Server) updateContainer(ctx context.Context, c *sandbox.Container, res 
 	if err != nil {
 		return err
 	}
-	if !host.CgroupV2 {
-		if err := memoryUnderSwap(s.resources.get(c.Dir).GetLinux(), res); err != nil {
-			return fmt.Errorf("update of %s: %w", c.ID, err)
-		}
-	}
 	lr, err := s.nriUpdate(ctx, c, res, spec.Linux.Resources)
 	if err != nil {
 		return err
@@ -284,24 +279,6 @@ func (s *Server) updateContainer(ctx context.Context, c *sandbox.Container, res 
 	}
 	pod, ctr := s.nriOf(c, nil)
 	nriNotify(ctx, "PostUpdateContainer", s.nri.PostUpdateContainer(ctx, pod, ctr))
-	return nil
-}
-
-// memoryUnderSwap refuses an update that would leave the memory limit
-// above the memory plus swap limit, which cgroup v1 keeps at or above it
-// (runc's write fails with EINVAL). A limit the update leaves at 0 keeps
-// the one in force (cur), as runc update does; 0 and -1 are unlimited.
-func memoryUnderSwap(cur *runtimeapi.LinuxContainerResources, res *oci.Resources) error {
-	mem, swap := cur.GetMemoryLimitInBytes(), cur.GetMemorySwapLimitInBytes()
-	if res.MemoryLimit != 0 {
-		mem = res.MemoryLimit
-	}
-	if res.MemorySwapLimit != 0 {
-		swap = res.MemorySwapLimit
-	}
-	if swap > 0 && (mem <= 0 || mem > swap) {
-		return invalid("memory limit %d would be above the memory plus swap limit %d: give memory_swap_limit_in_bytes too", mem, swap)
-	}
 	return nil
 }
 

@@ -1027,35 +1027,6 @@ func TestCheckMountMappings(t *testing.T) {
 	}
 }
 
-// cgroup v1 keeps memory plus swap at or above memory: an update of the
-// memory alone above the swap limit in force is refused before runc's
-// write fails.
-func TestMemoryUnderSwap(t *testing.T) {
-	cur := func(mem, swap int64) *runtimeapi.LinuxContainerResources {
-		return &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: mem, MemorySwapLimitInBytes: swap}
-	}
-	for _, tc := range []struct {
-		name      string
-		cur       *runtimeapi.LinuxContainerResources
-		mem, swap int64
-		ok        bool
-	}{
-		{"no limits yet", nil, 64 << 20, 0, true},
-		{"memory up, swap unlimited", cur(64<<20, -1), 1 << 40, 0, true},
-		{"memory up to the swap limit", cur(64<<20, 128<<20), 128 << 20, 0, true},
-		{"memory above the swap limit", cur(64<<20, 128<<20), 256 << 20, 0, false},
-		{"both up", cur(64<<20, 128<<20), 256 << 20, 256 << 20, true},
-		{"swap below the memory in force", cur(128<<20, 256<<20), 0, 64 << 20, false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			err := memoryUnderSwap(tc.cur, &oci.Resources{MemoryLimit: tc.mem, MemorySwapLimit: tc.swap})
-			if tc.ok != (err == nil) || (err != nil && !errdefs.IsInvalidArgument(err)) {
-				t.Fatalf("= %v, want ok %v", err, tc.ok)
-			}
-		})
-	}
-}
-
 // A container's status names its image as the pod does: kubelet asks
 // for the image by ID, and the pod's status shows this name.
 func TestStatusImage(t *testing.T) {

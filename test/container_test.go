@@ -901,46 +901,78 @@ func (e *ctrEnv) testUpdateResources(t *testing.T) {
 	cfg := e.ctr("c", "sleep", "1000")
 	cfg.Linux.Resources = &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 64 << 20}
 	id := e.run(t, pod, podCfg, cfg)
-	limitFile := filepath.Join(CgroupDir(t, e.info(t, id).Pid, "memory"), "memory.limit_in_bytes")
+	dir := CgroupDir(t, e.info(t, id).Pid, "memory")
+	limitFile, swapFile := "memory.limit_in_bytes", "memory.memsw.limit_in_bytes"
 	if CgroupV2() {
-		limitFile = filepath.Join(filepath.Dir(limitFile), "memory.max")
+		limitFile, swapFile = "memory.max", "memory.swap.max"
 	}
-	read := func() string {
-		b, err := os.ReadFile(limitFile)
+	read := func(name string) string {
+		b, err := os.ReadFile(filepath.Join(dir, name))
 		if err != nil {
 			t.Fatal(err)
 		}
 		return strings.TrimSpace(string(b))
 	}
-	if got := read(); got != strconv.Itoa(64<<20) {
-		t.Fatalf("initial limit %s, want %d", got, 64<<20)
+	// A memory limit alone allows no swap where the kernel accounts it,
+	// as in containerd and CRI-O: memory plus swap is the memory (v1),
+	// memory.swap.max is 0 (v2), and the status says so.
+	_, err := os.Stat(filepath.Join(dir, swapFile))
+	swapAccounted := err == nil
+	checkLimits := func(when string, mem int64) {
+		t.Helper()
+		if got := read(limitFile); got != strconv.FormatInt(mem, 10) {
+			t.Errorf("%s: memory limit %s, want %d", when, got, mem)
+		}
+		if !swapAccounted {
+			return
+		}
+		want := strconv.FormatInt(mem, 10)
+		if CgroupV2() {
+			want = "0"
+		}
+		if got := read(swapFile); got != want {
+			t.Errorf("%s: %s %s, want %s", when, swapFile, got, want)
+		}
+		st := e.status(t, id)
+		if got := st.GetResources().GetLinux().GetMemorySwapLimitInBytes(); got != mem {
+			t.Errorf("%s: status swap limit %d, want %d", when, got, mem)
+		}
 	}
+	checkLimits("created", 64<<20)
 	if _, err := e.d.Runtime.UpdateContainerResources(Ctx(t), &runtimeapi.UpdateContainerResourcesRequest{
 		ContainerId: id, Linux: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 96 << 20},
 	}); err != nil {
 		t.Fatalf("UpdateContainerResources: %v", err)
 	}
-	if got := read(); got != strconv.Itoa(96<<20) {
-		t.Errorf("limit after update %s, want %d", got, 96<<20)
-	}
-	if CgroupV2() {
+	checkLimits("updated", 96<<20)
+	if CgroupV2() || !swapAccounted {
 		return
 	}
-	// cgroup v1 keeps memory plus swap at or above memory: with a swap
-	// limit in force, the memory alone cannot go past it (runc's write
-	// failed, Unknown), and the limits stay.
+	// cgroup v1 keeps memory plus swap at or above memory: a swap limit
+	// below the memory is refused (runc's write would fail, Unknown), and
+	// the limits stay. A memory limit alone brings its swap limit along,
+	// whatever swap limit was in force, so it cannot go past it.
 	if _, err := e.d.Runtime.UpdateContainerResources(Ctx(t), &runtimeapi.UpdateContainerResourcesRequest{
 		ContainerId: id, Linux: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 96 << 20, MemorySwapLimitInBytes: 128 << 20},
 	}); err != nil {
 		t.Fatalf("UpdateContainerResources with swap: %v", err)
 	}
-	_, err := e.d.Runtime.UpdateContainerResources(Ctx(t), &runtimeapi.UpdateContainerResourcesRequest{
-		ContainerId: id, Linux: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 256 << 20},
-	})
-	wantCode(t, err, codes.InvalidArgument, "above the memory plus swap limit 134217728")
-	if got := read(); got != strconv.Itoa(96<<20) {
-		t.Errorf("limit after the refused update %s, want %d", got, 96<<20)
+	if got := read(swapFile); got != strconv.Itoa(128<<20) {
+		t.Errorf("memory plus swap after the update %s, want %d", got, 128<<20)
 	}
+	_, err = e.d.Runtime.UpdateContainerResources(Ctx(t), &runtimeapi.UpdateContainerResourcesRequest{
+		ContainerId: id, Linux: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 256 << 20, MemorySwapLimitInBytes: 128 << 20},
+	})
+	wantCode(t, err, codes.InvalidArgument, "is below memory_limit_in_bytes")
+	if got, want := read(limitFile)+" "+read(swapFile), fmt.Sprintf("%d %d", 96<<20, 128<<20); got != want {
+		t.Errorf("limits after the refused update %s, want %s", got, want)
+	}
+	if _, err := e.d.Runtime.UpdateContainerResources(Ctx(t), &runtimeapi.UpdateContainerResourcesRequest{
+		ContainerId: id, Linux: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 256 << 20},
+	}); err != nil {
+		t.Fatalf("UpdateContainerResources of the memory alone, above the swap limit in force: %v", err)
+	}
+	checkLimits("memory alone above the swap limit", 256<<20)
 }
 
 func (e *ctrEnv) testList(t *testing.T) {
