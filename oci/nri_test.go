@@ -27,6 +27,47 @@ func nriBaseSpec(t *testing.T) *specs.Spec {
 	return s
 }
 
+// A plugin's memory limit takes the swap limit along (NRI's generator
+// sets both), so a memory limit raised above the swap limit pinrt gave
+// (DefaultSwap) does not leave swap below it, which runc cannot set, and
+// a lowered one does not let the container swap.
+func TestNRIMemoryLimitKeepsSwapOff(t *testing.T) {
+	for _, newLimit := range []int64{128 << 20, 32 << 20} {
+		s := nriBaseSpec(t)
+		s.Linux.Resources = &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: i64(64 << 20), Swap: i64(64 << 20)}}
+		adj := &nriapi.ContainerAdjustment{}
+		adj.SetLinuxMemoryLimit(newLimit)
+		if err := ApplyNRIAdjustment(s, adj, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+		if m := s.Linux.Resources.Memory; *m.Limit != newLimit || m.Swap == nil || *m.Swap != newLimit {
+			t.Errorf("memory limit %d, swap %s, want both %d", *m.Limit, ptrString(m.Swap), newLimit)
+		}
+	}
+}
+
+func TestDefaultSwap(t *testing.T) {
+	on, off := &HostInfo{SwapController: true}, &HostInfo{}
+	for _, tc := range []struct {
+		name string
+		m    *specs.LinuxMemory
+		host *HostInfo
+		want *int64
+	}{
+		{"limit alone", &specs.LinuxMemory{Limit: i64(64 << 20)}, on, i64(64 << 20)},
+		{"swap not accounted", &specs.LinuxMemory{Limit: i64(64 << 20)}, off, nil},
+		{"swap given", &specs.LinuxMemory{Limit: i64(64 << 20), Swap: i64(-1)}, on, i64(-1)},
+		{"unlimited", &specs.LinuxMemory{Limit: i64(-1)}, on, nil},
+		{"no limit", &specs.LinuxMemory{}, on, nil},
+	} {
+		DefaultSwap(tc.m, tc.host)
+		if got := tc.m.Swap; (got == nil) != (tc.want == nil) || (got != nil && *got != *tc.want) {
+			t.Errorf("%s: swap %s, want %s", tc.name, ptrString(got), ptrString(tc.want))
+		}
+	}
+	DefaultSwap(nil, on) // no memory limits: nothing to do
+}
+
 func TestApplyNRIAdjustment(t *testing.T) {
 	s := nriBaseSpec(t)
 	adj := &nriapi.ContainerAdjustment{}

@@ -255,22 +255,28 @@ func WithResources(res *Resources, host *HostInfo) SpecOpt {
 	}
 }
 
-// memoryLimits are res's memory limits. A memory limit without a swap
-// limit allows no swap where the kernel accounts it, as in containerd and
-// CRI-O: memory plus swap equal to the memory (v1), memory.swap.max 0
-// (v2, runc's translation).
+// memoryLimits are res's memory limits, with DefaultSwap's.
 func memoryLimits(res *Resources, host *HostInfo) *specs.LinuxMemory {
 	m := &specs.LinuxMemory{}
 	if res.MemoryLimit != 0 {
 		m.Limit = i64(res.MemoryLimit)
 	}
-	switch {
-	case res.MemorySwapLimit != 0:
+	if res.MemorySwapLimit != 0 {
 		m.Swap = i64(res.MemorySwapLimit)
-	case res.MemoryLimit > 0 && host != nil && host.SwapController:
-		m.Swap = i64(res.MemoryLimit)
 	}
+	DefaultSwap(m, host)
 	return m
+}
+
+// DefaultSwap gives a memory limit without a swap limit one equal to it
+// where the kernel accounts swap, so the container does not swap unless
+// asked to, as in containerd and CRI-O: memory plus swap equal to the
+// memory (v1), memory.swap.max 0 (v2, runc's translation).
+func DefaultSwap(m *specs.LinuxMemory, host *HostInfo) {
+	if m == nil || m.Limit == nil || *m.Limit <= 0 || m.Swap != nil || host == nil || !host.SwapController {
+		return
+	}
+	m.Swap = i64(*m.Limit)
 }
 
 func cpuOf(r *specs.LinuxResources) *specs.LinuxCPU {

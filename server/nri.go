@@ -342,6 +342,12 @@ func (s *Server) nriUpdate(ctx context.Context, c *sandbox.Container, res *oci.R
 	for _, u := range updates {
 		if u.GetContainerId() == c.ID && u.GetLinux().GetResources() != nil {
 			lr = u.GetLinux().GetResources().ToOCI()
+			// The plugins saw the request's limits, without the swap
+			// limit pinrt adds to a memory limit.
+			if res.MemorySwapLimit == 0 {
+				host := oci.ProbeHost()
+				oci.DefaultSwap(lr.Memory, &host)
+			}
 			continue
 		}
 		others = append(others, u)

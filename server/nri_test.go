@@ -330,6 +330,42 @@ func TestNRIUpdateReplaced(t *testing.T) {
 	}
 }
 
+// A plugin's memory limit in its answer to UpdateContainer gets the swap
+// limit pinrt gives a memory limit (none where the kernel does not
+// account swap): the plugins see the request's limits, without it, and
+// the swap limit in force would otherwise stay below the new memory.
+func TestNRIUpdateMemoryKeepsSwapOff(t *testing.T) {
+	f, fake := newNRIFixture(t)
+	ctx := context.Background()
+	pod, _ := f.pod(t, false)
+	resp, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr("c")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.ContainerId
+	if _, err := f.srv.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: id}); err != nil {
+		t.Fatal(err)
+	}
+	up := &nriapi.ContainerUpdate{}
+	up.SetContainerId(id)
+	up.SetLinuxMemoryLimit(128 << 20)
+	fake.UpdateReply = []*nriapi.ContainerUpdate{up}
+	if _, err := f.srv.UpdateContainerResources(ctx, &runtimeapi.UpdateContainerResourcesRequest{ContainerId: id, Linux: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 64 << 20}}); err != nil {
+		t.Fatal(err)
+	}
+	m := f.rt.Resources[id].Memory
+	if m == nil || m.Limit == nil || *m.Limit != 128<<20 {
+		t.Fatalf("memory = %+v, want the plugin's 128 MiB", m)
+	}
+	if oci.ProbeHost().SwapController {
+		if m.Swap == nil || *m.Swap != 128<<20 {
+			t.Errorf("swap limit %v, want the plugin's memory limit", m.Swap)
+		}
+	} else if m.Swap != nil {
+		t.Errorf("swap limit %d on a host that does not account swap", *m.Swap)
+	}
+}
+
 func TestNRIEviction(t *testing.T) {
 	f, fake := newNRIFixture(t)
 	ctx := context.Background()
