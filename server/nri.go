@@ -299,6 +299,25 @@ func nriNotify(ctx context.Context, event string, err error) {
 	}
 }
 
+// swapFollowsPlugin keeps swap off under a plugin's memory limit m in
+// its answer to UpdateContainer. The plugins saw the request's limits
+// (res), without the swap limit pinrt adds to a memory limit; and where
+// the request turned swap off itself (kubelet sends a swap limit equal to
+// the memory on cgroup v1), a plugin that changed the memory alone would
+// leave that swap limit below a raised one, which runc cannot set.
+func swapFollowsPlugin(res *oci.Resources, m *specs.LinuxMemory) {
+	host := oci.ProbeHost()
+	if m == nil || !host.SwapController {
+		return
+	}
+	swapOff := res.MemorySwapLimit == 0 || res.MemorySwapLimit == res.MemoryLimit
+	if !swapOff || (m.Swap != nil && *m.Swap != res.MemorySwapLimit) {
+		return // the plugin's own swap limit, or the request's swap
+	}
+	m.Swap = nil
+	oci.DefaultSwap(m, &host)
+}
+
 // nriResources converts CRI-side resources for an UpdateContainer event.
 func nriResources(res *oci.Resources) *nriapi.LinuxResources {
 	if res == nil {
@@ -342,12 +361,7 @@ func (s *Server) nriUpdate(ctx context.Context, c *sandbox.Container, res *oci.R
 	for _, u := range updates {
 		if u.GetContainerId() == c.ID && u.GetLinux().GetResources() != nil {
 			lr = u.GetLinux().GetResources().ToOCI()
-			// The plugins saw the request's limits, without the swap
-			// limit pinrt adds to a memory limit.
-			if res.MemorySwapLimit == 0 {
-				host := oci.ProbeHost()
-				oci.DefaultSwap(lr.Memory, &host)
-			}
+			swapFollowsPlugin(res, lr.Memory)
 			continue
 		}
 		others = append(others, u)

@@ -330,39 +330,61 @@ func TestNRIUpdateReplaced(t *testing.T) {
 	}
 }
 
-// A plugin's memory limit in its answer to UpdateContainer gets the swap
-// limit pinrt gives a memory limit (none where the kernel does not
-// account swap): the plugins see the request's limits, without it, and
-// the swap limit in force would otherwise stay below the new memory.
+// A plugin's memory limit in its answer to UpdateContainer keeps swap
+// off where the request had it off: the plugins see the request's limits,
+// without the swap limit pinrt gives a memory limit, and a swap limit
+// equal to the memory (kubelet's on cgroup v1) would otherwise stay below
+// a raised one. Where the kernel does not account swap, none is set.
 func TestNRIUpdateMemoryKeepsSwapOff(t *testing.T) {
-	f, fake := newNRIFixture(t)
-	ctx := context.Background()
-	pod, _ := f.pod(t, false)
-	resp, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr("c")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := resp.ContainerId
-	if _, err := f.srv.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: id}); err != nil {
-		t.Fatal(err)
-	}
-	up := &nriapi.ContainerUpdate{}
-	up.SetContainerId(id)
-	up.SetLinuxMemoryLimit(128 << 20)
-	fake.UpdateReply = []*nriapi.ContainerUpdate{up}
-	if _, err := f.srv.UpdateContainerResources(ctx, &runtimeapi.UpdateContainerResourcesRequest{ContainerId: id, Linux: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 64 << 20}}); err != nil {
-		t.Fatal(err)
-	}
-	m := f.rt.Resources[id].Memory
-	if m == nil || m.Limit == nil || *m.Limit != 128<<20 {
-		t.Fatalf("memory = %+v, want the plugin's 128 MiB", m)
-	}
-	if oci.ProbeHost().SwapController {
-		if m.Swap == nil || *m.Swap != 128<<20 {
-			t.Errorf("swap limit %v, want the plugin's memory limit", m.Swap)
-		}
-	} else if m.Swap != nil {
-		t.Errorf("swap limit %d on a host that does not account swap", *m.Swap)
+	accounted := oci.ProbeHost().SwapController
+	for _, tc := range []struct {
+		name                string
+		reqSwap, pluginSwap int64 // 0: none
+		want                int64 // where swap is accounted; 0: none
+	}{
+		{"no swap limit asked", 0, 0, 128 << 20},
+		{"swap off as kubelet asks", 64 << 20, 0, 128 << 20},
+		{"swap allowed", 256 << 20, 0, 256 << 20},
+		{"the plugin's swap limit", 0, 512 << 20, 512 << 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, fake := newNRIFixture(t)
+			ctx := context.Background()
+			pod, _ := f.pod(t, false)
+			resp, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr("c")})
+			if err != nil {
+				t.Fatal(err)
+			}
+			id := resp.ContainerId
+			if _, err := f.srv.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: id}); err != nil {
+				t.Fatal(err)
+			}
+			up := &nriapi.ContainerUpdate{}
+			up.SetContainerId(id)
+			up.SetLinuxMemoryLimit(128 << 20)
+			if tc.reqSwap != 0 {
+				up.SetLinuxMemorySwap(tc.reqSwap) // the request's, as the plugins got it
+			}
+			if tc.pluginSwap != 0 {
+				up.SetLinuxMemorySwap(tc.pluginSwap)
+			}
+			fake.UpdateReply = []*nriapi.ContainerUpdate{up}
+			req := &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 64 << 20, MemorySwapLimitInBytes: tc.reqSwap}
+			if _, err := f.srv.UpdateContainerResources(ctx, &runtimeapi.UpdateContainerResourcesRequest{ContainerId: id, Linux: req}); err != nil {
+				t.Fatal(err)
+			}
+			m := f.rt.Resources[id].Memory
+			if m == nil || m.Limit == nil || *m.Limit != 128<<20 {
+				t.Fatalf("memory = %+v, want the plugin's 128 MiB", m)
+			}
+			want := tc.want
+			if !accounted {
+				want = max(tc.reqSwap, tc.pluginSwap)
+			}
+			if got := m.Swap; (want == 0) != (got == nil) || (got != nil && *got != want) {
+				t.Errorf("swap limit %v, want %d (0: none)", got, want)
+			}
+		})
 	}
 }
 
