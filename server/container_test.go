@@ -20,6 +20,7 @@ import (
 	"github.com/containerd/errdefs"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pinrt/pinrt/cgroups"
@@ -160,7 +161,12 @@ func newCtrFixture(t *testing.T) *ctrFixture {
 
 func (f *ctrFixture) pod(t *testing.T, userns bool) (string, *runtimeapi.PodSandboxConfig) {
 	t.Helper()
-	req := unitPod("p", userns)
+	return f.runPod(t, unitPod("p", userns))
+}
+
+// runPod runs the pod of req, with a log directory and a hostname.
+func (f *ctrFixture) runPod(t *testing.T, req *runtimeapi.RunPodSandboxRequest) (string, *runtimeapi.PodSandboxConfig) {
+	t.Helper()
 	req.Config.LogDirectory = filepath.Join(t.TempDir(), "logs")
 	req.Config.Hostname = "podhost"
 	resp, err := f.srv.RunPodSandbox(context.Background(), req)
@@ -878,12 +884,44 @@ func TestContainerInfoSpec(t *testing.T) {
 	}
 }
 
+// api.proto: a privileged container needs a sandbox config that says the
+// pod runs privileged containers (containerd refuses it too), and the
+// refusal leaves nothing behind. The request's config decides: kubelet
+// sends one that says so with the privileged ephemeral container of
+// kubectl debug --profile=sysadmin, in a pod created unprivileged.
+func TestPrivilegedNeedsPrivilegedSandboxConfig(t *testing.T) {
+	f := newCtrFixture(t)
+	ctx := context.Background()
+	pod, podCfg := f.pod(t, false)
+	priv := unitCtr("priv")
+	priv.Linux = &runtimeapi.LinuxContainerConfig{SecurityContext: &runtimeapi.LinuxContainerSecurityContext{Privileged: true}}
+	_, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: priv, SandboxConfig: podCfg})
+	if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "sandbox config is not") {
+		t.Fatalf("privileged container, unprivileged sandbox config: %v, want InvalidArgument", err)
+	}
+	f.nothingLeft(t)
+	if _, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr("plain"), SandboxConfig: podCfg}); err != nil {
+		t.Fatalf("unprivileged container: %v", err)
+	}
+	debugCfg := proto.Clone(podCfg).(*runtimeapi.PodSandboxConfig)
+	debugCfg.Linux.SecurityContext.Privileged = true
+	if _, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: priv, SandboxConfig: debugCfg}); err != nil {
+		t.Errorf("privileged container with a privileged sandbox config: %v", err)
+	}
+	priv.Metadata.Name = "priv-noconfig"
+	if _, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: priv}); err != nil {
+		t.Errorf("privileged container without a sandbox config: %v", err)
+	}
+}
+
 // The verbose info says whether a container is privileged under CRI-O's
 // key, where Falco looks for it, and the record keeps it across a restart.
 func TestContainerInfoPrivileged(t *testing.T) {
 	f := newCtrFixture(t)
 	ctx := context.Background()
-	pod, podCfg := f.pod(t, false)
+	req := unitPod("p", false)
+	req.Config.Linux.SecurityContext.Privileged = true
+	pod, podCfg := f.runPod(t, req)
 	for _, privileged := range []bool{false, true} {
 		cfg := unitCtr(fmt.Sprint("priv-", privileged))
 		cfg.Linux = &runtimeapi.LinuxContainerConfig{SecurityContext: &runtimeapi.LinuxContainerSecurityContext{Privileged: privileged}}

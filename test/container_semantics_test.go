@@ -93,7 +93,11 @@ func (e *ctrEnv) testPrivileged(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := capBnd(t, string(daemon))
-	pod, podCfg := e.pod(t, PodConfig("privileged"))
+	// Only in a pod whose sandbox config says it runs privileged ones.
+	plain, plainCfg := e.pod(t, PodConfig("unprivileged"))
+	_, err = e.d.Runtime.CreateContainer(Ctx(t), &runtimeapi.CreateContainerRequest{PodSandboxId: plain, Config: e.privileged("priv", "true"), SandboxConfig: plainCfg})
+	wantCode(t, err, codes.InvalidArgument, "sandbox config is not")
+	pod, podCfg := e.pod(t, PrivilegedPod(PodConfig("privileged")))
 	priv := e.run(t, pod, podCfg, e.privileged("priv", "sleep", "1000"))
 	if got := capBnd(t, e.mustExec(t, priv, "cat", "/proc/self/status")); got != want {
 		t.Errorf("privileged container CapBnd %s, want the daemon's %s", got, want)
@@ -134,7 +138,7 @@ func sharedDir(t *testing.T) string {
 // the rslave volume's source shows inside.
 func (e *ctrEnv) testMountPropagation(t *testing.T) {
 	bidi, h2c := sharedDir(t), sharedDir(t)
-	pod, podCfg := e.pod(t, PodConfig("propagation"))
+	pod, podCfg := e.pod(t, PrivilegedPod(PodConfig("propagation")))
 	cfg := e.privileged("prop", "sleep", "1000")
 	cfg.Mounts = []*runtimeapi.Mount{
 		{HostPath: bidi, ContainerPath: "/bidi", Propagation: runtimeapi.MountPropagation_PROPAGATION_BIDIRECTIONAL},

@@ -35,6 +35,13 @@ func UsernsPod(cfg *runtimeapi.PodSandboxConfig, hostID uint32) *runtimeapi.PodS
 	return cfg
 }
 
+// PrivilegedPod marks cfg as a pod that runs privileged containers, as
+// kubelet does for a pod with one.
+func PrivilegedPod(cfg *runtimeapi.PodSandboxConfig) *runtimeapi.PodSandboxConfig {
+	cfg.Linux.SecurityContext.Privileged = true
+	return cfg
+}
+
 // RunPod starts a pod and fails the test on error.
 func (d *Daemon) RunPod(t testing.TB, cfg *runtimeapi.PodSandboxConfig) string {
 	t.Helper()
