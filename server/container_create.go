@@ -831,11 +831,12 @@ func (s *Server) CreateContainer(ctx context.Context, req *runtimeapi.CreateCont
 		return nil, err
 	}
 	// api.proto: a privileged container needs a sandbox config that says
-	// the pod runs privileged containers, as containerd refuses it. The
-	// request's: kubelet sends the pod's config from its spec of the
-	// moment, so the privileged ephemeral container of `kubectl debug
-	// --profile=sysadmin` in a pod created unprivileged comes with one that
-	// says so. A request without a sandbox config is not held to it.
+	// the pod runs privileged containers; containerd and CRI-O refuse it
+	// too. The request's, as theirs: kubelet sends the pod's config from
+	// its spec of the moment, so the privileged ephemeral container of
+	// `kubectl debug --profile=sysadmin` in a pod created unprivileged
+	// comes with one that says so. A request without a sandbox config is
+	// not held to it, as in CRI-O.
 	if sc := req.GetSandboxConfig(); sc != nil && req.GetConfig().GetLinux().GetSecurityContext().GetPrivileged() &&
 		!sc.GetLinux().GetSecurityContext().GetPrivileged() {
 		return nil, invalid("container %q is privileged, and its pod's sandbox config is not", req.GetConfig().GetMetadata().GetName())
