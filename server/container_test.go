@@ -185,6 +185,20 @@ func unitCtr(name string) *runtimeapi.ContainerConfig {
 	}
 }
 
+// started creates and starts container name of unitCtr in pod.
+func (f *ctrFixture) started(t *testing.T, pod, name string) string {
+	t.Helper()
+	ctx := context.Background()
+	resp, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr(name)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.srv.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: resp.ContainerId}); err != nil {
+		t.Fatal(err)
+	}
+	return resp.ContainerId
+}
+
 // nothingLeft checks that no container state, mount or runtime container
 // remains.
 func (f *ctrFixture) nothingLeft(t *testing.T) {

@@ -128,18 +128,11 @@ func TestExecSyncTimeoutKeepsOutput(t *testing.T) {
 	f := newCtrFixture(t)
 	pod, _ := f.pod(t, false)
 	ctx := context.Background()
-	resp, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr("c")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := resp.ContainerId
-	if _, err := f.srv.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: id}); err != nil {
-		t.Fatal(err)
-	}
+	id := f.started(t, pod, "c")
 	long := strings.Repeat("x", 3*partialOutputMax) + "last words"
 	f.rt.Exec = ocitest.ExecResult{Stdout: []byte(long), Stderr: []byte("warn\n"), ExitCode: -1,
 		Err: fmt.Errorf("command timed out after 1s: %w", context.DeadlineExceeded)}
-	_, err = f.srv.ExecSync(ctx, &runtimeapi.ExecSyncRequest{ContainerId: id, Cmd: []string{"sh"}, Timeout: 1})
+	_, err := f.srv.ExecSync(ctx, &runtimeapi.ExecSyncRequest{ContainerId: id, Cmd: []string{"sh"}, Timeout: 1})
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("ExecSync = %v, want DeadlineExceeded", err)
 	}

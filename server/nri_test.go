@@ -34,14 +34,7 @@ func TestNRILifecycleEvents(t *testing.T) {
 	f, fake := newNRIFixture(t)
 	ctx := context.Background()
 	pod, _ := f.pod(t, false)
-	resp, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr("c")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := resp.ContainerId
-	if _, err := f.srv.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: id}); err != nil {
-		t.Fatal(err)
-	}
+	id := f.started(t, pod, "c")
 	if _, err := f.srv.UpdateContainerResources(ctx, &runtimeapi.UpdateContainerResourcesRequest{ContainerId: id, Linux: &runtimeapi.LinuxContainerResources{CpuShares: 512}}); err != nil {
 		t.Fatal(err)
 	}
@@ -310,14 +303,7 @@ func TestNRIUpdateReplaced(t *testing.T) {
 	f, fake := newNRIFixture(t)
 	ctx := context.Background()
 	pod, _ := f.pod(t, false)
-	resp, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr("c")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := resp.ContainerId
-	if _, err := f.srv.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: id}); err != nil {
-		t.Fatal(err)
-	}
+	id := f.started(t, pod, "c")
 	up := &nriapi.ContainerUpdate{}
 	up.SetContainerId(id)
 	up.SetLinuxCPUShares(999)
@@ -351,14 +337,7 @@ func TestNRIUpdateMemoryKeepsSwapOff(t *testing.T) {
 			f, fake := newNRIFixture(t)
 			ctx := context.Background()
 			pod, _ := f.pod(t, false)
-			resp, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr("c")})
-			if err != nil {
-				t.Fatal(err)
-			}
-			id := resp.ContainerId
-			if _, err := f.srv.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: id}); err != nil {
-				t.Fatal(err)
-			}
+			id := f.started(t, pod, "c")
 			up := &nriapi.ContainerUpdate{}
 			up.SetContainerId(id)
 			up.SetLinuxMemoryLimit(128 << 20)

@@ -23,17 +23,7 @@ func TestExitTakenAsOOMKillFromPodCounter(t *testing.T) {
 	f.cg.setOOMKills(group, 5) // kills before the pod was known...
 	f.srv.notePodOOMBase(ctx, sb)
 
-	run := func(name string) string {
-		t.Helper()
-		resp, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr(name)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := f.srv.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: resp.ContainerId}); err != nil {
-			t.Fatal(err)
-		}
-		return resp.ContainerId
-	}
+	run := func(name string) string { t.Helper(); return f.started(t, pod, name) }
 	// Every stop ends in a SIGKILL exit, with no oom file from conmon.
 	killed := int32(sigkillExit)
 	f.rt.StopExitCode = &killed
