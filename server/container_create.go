@@ -284,7 +284,9 @@ func containerLogPath(dir, rel string) (string, error) {
 
 // validProcess refuses a process the kernel cannot start: a NUL in its
 // command, arguments, environment or working directory. runc would fail
-// only at the start, with a runtime error.
+// only at the start, with a runtime error. An environment variable's name
+// must be there and hold no "=": the process would see another variable
+// (runc refuses an empty one, as the API server refuses both).
 func validProcess(cfg *runtimeapi.ContainerConfig) error {
 	if err := validate.NoNUL("command", cfg.Command...); err != nil {
 		return err
@@ -295,6 +297,9 @@ func validProcess(cfg *runtimeapi.ContainerConfig) error {
 	for _, kv := range cfg.Envs {
 		if err := validate.NoNUL("environment variable", kv.Key, string(kv.Value)); err != nil {
 			return err
+		}
+		if kv.Key == "" || strings.Contains(kv.Key, "=") {
+			return invalid("environment variable name %q is empty or holds \"=\"", kv.Key)
 		}
 	}
 	return validate.NoNUL("working dir", cfg.WorkingDir)

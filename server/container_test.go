@@ -443,6 +443,12 @@ func TestCreateContainerErrors(t *testing.T) {
 		{"device path too long", "", func(c *runtimeapi.ContainerConfig) {
 			c.Devices = []*runtimeapi.Device{{HostPath: "/dev/null", ContainerPath: "/dev/" + strings.Repeat("d", 300)}}
 		}, nil, errdefs.ErrInvalidArgument, "device path has a component of 300 bytes"},
+		{"env without a name", "", func(c *runtimeapi.ContainerConfig) {
+			c.Envs = []*runtimeapi.KeyValue{{Key: "", Value: []byte("x")}}
+		}, nil, errdefs.ErrInvalidArgument, `environment variable name "" is empty`},
+		{"env name with =", "", func(c *runtimeapi.ContainerConfig) {
+			c.Envs = []*runtimeapi.KeyValue{{Key: "A=B", Value: []byte("x")}}
+		}, nil, errdefs.ErrInvalidArgument, `environment variable name "A=B" is empty or holds "="`},
 		{"mount fails", "", nil, func(f *ctrFixture) { f.images.MountErr = fmt.Errorf("overlay: %w", errdefs.ErrUnavailable) }, errdefs.ErrUnavailable, "mounting the rootfs: overlay"},
 		{"runtime create fails", "", nil, func(f *ctrFixture) { f.rt.CreateErr = fmt.Errorf("runc: %w", errdefs.ErrUnknown) }, errdefs.ErrUnknown, `creating container "c": runc`},
 	}
