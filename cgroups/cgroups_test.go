@@ -482,6 +482,19 @@ func TestStatKeepsFilesOpen(t *testing.T) {
 	if _, ok := r.open[a]; ok {
 		t.Error("the idle cgroup is still held")
 	}
+	// Forget closes a removed cgroup's files at once; a later Stat opens
+	// them again.
+	r.Forget(b)
+	r.Forget("/pinrt/never-read")
+	if got := openFDs(t) - before; got != 0 || len(r.open) != 0 {
+		t.Errorf("%d files and %d cgroups held after Forget", got, len(r.open))
+	}
+	if _, err := r.Stat(b); err != nil {
+		t.Fatal(err)
+	}
+	if got := openFDs(t) - before; got != 4 {
+		t.Errorf("%d files open after b was read again, want 4", got)
+	}
 	if err := r.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -660,6 +660,22 @@ func (r *Reader) lookup(group string, now time.Time) *openGroup {
 	return g
 }
 
+// Forget closes the files of group, a cgroup just removed: the kernel
+// frees a removed cgroup only once no file of it is open, and the idle
+// sweep runs only when some cgroup is read. A Stat of group after it
+// opens them again.
+func (r *Reader) Forget(group string) {
+	r.mu.Lock()
+	g, ok := r.open[group]
+	delete(r.open, group)
+	r.mu.Unlock()
+	if ok {
+		g.mu.Lock()
+		g.closeLocked()
+		g.mu.Unlock()
+	}
+}
+
 // drop forgets g, if it is still what the reader has for its cgroup.
 func (r *Reader) drop(g *openGroup) {
 	r.mu.Lock()

@@ -238,6 +238,7 @@ func (s *Server) removeContainer(ctx context.Context, c *sandbox.Container) erro
 		return fmt.Errorf("removing container %s: %w", c.ID, err)
 	}
 	s.containers.Delete(c.ID)
+	s.statsRemoved(c.ID, "")
 	s.resources.forget(c.Dir)
 	s.forgetOOM("", c.ID)
 	s.ctrNames.Release(sandbox.ContainerNameKey(c.SandboxID, c.Name, c.Attempt), c.ID)

@@ -38,6 +38,9 @@ type Cgroups interface {
 	// OpenFilesLimit reads process pid's soft limit on open files; ok
 	// is false once it is gone.
 	OpenFilesLimit(pid int) (n uint64, ok bool)
+	// Forget closes what the reads of group keep open, once the cgroup
+	// is removed.
+	Forget(group string)
 }
 
 // NetCounters reads the interface counters of a pinned netns (package
@@ -351,6 +354,26 @@ func (s *Server) statsCreated(ctx context.Context, c *sandbox.Container, spec *s
 		s.stats.mu.Unlock()
 	}
 	s.measureLayer(ctx, c)
+}
+
+// statsRemoved forgets what the stats RPCs kept for a container or pod
+// just removed: its cgroup's open files, which keep a removed cgroup in
+// the kernel's memory, its CPU sample and its layer's size. group is
+// the pod's cgroup; a container's is the one its stats were read from.
+// Before it, a pod's files stayed open a minute or two, or for as long
+// as no other cgroup was read.
+func (s *Server) statsRemoved(id, group string) {
+	s.stats.mu.Lock()
+	if group == "" {
+		group = s.stats.groups[id]
+	}
+	delete(s.stats.groups, id)
+	delete(s.stats.layers, id)
+	s.stats.mu.Unlock()
+	s.stats.cpu.Forget(id)
+	if group != "" {
+		s.deps.Cgroups.Forget(group)
+	}
 }
 
 // statsStarted opens the cgroup files of a container runc just started,

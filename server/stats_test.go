@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -28,6 +29,21 @@ type fakeCgroups struct {
 	// ooms are the oom_kill counters OOMKills reports; a group without
 	// one has no memory.events.
 	ooms map[string]uint64
+	// forgotten are the groups Forget was called for.
+	forgotten []string
+}
+
+// Forget records that the server let go of group.
+func (f *fakeCgroups) Forget(group string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.forgotten = append(f.forgotten, group)
+}
+
+func (f *fakeCgroups) forgot(group string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Contains(f.forgotten, group)
 }
 
 // OpenFilesLimit gives every process the same limit, 1024 more than its
@@ -188,6 +204,39 @@ func TestContainerStats(t *testing.T) {
 	}
 	if _, err := f.srv.ContainerStats(ctx, &runtimeapi.ContainerStatsRequest{ContainerId: "ffffffffffff"}); !errdefs.IsNotFound(err) {
 		t.Errorf("unknown container: %v, want NotFound", err)
+	}
+}
+
+// TestStatsForgetRemoved: removing a container, then its pod, lets go of
+// what their stats kept: the cgroup files the reader holds open (which
+// keep a removed cgroup in the kernel's memory) and the cached cgroup.
+func TestStatsForgetRemoved(t *testing.T) {
+	f := newStatsFixture(t)
+	ctx := context.Background()
+	if _, err := f.srv.ListPodSandboxStats(ctx, &runtimeapi.ListPodSandboxStatsRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.srv.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: f.ctr}); err != nil {
+		t.Fatal(err)
+	}
+	if !f.cg.forgot(f.ctrGroup) {
+		t.Errorf("RemoveContainer left the container's cgroup %s to the reader (forgot %v)", f.ctrGroup, f.cg.forgotten)
+	}
+	if f.cg.forgot(f.podGroup) {
+		t.Error("RemoveContainer let go of the pod's cgroup")
+	}
+	f.srv.stats.mu.Lock()
+	_, group := f.srv.stats.groups[f.ctr]
+	_, layer := f.srv.stats.layers[f.ctr]
+	f.srv.stats.mu.Unlock()
+	if group || layer {
+		t.Errorf("the removed container's cgroup (%v) or layer (%v) is still cached", group, layer)
+	}
+	if _, err := f.srv.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: f.pod}); err != nil {
+		t.Fatal(err)
+	}
+	if !f.cg.forgot(f.podGroup) {
+		t.Errorf("RemovePodSandbox left the pod's cgroup %s to the reader (forgot %v)", f.podGroup, f.cg.forgotten)
 	}
 }
 
