@@ -67,6 +67,18 @@ func (a *Auth) authenticator() authn.Authenticator {
 type endpoint struct {
 	ref  name.Reference
 	opts []remote.Option
+	// tr is the endpoint's own transport, whose idle connections the
+	// pull closes when it ends: no later pull reuses them.
+	tr *http.Transport
+}
+
+// closeIdle closes the connections eps' transports keep for reuse.
+// Without it each pull left one to each registry it reached, with two
+// goroutines, until the transport's idle timeout.
+func closeIdle(eps []endpoint) {
+	for _, ep := range eps {
+		ep.tr.CloseIdleConnections()
+	}
 }
 
 // endpoints lists the mirrors of r's registry in order, then the
@@ -158,7 +170,7 @@ func (s *Store) endpoint(ctx context.Context, ref name.Reference, cfg RegistryCo
 			tr.TLSClientConfig.RootCAs = pool
 		}
 	}
-	return endpoint{ref: ref, opts: []remote.Option{
+	return endpoint{ref: ref, tr: tr, opts: []remote.Option{
 		remote.WithContext(ctx),
 		remote.WithTransport(&progressTransport{base: tr, p: prog, blobs: blobs, timeout: stall}),
 		remote.WithAuth(auth.authenticator()),
@@ -336,6 +348,7 @@ func (s *Store) pullShared(ctx context.Context, r name.Reference, auth *Auth, re
 	if err != nil {
 		return nil, nil, "", err
 	}
+	defer closeIdle(eps)
 	var (
 		desc *remote.Descriptor
 		ep   endpoint
