@@ -84,15 +84,7 @@ func (s *streamEnv) runCtr(t *testing.T, cfg *runtimeapi.ContainerConfig) string
 
 func TestStreaming(t *testing.T) {
 	e := newCtrEnv(t)
-	var extra []testimage.File
-	for _, a := range []string{"stty", "tar", "sha256sum"} {
-		extra = append(extra, testimage.File{Path: "bin/" + a, Type: tar.TypeSymlink, Linkname: "busybox"})
-	}
-	img := e.reg.Push(t, "stream:1", testimage.Build(t, testimage.Spec{
-		Programs: map[string]string{"/bin/httpserver": httpServer},
-		Layers:   [][]testimage.File{extra},
-	}))
-	e.pull(t, img)
+	img := e.pushStreamImage(t)
 	pod, podCfg := e.pod(t, UsernsPod(PodConfig("stream"), 0))
 	srv := e.ctr("server", "/bin/httpserver")
 	srv.Image.Image = img
@@ -129,6 +121,22 @@ func TestStreaming(t *testing.T) {
 	t.Run("StopPodClosesForward", s.testStopPodClosesForward)
 	// Last, after every stream of the suite has ended.
 	t.Run("NoLeaks", s.testNoLeaks)
+}
+
+// pushStreamImage pushes and pulls the streaming tests' image: busybox
+// with the HTTP server as /bin/httpserver, and stty, tar and sha256sum.
+func (e *ctrEnv) pushStreamImage(t *testing.T) string {
+	t.Helper()
+	var extra []testimage.File
+	for _, a := range []string{"stty", "tar", "sha256sum"} {
+		extra = append(extra, testimage.File{Path: "bin/" + a, Type: tar.TypeSymlink, Linkname: "busybox"})
+	}
+	img := e.reg.Push(t, "stream:1", testimage.Build(t, testimage.Spec{
+		Programs: map[string]string{"/bin/httpserver": httpServer},
+		Layers:   [][]testimage.File{extra},
+	}))
+	e.pull(t, img)
+	return img
 }
 
 // execURL asks for an exec URL the way kubelet does.

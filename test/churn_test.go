@@ -1,0 +1,332 @@
+package test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// A node runs for months and sees hundreds of thousands of pods. What a
+// pod's life takes from the daemon (a file descriptor, a goroutine, a
+// child it must reap) must come back when the pod goes, or the node
+// fails long after the fault, at its file limit or out of memory.
+// TestNoHoldingsAfterChurn takes the daemon's measure after two warm-up
+// rounds of everything kubelet and kubectl do with a pod, the error
+// paths among them, and again after eight more rounds: a leak of one
+// per round shows as eight.
+
+// churnRounds is how many measured rounds run after the warm-up.
+const churnRounds = 8
+
+// holdings is what the daemon holds between two pods.
+type holdings struct {
+	fds, goroutines, threads, children, zombies int
+	// kinds counts the fds by what they are: a path, or a socket, a pipe
+	// or an anonymous inode without its number.
+	kinds map[string]int
+}
+
+func (h holdings) String() string {
+	return fmt.Sprintf("%d fds, %d goroutines, %d threads, %d children (%d zombies)", h.fds, h.goroutines, h.threads, h.children, h.zombies)
+}
+
+func TestNoHoldingsAfterChurn(t *testing.T) {
+	addr := freePort(t)
+	e := newCtrEnvWith(t, fmt.Sprintf("[metrics]\naddress = %q\nenable_pprof = true\n", addr))
+	img := e.pushStreamImage(t)
+	pprof := "http://" + addr + "/debug/pprof/goroutine?debug=1"
+	for i := range 2 {
+		e.churnRound(t, img, i)
+	}
+	base := e.holdings(t, pprof)
+	baseStacks := scrape(t, pprof)
+	for i := 2; i < 2+churnRounds; i++ {
+		e.churnRound(t, img, i)
+	}
+	// Whatever ends after its pod (a stream's last goroutine, a reaped
+	// monitor) gets a few seconds.
+	var now holdings
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		now = e.holdings(t, pprof)
+		if !now.leaks(base) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Logf("after the warm-up: %v; after %d more rounds: %v", base, churnRounds, now)
+	if now.leaks(base) {
+		t.Errorf("the daemon holds more after %d pods than before them:\nbefore: %v\nafter:  %v\nmore fds of:\n%sgoroutines before:\n%s\ngoroutines after:\n%s",
+			churnRounds, base, now, fdDiff(base, now), baseStacks, scrape(t, pprof))
+	}
+	if left := e.d.Leftovers(); len(left) > 0 {
+		t.Errorf("left behind after every pod was removed: %v", left)
+	}
+}
+
+// leaks says whether h holds more than base by more than what a few
+// idle connections or a late stream explain, which never grows with the
+// number of pods. Threads are reported, not judged: Go keeps the threads
+// a busy moment made.
+func (h holdings) leaks(base holdings) bool {
+	return h.fds > base.fds+3 || h.goroutines > base.goroutines+6 || h.children > base.children || h.zombies > 0
+}
+
+// fdKind strips the inode number of a socket, pipe or anonymous inode.
+var fdKind = regexp.MustCompile(`^(socket|pipe|anon_inode:[^:]*):?\[?\d*\]?$`)
+
+// fdDiff lists the kinds of fd now holds more of than base.
+func fdDiff(base, now holdings) string {
+	var b strings.Builder
+	for k, n := range now.kinds {
+		if n > base.kinds[k] {
+			fmt.Fprintf(&b, "  %s: %d, was %d\n", k, n, base.kinds[k])
+		}
+	}
+	return b.String()
+}
+
+// holdings measures the daemon from outside: /proc for its fds, threads
+// and children, pprof for its goroutines.
+func (e *ctrEnv) holdings(t *testing.T, pprof string) holdings {
+	t.Helper()
+	pid := e.d.Pid()
+	var h holdings
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.fds = len(fds)
+	h.kinds = map[string]int{}
+	for _, fd := range fds {
+		link, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name()))
+		h.kinds[fdKind.ReplaceAllString(link, "$1")]++
+	}
+	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := regexp.MustCompile(`(?m)^Threads:\s+(\d+)`).FindSubmatch(st); m != nil {
+		h.threads, _ = strconv.Atoi(string(m[1]))
+	}
+	m := regexp.MustCompile(`goroutine profile: total (\d+)`).FindStringSubmatch(scrape(t, pprof))
+	if m == nil {
+		t.Fatal("no goroutine total in the goroutine profile")
+	}
+	h.goroutines, _ = strconv.Atoi(m[1])
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, p := range stats {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces and parentheses.
+		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+		if len(f) < 2 || f[1] != strconv.Itoa(pid) {
+			continue
+		}
+		h.children++
+		if f[0] == "Z" {
+			h.zombies++
+		}
+	}
+	return h
+}
+
+// churnRound runs one pod through what kubelet and kubectl do with it,
+// failures included, and removes it. Odd rounds are user namespace pods.
+func (e *ctrEnv) churnRound(t *testing.T, img string, i int) {
+	t.Helper()
+	cfg := PodConfig(fmt.Sprintf("churn-%d", i))
+	if i%2 == 1 {
+		cfg = UsernsPod(cfg, 0)
+	}
+	cfg.LogDirectory = filepath.Join(e.d.Dir, "logs", cfg.Metadata.Name)
+	pod := e.d.RunPod(t, cfg)
+	s := &streamEnv{ctrEnv: e, pod: pod, podCfg: cfg, img: img}
+	srv := e.ctr("server", "/bin/httpserver")
+	srv.Image.Image = img
+	echo := e.ctr("echo", "cat")
+	echo.Image.Image = img
+	echo.Stdin = true
+	s.server = s.runCtr(t, srv)
+	s.echo = s.runCtr(t, echo)
+
+	s.churnExec(t)
+	s.churnStreams(t)
+	s.churnReads(t)
+	s.churnRefusals(t)
+
+	for _, id := range s.ctrs {
+		if _, err := e.d.Runtime.StopContainer(Ctx(t), &runtimeapi.StopContainerRequest{ContainerId: id, Timeout: 2}); err != nil {
+			t.Fatalf("StopContainer: %v", err)
+		}
+		if _, err := e.d.Runtime.RemoveContainer(Ctx(t), &runtimeapi.RemoveContainerRequest{ContainerId: id}); err != nil {
+			t.Fatalf("RemoveContainer: %v", err)
+		}
+	}
+	if _, err := e.d.Runtime.StopPodSandbox(Ctx(t), &runtimeapi.StopPodSandboxRequest{PodSandboxId: pod}); err != nil {
+		t.Fatalf("StopPodSandbox: %v", err)
+	}
+	if _, err := e.d.Runtime.RemovePodSandbox(Ctx(t), &runtimeapi.RemovePodSandboxRequest{PodSandboxId: pod}); err != nil {
+		t.Fatalf("RemovePodSandbox: %v", err)
+	}
+}
+
+// churnExec: ExecSync that answers, that times out, and a streaming exec
+// with stdin.
+func (s *streamEnv) churnExec(t *testing.T) {
+	t.Helper()
+	if out := s.mustExec(t, s.server, "echo", "hi"); out != "hi\n" {
+		t.Fatalf("ExecSync echo = %q", out)
+	}
+	_, err := s.d.Runtime.ExecSync(Ctx(t), &runtimeapi.ExecSyncRequest{ContainerId: s.server, Cmd: []string{"sleep", "5"}, Timeout: 1})
+	if status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("ExecSync past its timeout: %v, want DeadlineExceeded", err)
+	}
+	out, _, err := s.streamExec(t, s.echo, strings.NewReader("in\n"), "cat")
+	if err != nil || out != "in\n" {
+		t.Fatalf("streaming exec of cat = %q, %v", out, err)
+	}
+}
+
+// churnStreams: an attach that detaches, a port-forward of a few
+// requests, and one to a port nothing listens on.
+func (s *streamEnv) churnStreams(t *testing.T) {
+	t.Helper()
+	resp, err := s.d.Runtime.Attach(Ctx(t), &runtimeapi.AttachRequest{ContainerId: s.echo, Stdin: true, Stdout: true, Stderr: true})
+	if err != nil {
+		t.Fatalf("Attach: %v", err)
+	}
+	u, _ := url.Parse(resp.Url)
+	inR, inW := io.Pipe()
+	var out lockedBuffer
+	done := make(chan error, 1)
+	go func() { done <- spdyStream(Ctx(t), u, streamOpts{stdin: inR, stdout: &out, stderr: io.Discard}) }()
+	sendUntil(t, inW, "ping\n", &out, "ping")
+	inW.Close()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("attach ended with %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("attach did not end after the client's stdin closed")
+	}
+
+	local, stop := s.forward(t, 8080)
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	for j := range 5 {
+		if got, err := get(client, local, "/"+strconv.Itoa(j)); err != nil || got != "hello /"+strconv.Itoa(j) {
+			t.Fatalf("request %d through the forward: %q, %v", j, got, err)
+		}
+	}
+	stop()
+	// As kubectl port-forward to a port nothing listens on: the request
+	// fails, the forward's error stream says why.
+	closed, stop := s.forward(t, 8081)
+	defer stop()
+	if got, err := get(client, closed, "/"); err == nil {
+		t.Fatalf("a request through a forward to a closed port answered %q", got)
+	}
+}
+
+// churnReads: the status, stats and events calls kubelet makes all the
+// time, a log reopen and a resources update, and an events stream that
+// sees a container's life.
+func (s *streamEnv) churnReads(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(Ctx(t))
+	defer cancel()
+	events, err := s.d.Runtime.GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	short := s.runCtr(t, s.ctr("short", "sh", "-c", "echo done"))
+	s.waitExit(t, short, 30*time.Second)
+	calls := []func() error{
+		func() error {
+			_, err := s.d.Runtime.ContainerStatus(Ctx(t), &runtimeapi.ContainerStatusRequest{ContainerId: s.server, Verbose: true})
+			return err
+		},
+		func() error {
+			_, err := s.d.Runtime.PodSandboxStatus(Ctx(t), &runtimeapi.PodSandboxStatusRequest{PodSandboxId: s.pod, Verbose: true})
+			return err
+		},
+		func() error {
+			_, err := s.d.Runtime.ContainerStats(Ctx(t), &runtimeapi.ContainerStatsRequest{ContainerId: s.server})
+			return err
+		},
+		func() error {
+			_, err := s.d.Runtime.ListContainerStats(Ctx(t), &runtimeapi.ListContainerStatsRequest{})
+			return err
+		},
+		func() error {
+			_, err := s.d.Runtime.ListPodSandboxStats(Ctx(t), &runtimeapi.ListPodSandboxStatsRequest{})
+			return err
+		},
+		func() error {
+			_, err := s.d.Runtime.ReopenContainerLog(Ctx(t), &runtimeapi.ReopenContainerLogRequest{ContainerId: s.echo})
+			return err
+		},
+		func() error {
+			_, err := s.d.Runtime.UpdateContainerResources(Ctx(t), &runtimeapi.UpdateContainerResourcesRequest{
+				ContainerId: s.server, Linux: &runtimeapi.LinuxContainerResources{CpuShares: 512, MemoryLimitInBytes: 256 << 20},
+			})
+			return err
+		},
+	}
+	for k, call := range calls {
+		if err := call(); err != nil {
+			t.Fatalf("call %d: %v", k, err)
+		}
+	}
+	for {
+		ev, err := events.Recv()
+		if err != nil {
+			t.Fatalf("GetContainerEvents: %v", err)
+		}
+		if ev.ContainerId == short && ev.ContainerEventType == runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT {
+			return
+		}
+	}
+}
+
+// churnRefusals: requests refused for what they name or ask for.
+func (s *streamEnv) churnRefusals(t *testing.T) {
+	t.Helper()
+	_, err := s.d.Runtime.ContainerStatus(Ctx(t), &runtimeapi.ContainerStatusRequest{ContainerId: "0123456789ab"})
+	if status.Code(err) != codes.NotFound {
+		t.Fatalf("ContainerStatus of an unknown ID: %v, want NotFound", err)
+	}
+	bad := s.ctr("bad", "true")
+	bad.Mounts = []*runtimeapi.Mount{{HostPath: "relative/path", ContainerPath: "/x"}}
+	_, err = s.d.Runtime.CreateContainer(Ctx(t), &runtimeapi.CreateContainerRequest{PodSandboxId: s.pod, Config: bad, SandboxConfig: s.podCfg})
+	if status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("CreateContainer with a relative host path: %v, want InvalidArgument", err)
+	}
+	missing := s.ctr("missing", "/no/such/binary")
+	id := s.create(t, s.pod, s.podCfg, missing)
+	if _, err := s.d.Runtime.StartContainer(Ctx(t), &runtimeapi.StartContainerRequest{ContainerId: id}); err == nil {
+		t.Fatal("StartContainer of a missing binary succeeded")
+	}
+	if _, err := s.d.Runtime.RemoveContainer(Ctx(t), &runtimeapi.RemoveContainerRequest{ContainerId: id}); err != nil {
+		t.Fatalf("RemoveContainer of a container that failed to start: %v", err)
+	}
+	if _, err := s.d.Image.PullImage(Ctx(t), &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: s.reg.Ref("no/such:image")}}); status.Code(err) != codes.NotFound {
+		t.Fatalf("PullImage of a missing image: %v, want NotFound", err)
+	}
+}
