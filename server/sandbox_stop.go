@@ -137,6 +137,7 @@ func (s *Server) removePod(ctx context.Context, sb *sandbox.Sandbox) error {
 	s.deps.IDs.Release(sb.ID)
 	s.sandboxes.Delete(sb.ID)
 	s.statsRemoved(sb.ID, s.podCgroup(sb))
+	s.podResources.Delete(sb.ID)
 	s.forgetOOM(sb.ID, "")
 	s.podNames.Release(sandbox.NameKey(sb.Name, sb.Namespace, sb.UID, sb.Attempt), sb.ID)
 	nriNotify(ctx, "RemovePodSandbox", s.nri.RemovePodSandbox(ctx, nriPod(&sb.Metadata)))

@@ -209,12 +209,24 @@ func TestContainerStats(t *testing.T) {
 
 // TestStatsForgetRemoved: removing a container, then its pod, lets go of
 // what their stats kept: the cgroup files the reader holds open (which
-// keep a removed cgroup in the kernel's memory) and the cached cgroup.
+// keep a removed cgroup in the kernel's memory) and the cached cgroup;
+// and the server keeps nothing else by their IDs.
 func TestStatsForgetRemoved(t *testing.T) {
 	f := newStatsFixture(t)
 	ctx := context.Background()
 	if _, err := f.srv.ListPodSandboxStats(ctx, &runtimeapi.ListPodSandboxStatsRequest{}); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := f.srv.UpdatePodSandboxResources(ctx, &runtimeapi.UpdatePodSandboxResourcesRequest{
+		PodSandboxId: f.pod, Resources: &runtimeapi.LinuxContainerResources{CpuShares: 512},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.srv.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: f.ctr}); err != nil {
+		t.Fatal(err)
+	}
+	if held := perIDState(f.srv); len(held) == 0 {
+		t.Fatal("perIDState sees nothing of a running pod: it checks nothing")
 	}
 	if _, err := f.srv.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: f.ctr}); err != nil {
 		t.Fatal(err)
@@ -238,6 +250,43 @@ func TestStatsForgetRemoved(t *testing.T) {
 	if !f.cg.forgot(f.podGroup) {
 		t.Errorf("RemovePodSandbox left the pod's cgroup %s to the reader (forgot %v)", f.podGroup, f.cg.forgotten)
 	}
+	if held := perIDState(f.srv); len(held) > 0 {
+		t.Errorf("the server still keeps, by the IDs of a removed pod and container: %v", held)
+	}
+}
+
+// perIDState counts the entries of each map the server keeps by pod or
+// container ID, leaving out the empty ones.
+func perIDState(s *Server) map[string]int {
+	held := map[string]int{}
+	count := func(name string, n int) {
+		if n > 0 {
+			held[name] = n
+		}
+	}
+	syncLen := func(m *sync.Map) int {
+		n := 0
+		m.Range(func(any, any) bool { n++; return true })
+		return n
+	}
+	count("podResources", syncLen(&s.podResources))
+	count("resources", syncLen(&s.resources.m))
+	count("exits.unwatched", syncLen(&s.exits.unwatched))
+	count("exits.own", syncLen(&s.exits.own))
+	s.stats.mu.Lock()
+	count("stats.groups", len(s.stats.groups))
+	count("stats.layers", len(s.stats.layers))
+	s.stats.mu.Unlock()
+	s.oom.mu.Lock()
+	count("oom.seen", len(s.oom.seen))
+	count("oom.decided", len(s.oom.decided))
+	s.oom.mu.Unlock()
+	s.monitors.mu.Lock()
+	count("monitors", len(s.monitors.files))
+	s.monitors.mu.Unlock()
+	count("sandboxes", len(s.sandboxes.List()))
+	count("containers", len(s.containers.List()))
+	return held
 }
 
 func TestListContainerStatsFilters(t *testing.T) {
