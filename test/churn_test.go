@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -48,13 +49,14 @@ func TestNoHoldingsAfterChurn(t *testing.T) {
 	e := newCtrEnvWith(t, fmt.Sprintf("[metrics]\naddress = %q\nenable_pprof = true\n", addr))
 	img := e.pushStreamImage(t)
 	pprof := "http://" + addr + "/debug/pprof/goroutine?debug=1"
+	var ids []string
 	for i := range 2 {
-		e.churnRound(t, img, i)
+		ids = append(ids, e.churnRound(t, img, i)...)
 	}
 	base := e.holdings(t, pprof)
 	baseStacks := scrape(t, pprof)
 	for i := 2; i < 2+churnRounds; i++ {
-		e.churnRound(t, img, i)
+		ids = append(ids, e.churnRound(t, img, i)...)
 	}
 	// Whatever ends after its pod (a stream's last goroutine, a reaped
 	// monitor) gets a few seconds.
@@ -72,9 +74,42 @@ func TestNoHoldingsAfterChurn(t *testing.T) {
 		t.Errorf("the daemon holds more after %d pods than before them:\nbefore: %v\nafter:  %v\nmore fds of:\n%sgoroutines before:\n%s\ngoroutines after:\n%s",
 			churnRounds, base, now, fdDiff(base, now), baseStacks, scrape(t, pprof))
 	}
-	if left := e.d.Leftovers(); len(left) > 0 {
+	left := e.d.Leftovers()
+	for ip := range e.d.LeasedIPs(t) {
+		left = append(left, "IP "+ip)
+	}
+	left = append(left, outlivers(ids)...)
+	if len(left) > 0 {
 		t.Errorf("left behind after every pod was removed: %v", left)
 	}
+}
+
+// outlivers lists the cgroups (in any hierarchy, up to three levels
+// deep) and the processes (conmon, runc) that name one of ids.
+func outlivers(ids []string) []string {
+	var out []string
+	for _, id := range ids {
+		for _, pat := range []string{"/sys/fs/cgroup/*/*" + id, "/sys/fs/cgroup/*/*/*" + id, "/sys/fs/cgroup/*/*/*/*" + id} {
+			dirs, _ := filepath.Glob(pat)
+			for _, d := range dirs {
+				out = append(out, "cgroup "+d)
+			}
+		}
+	}
+	cmdlines, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range cmdlines {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		for _, id := range ids {
+			if strings.Contains(string(b), id) {
+				out = append(out, "process "+strings.ReplaceAll(string(b), "\x00", " "))
+				break
+			}
+		}
+	}
+	return out
 }
 
 // leaks says whether h holds more than base by more than what a few
@@ -147,8 +182,9 @@ func (e *ctrEnv) holdings(t *testing.T, pprof string) holdings {
 }
 
 // churnRound runs one pod through what kubelet and kubectl do with it,
-// failures included, and removes it. Odd rounds are user namespace pods.
-func (e *ctrEnv) churnRound(t *testing.T, img string, i int) {
+// failures included, and removes it; it returns the IDs of the pod and
+// its containers. Odd rounds are user namespace pods.
+func (e *ctrEnv) churnRound(t *testing.T, img string, i int) []string {
 	t.Helper()
 	cfg := PodConfig(fmt.Sprintf("churn-%d", i))
 	if i%2 == 1 {
@@ -170,6 +206,12 @@ func (e *ctrEnv) churnRound(t *testing.T, img string, i int) {
 	s.churnReads(t)
 	s.churnRefusals(t)
 
+	if i == 0 {
+		if seen := outlivers(append([]string{pod}, s.ctrs...)); !slices.ContainsFunc(seen, func(o string) bool { return strings.HasPrefix(o, "cgroup ") }) ||
+			!slices.ContainsFunc(seen, func(o string) bool { return strings.HasPrefix(o, "process ") }) {
+			t.Fatalf("outlivers sees no cgroup or no process of a running pod: %v", seen)
+		}
+	}
 	for _, id := range s.ctrs {
 		if _, err := e.d.Runtime.StopContainer(Ctx(t), &runtimeapi.StopContainerRequest{ContainerId: id, Timeout: 2}); err != nil {
 			t.Fatalf("StopContainer: %v", err)
@@ -184,6 +226,7 @@ func (e *ctrEnv) churnRound(t *testing.T, img string, i int) {
 	if _, err := e.d.Runtime.RemovePodSandbox(Ctx(t), &runtimeapi.RemovePodSandboxRequest{PodSandboxId: pod}); err != nil {
 		t.Fatalf("RemovePodSandbox: %v", err)
 	}
+	return append(s.ctrs, pod)
 }
 
 // churnExec: ExecSync that answers, that times out, and a streaming exec
