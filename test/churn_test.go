@@ -18,6 +18,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pinrt/pinrt/test/testimage"
 )
 
 // A node runs for months and sees hundreds of thousands of pods. What a
@@ -48,15 +50,17 @@ func TestNoHoldingsAfterChurn(t *testing.T) {
 	addr := freePort(t)
 	e := newCtrEnvWith(t, fmt.Sprintf("[metrics]\naddress = %q\nenable_pprof = true\n", addr))
 	img := e.pushStreamImage(t)
+	// An image of its own, pulled and removed in every round.
+	extra := e.reg.Push(t, "churn:1", testimage.Build(t, testimage.Spec{Layers: [][]testimage.File{{{Path: "churn", Content: []byte("churn\n")}}}}))
 	pprof := "http://" + addr + "/debug/pprof/goroutine?debug=1"
 	var ids []string
 	for i := range 2 {
-		ids = append(ids, e.churnRound(t, img, i)...)
+		ids = append(ids, e.churnRound(t, img, extra, i)...)
 	}
 	base := e.holdings(t, pprof)
 	baseStacks := scrape(t, pprof)
 	for i := 2; i < 2+churnRounds; i++ {
-		ids = append(ids, e.churnRound(t, img, i)...)
+		ids = append(ids, e.churnRound(t, img, extra, i)...)
 	}
 	// Whatever ends after its pod (a stream's last goroutine, a reaped
 	// monitor) gets a few seconds.
@@ -184,7 +188,7 @@ func (e *ctrEnv) holdings(t *testing.T, pprof string) holdings {
 // churnRound runs one pod through what kubelet and kubectl do with it,
 // failures included, and removes it; it returns the IDs of the pod and
 // its containers. Odd rounds are user namespace pods.
-func (e *ctrEnv) churnRound(t *testing.T, img string, i int) []string {
+func (e *ctrEnv) churnRound(t *testing.T, img, extra string, i int) []string {
 	t.Helper()
 	cfg := PodConfig(fmt.Sprintf("churn-%d", i))
 	if i%2 == 1 {
@@ -203,6 +207,8 @@ func (e *ctrEnv) churnRound(t *testing.T, img string, i int) []string {
 
 	s.churnExec(t)
 	s.churnStreams(t)
+	e.pull(t, extra)
+	imgRemove(t, e.d, extra)
 	s.churnReads(t)
 	s.churnRefusals(t)
 
@@ -243,6 +249,12 @@ func (s *streamEnv) churnExec(t *testing.T) {
 	out, _, err := s.streamExec(t, s.echo, strings.NewReader("in\n"), "cat")
 	if err != nil || out != "in\n" {
 		t.Fatalf("streaming exec of cat = %q, %v", out, err)
+	}
+	// With a terminal, as kubectl exec -it.
+	u := s.execURL(t, s.server, []string{"sh", "-c", "echo tty"}, false, true)
+	var tty lockedBuffer
+	if err := spdyStream(Ctx(t), u, streamOpts{stdout: &tty, tty: true}); err != nil || !strings.Contains(tty.String(), "tty") {
+		t.Fatalf("exec with a terminal = %q, %v", tty.String(), err)
 	}
 }
 
