@@ -37,13 +37,15 @@ const churnRounds = 8
 // holdings is what the daemon holds between two pods.
 type holdings struct {
 	fds, goroutines, threads, children, zombies int
+	// files counts what is under the daemon's root and run directories.
+	files int
 	// kinds counts the fds by what they are: a path, or a socket, a pipe
 	// or an anonymous inode without its number.
 	kinds map[string]int
 }
 
 func (h holdings) String() string {
-	return fmt.Sprintf("%d fds, %d goroutines, %d threads, %d children (%d zombies)", h.fds, h.goroutines, h.threads, h.children, h.zombies)
+	return fmt.Sprintf("%d fds, %d goroutines, %d threads, %d children (%d zombies), %d files", h.fds, h.goroutines, h.threads, h.children, h.zombies, h.files)
 }
 
 func TestNoHoldingsAfterChurn(t *testing.T) {
@@ -83,9 +85,36 @@ func TestNoHoldingsAfterChurn(t *testing.T) {
 		left = append(left, "IP "+ip)
 	}
 	left = append(left, outlivers(ids)...)
+	left = append(left, filesNaming(t, []string{e.d.Root, e.d.RunRoot}, ids)...)
 	if len(left) > 0 {
 		t.Errorf("left behind after every pod was removed: %v", left)
 	}
+}
+
+// filesNaming lists the files and directories under dirs whose path
+// holds one of ids: a record, exit file, socket or cache entry of a pod
+// or container that is gone.
+func filesNaming(t *testing.T, dirs, ids []string) []string {
+	t.Helper()
+	var out []string
+	for _, dir := range dirs {
+		err := filepath.WalkDir(dir, func(p string, _ os.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			for _, id := range ids {
+				if strings.Contains(p, id) {
+					out = append(out, "file "+p)
+					break
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Errorf("walking %s: %v", dir, err)
+		}
+	}
+	return out
 }
 
 // outlivers lists the cgroups (in any hierarchy, up to three levels
@@ -121,7 +150,7 @@ func outlivers(ids []string) []string {
 // number of pods. Threads are reported, not judged: Go keeps the threads
 // a busy moment made.
 func (h holdings) leaks(base holdings) bool {
-	return h.fds > base.fds+3 || h.goroutines > base.goroutines+6 || h.children > base.children || h.zombies > 0
+	return h.fds > base.fds+3 || h.goroutines > base.goroutines+6 || h.children > base.children || h.zombies > 0 || h.files > base.files
 }
 
 // fdKind strips the inode number of a socket, pipe or anonymous inode.
@@ -166,6 +195,9 @@ func (e *ctrEnv) holdings(t *testing.T, pprof string) holdings {
 		t.Fatal("no goroutine total in the goroutine profile")
 	}
 	h.goroutines, _ = strconv.Atoi(m[1])
+	for _, dir := range []string{e.d.Root, e.d.RunRoot} {
+		_ = filepath.WalkDir(dir, func(string, os.DirEntry, error) error { h.files++; return nil })
+	}
 	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
 	for _, p := range stats {
 		b, err := os.ReadFile(p)
@@ -213,6 +245,9 @@ func (e *ctrEnv) churnRound(t *testing.T, img, extra string, i int) []string {
 	s.churnRefusals(t)
 
 	if i == 0 {
+		if len(filesNaming(t, []string{e.d.Root, e.d.RunRoot}, []string{pod})) == 0 {
+			t.Fatal("filesNaming sees no file of a running pod")
+		}
 		if seen := outlivers(append([]string{pod}, s.ctrs...)); !slices.ContainsFunc(seen, func(o string) bool { return strings.HasPrefix(o, "cgroup ") }) ||
 			!slices.ContainsFunc(seen, func(o string) bool { return strings.HasPrefix(o, "process ") }) {
 			t.Fatalf("outlivers sees no cgroup or no process of a running pod: %v", seen)
