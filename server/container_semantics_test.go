@@ -203,13 +203,27 @@ func TestBrokenHandlerNotAdvertised(t *testing.T) {
 	if crun.Probes != 1 || f.rt.Probes != 1 {
 		t.Errorf("probes: crun %d, runc %d; want each probed once", crun.Probes, f.rt.Probes)
 	}
-	req := unitPod("p", false)
-	req.RuntimeHandler = "crun"
-	pod, err := f.srv.RunPodSandbox(ctx, req)
+	// A new pod of the broken handler is refused: no container could
+	// ever run in it.
+	for _, h := range []string{"crun", "missing"} {
+		req := unitPod("p-"+h, false)
+		req.RuntimeHandler = h
+		if _, err := f.srv.RunPodSandbox(ctx, req); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), `runtime handler "`+h+`"`) {
+			t.Errorf("RunPodSandbox with the broken handler %s: %v, want FailedPrecondition saying why", h, err)
+		}
+	}
+	if n := len(f.srv.sandboxes.List()); n != 0 {
+		t.Fatalf("%d pods after the refusals", n)
+	}
+	// A pod of it from before the handler broke (restored after a
+	// runtime upgrade) gets no container either.
+	pod, _ := f.pod(t, false)
+	sb, err := f.srv.sandboxes.Get(pod)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod.PodSandboxId, Config: unitCtr("c")})
+	sb.Handler = "crun"
+	_, err = f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr("c")})
 	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), `runtime handler "crun" cannot run containers: runtime "crun" (/usr/bin/crun) has no features command`) {
 		t.Fatalf("create with the broken handler: %v, want FailedPrecondition saying why", err)
 	}

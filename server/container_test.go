@@ -820,8 +820,14 @@ func TestLifecycleAsksNoState(t *testing.T) {
 // newTestServer is New, closed when t ends: each server's exit watcher is
 // an inotify instance, and a user has 128 of them (fs.inotify
 // max_user_instances), which a -count=3 run of this package outgrew.
+//
+// A server without runtimes gets a fake one for the default handler:
+// RunPodSandbox refuses a pod whose handler cannot run containers.
 func newTestServer(t testing.TB, cfg *conf.Config, deps Deps) *Server {
 	t.Helper()
+	if deps.Runtimes == nil {
+		deps.Runtimes = map[string]ContainerRuntime{cfg.Runtime.DefaultRuntime: ocitest.New()}
+	}
 	s := New(cfg, deps)
 	t.Cleanup(func() { _ = s.Close(context.Background()) })
 	return s

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -223,6 +224,16 @@ func podHostname(md sandbox.Metadata) string {
 func (s *Server) RunPodSandbox(ctx context.Context, req *runtimeapi.RunPodSandboxRequest) (*runtimeapi.RunPodSandboxResponse, error) {
 	pr, err := s.podRequest(req)
 	if err != nil {
+		return nil, err
+	}
+	// A pod of a handler that cannot run containers (its binary gone,
+	// its probe failed) would be Ready with every container failing to
+	// be created: it is refused now, as containerd's pause container
+	// fails. (CRI-O does not start with a handler whose binary is gone.)
+	if _, err := s.usableRuntime(ctx, pr.md.Handler); err != nil {
+		if !errdefs.IsFailedPrecondition(err) {
+			err = fmt.Errorf("%w: %w", err, errdefs.ErrFailedPrecondition)
+		}
 		return nil, err
 	}
 	sb, err := s.runPod(ctx, pr)

@@ -440,4 +440,13 @@ func (s *streamEnv) churnRefusals(t *testing.T) {
 	if _, err := s.d.Image.PullImage(Ctx(t), &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: s.reg.Ref("no/such:image")}}); status.Code(err) != codes.NotFound {
 		t.Fatalf("PullImage of a missing image: %v, want NotFound", err)
 	}
+	// Pods that cannot run: an unknown handler, a runtime that is not
+	// there.
+	for h, want := range map[string]codes.Code{"nosuch": codes.InvalidArgument, "missing": codes.FailedPrecondition} {
+		cfg := UsernsPod(PodConfig("refused-"+h), 0)
+		_, err := s.d.Runtime.RunPodSandbox(Ctx(t), &runtimeapi.RunPodSandboxRequest{Config: cfg, RuntimeHandler: h})
+		if status.Code(err) != want {
+			t.Fatalf("RunPodSandbox with handler %s: %v, want %v", h, err, want)
+		}
+	}
 }

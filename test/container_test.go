@@ -555,7 +555,13 @@ func (e *ctrEnv) testRuntimeWithoutIDMap(t *testing.T) {
 			cfg.LogDirectory = filepath.Join(e.d.Dir, "logs", "rt-"+handler)
 			resp, err := e.d.Runtime.RunPodSandbox(Ctx(t), &runtimeapi.RunPodSandboxRequest{Config: cfg, RuntimeHandler: handler})
 			if err != nil {
-				t.Fatalf("RunPodSandbox(%s): %v", handler, err)
+				// A handler that cannot run containers at all (crun 1.8.1
+				// cannot run pinrt's specs) is refused with the pod.
+				wantCode(t, err, codes.FailedPrecondition, bin)
+				if left := e.d.Leftovers(); len(left) > 0 {
+					t.Errorf("left behind: %v", left)
+				}
+				return
 			}
 			t.Cleanup(func() {
 				_, _ = e.d.Runtime.RemovePodSandbox(context.Background(), &runtimeapi.RemovePodSandboxRequest{PodSandboxId: resp.PodSandboxId})
