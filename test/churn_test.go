@@ -3,9 +3,7 @@ package test
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -312,25 +310,7 @@ func (s *streamEnv) churnExec(t *testing.T) {
 // requests, and one to a port nothing listens on.
 func (s *streamEnv) churnStreams(t *testing.T) {
 	t.Helper()
-	resp, err := s.d.Runtime.Attach(Ctx(t), &runtimeapi.AttachRequest{ContainerId: s.echo, Stdin: true, Stdout: true, Stderr: true})
-	if err != nil {
-		t.Fatalf("Attach: %v", err)
-	}
-	u, _ := url.Parse(resp.Url)
-	inR, inW := io.Pipe()
-	var out lockedBuffer
-	done := make(chan error, 1)
-	go func() { done <- spdyStream(Ctx(t), u, streamOpts{stdin: inR, stdout: &out, stderr: io.Discard}) }()
-	sendUntil(t, inW, "ping\n", &out, "ping")
-	inW.Close()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("attach ended with %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("attach did not end after the client's stdin closed")
-	}
+	s.attachDetach(t, "ping")
 
 	local, stop := s.forward(t, 8080)
 	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}

@@ -594,28 +594,7 @@ func treeSum(t *testing.T, root string) string {
 
 func (s *streamEnv) testAttach(t *testing.T) {
 	for round := range 2 {
-		resp, err := s.d.Runtime.Attach(Ctx(t), &runtimeapi.AttachRequest{ContainerId: s.echo, Stdin: true, Stdout: true, Stderr: true})
-		if err != nil {
-			t.Fatalf("Attach: %v", err)
-		}
-		u, _ := url.Parse(resp.Url)
-		inR, inW := io.Pipe()
-		var out lockedBuffer
-		done := make(chan error, 1)
-		go func() { done <- spdyStream(Ctx(t), u, streamOpts{stdin: inR, stdout: &out, stderr: io.Discard}) }()
-		line := fmt.Sprintf("ping %d", round)
-		sendUntil(t, inW, line+"\n", &out, line)
-		// The end of the client's stdin detaches: the container is not
-		// stdin_once, so it keeps running.
-		inW.Close()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatalf("attach ended with %v", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatal("attach did not end after the client's stdin closed")
-		}
+		s.attachDetach(t, fmt.Sprintf("ping %d", round))
 		if st := s.status(t, s.echo); st.State != runtimeapi.ContainerState_CONTAINER_RUNNING {
 			t.Fatalf("container is %v after a detach, want running", st.State)
 		}
@@ -623,6 +602,32 @@ func (s *streamEnv) testAttach(t *testing.T) {
 	// The log kept being written while attached.
 	if log := readFile(t, s.status(t, s.echo).LogPath); !strings.Contains(log, "ping 1") {
 		t.Fatalf("container log lacks what was echoed while attached:\n%s", log)
+	}
+}
+
+// attachDetach attaches to the echo container, sends line until it
+// comes back, and detaches by ending its stdin: the container is not
+// stdin_once, so it keeps running.
+func (s *streamEnv) attachDetach(t *testing.T, line string) {
+	t.Helper()
+	resp, err := s.d.Runtime.Attach(Ctx(t), &runtimeapi.AttachRequest{ContainerId: s.echo, Stdin: true, Stdout: true, Stderr: true})
+	if err != nil {
+		t.Fatalf("Attach: %v", err)
+	}
+	u, _ := url.Parse(resp.Url)
+	inR, inW := io.Pipe()
+	var out lockedBuffer
+	done := make(chan error, 1)
+	go func() { done <- spdyStream(Ctx(t), u, streamOpts{stdin: inR, stdout: &out, stderr: io.Discard}) }()
+	sendUntil(t, inW, line+"\n", &out, line)
+	inW.Close()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("attach ended with %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("attach did not end after the client's stdin closed")
 	}
 }
 
