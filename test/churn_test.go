@@ -84,6 +84,11 @@ func TestNoHoldingsAfterChurn(t *testing.T) {
 	for ip := range e.d.LeasedIPs(t) {
 		left = append(left, "IP "+ip)
 	}
+	// No veth of any of them is left on the test bridge.
+	ports, _ := os.ReadDir("/sys/class/net/" + e.d.Bridge + "/brif")
+	for _, p := range ports {
+		left = append(left, "bridge port "+p.Name())
+	}
 	left = append(left, outlivers(ids)...)
 	left = append(left, filesNaming(t, []string{e.d.Root, e.d.RunRoot}, ids)...)
 	if len(left) > 0 {
@@ -258,6 +263,9 @@ func (e *ctrEnv) churnRound(t *testing.T, img, extra string, i int) []string {
 	s.churnRefusals(t)
 
 	if i == 0 {
+		if ports, _ := os.ReadDir("/sys/class/net/" + e.d.Bridge + "/brif"); len(ports) != 1 {
+			t.Fatalf("%d ports on the test bridge with one pod, want 1", len(ports))
+		}
 		if len(filesNaming(t, []string{e.d.Root, e.d.RunRoot}, []string{pod})) == 0 {
 			t.Fatal("filesNaming sees no file of a running pod")
 		}
