@@ -2,6 +2,7 @@ package test
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"net/http"
 	"os"
@@ -436,5 +437,74 @@ func (s *streamEnv) churnRefusals(t *testing.T) {
 		if status.Code(err) != want {
 			t.Fatalf("RunPodSandbox with handler %s: %v, want %v", h, err, want)
 		}
+	}
+}
+
+// TestNoHoldingsAfterCancelledPulls: kubelet cancels a pull when the pod
+// that wanted the image goes, and a client times out. A pull cut off at
+// any point of its download gives back what it took: its connections,
+// goroutines and staged files.
+func TestNoHoldingsAfterCancelledPulls(t *testing.T) {
+	addr := freePort(t)
+	// A daemon with no other image: the store must come back to empty.
+	e := &ctrEnv{
+		d:   StartDaemon(t, Options{Config: fmt.Sprintf("[metrics]\naddress = %q\nenable_pprof = true\n", addr)}),
+		reg: testimage.StartRegistry(t),
+	}
+	pprof := "http://" + addr + "/debug/pprof/goroutine?debug=1"
+	payload := make([]byte, 4<<20)
+	if _, err := rand.Read(payload); err != nil {
+		t.Fatal(err)
+	}
+	img := testimage.Build(t, testimage.Spec{Layers: [][]testimage.File{{{Path: "payload", Content: payload}}}})
+	ref := e.reg.Push(t, "cancelled:1", img)
+	layers, err := img.Layers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	top, err := layers[len(layers)-1].Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The payload's layer at about 8 MB/s: a pull lasts half a second.
+	e.reg.Intercept(onBlob(top.String(), throttled(64, 8*time.Millisecond, -1, nil)))
+	defer e.reg.Intercept(nil)
+	none := storeEntries(t, e.d)
+	// cut pulls with a deadline after, and says whether it cut the pull
+	// off; one that finished first is removed again.
+	cut := func(after time.Duration) bool {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), after)
+		defer cancel()
+		_, err := e.d.Image.PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: ref}})
+		if err == nil {
+			imgRemove(t, e.d, ref)
+		}
+		return err != nil
+	}
+	cut(time.Minute)
+	cut(200 * time.Millisecond)
+	settled(t, e.d, none, false)
+	base := e.holdings(t, pprof)
+	cutOff := 0
+	for i := range churnRounds {
+		if cut(time.Duration(50+i*40) * time.Millisecond) {
+			cutOff++
+		}
+	}
+	if cutOff < churnRounds/2 {
+		t.Fatalf("only %d of %d pulls were cut off: the check checks little", cutOff, churnRounds)
+	}
+	settled(t, e.d, none, false)
+	var now holdings
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		if now = e.holdings(t, pprof); !now.leaks(base) || time.Now().After(deadline) {
+			break
+		}
+	}
+	t.Logf("after two pulls: %v; after %d more, %d of them cut off: %v", base, churnRounds, cutOff, now)
+	if now.leaks(base) {
+		t.Errorf("the daemon holds more after %d cancelled pulls than before them:\nbefore: %v\nafter:  %v\nmore fds of:\n%sgoroutines:\n%s",
+			churnRounds, base, now, fdDiff(base, now), scrape(t, pprof))
 	}
 }
