@@ -128,7 +128,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	cfg.PluginDirs = slices.Clone(cfg.PluginDirs)
 	return &Manager{
 		cfg: cfg,
-		cni: libcni.NewCNIConfigWithCacheDir(cfg.PluginDirs, cfg.CacheDir, nil),
+		cni: libcni.NewCNIConfigWithCacheDir(cfg.PluginDirs, cfg.CacheDir, newPluginExec()),
 		lo:  lo,
 	}, nil
 }
