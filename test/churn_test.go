@@ -458,16 +458,9 @@ func TestNoHoldingsAfterCancelledPulls(t *testing.T) {
 	}
 	img := testimage.Build(t, testimage.Spec{Layers: [][]testimage.File{{{Path: "payload", Content: payload}}}})
 	ref := e.reg.Push(t, "cancelled:1", img)
-	layers, err := img.Layers()
-	if err != nil {
-		t.Fatal(err)
-	}
-	top, err := layers[len(layers)-1].Digest()
-	if err != nil {
-		t.Fatal(err)
-	}
+	top := testimage.TopLayer(t, img)
 	// The payload's layer at about 8 MB/s: a pull lasts half a second.
-	e.reg.Intercept(onBlob(top.String(), throttled(64, 8*time.Millisecond, -1, nil)))
+	e.reg.Intercept(onBlob(top, throttled(64, 8*time.Millisecond, -1, nil)))
 	defer e.reg.Intercept(nil)
 	none := storeEntries(t, e.d)
 	// cut pulls with a deadline after, and says whether it cut the pull

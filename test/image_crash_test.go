@@ -32,14 +32,7 @@ func TestImageStoreKilled(t *testing.T) {
 		{{Path: "payload", Content: payload}},
 	}})
 	ref := reg.Push(t, "crash/payload:1", img)
-	layers, err := img.Layers()
-	if err != nil {
-		t.Fatal(err)
-	}
-	top, err := layers[len(layers)-1].Digest()
-	if err != nil {
-		t.Fatal(err)
-	}
+	top := testimage.TopLayer(t, img)
 	d := StartDaemon(t, Options{Network: true})
 	spec := &runtimeapi.ImageSpec{Image: ref}
 	pull := func(ctx context.Context) error {
@@ -70,7 +63,7 @@ func TestImageStoreKilled(t *testing.T) {
 		// published, the image is not recorded, and the daemon dies.
 		arrived, release := make(chan struct{}, 1), make(chan struct{})
 		hold := throttled(1, 0, 0, release)
-		reg.Intercept(onBlob(top.String(), func(w http.ResponseWriter, r *http.Request, hdr http.Header, body []byte) {
+		reg.Intercept(onBlob(top, func(w http.ResponseWriter, r *http.Request, hdr http.Header, body []byte) {
 			select {
 			case arrived <- struct{}{}:
 			default:
@@ -101,7 +94,7 @@ func TestImageStoreKilled(t *testing.T) {
 	t.Run("random", func(t *testing.T) {
 		// The top layer at about 8 MB/s: a pull lasts half a second, and
 		// the kills land anywhere in it.
-		reg.Intercept(onBlob(top.String(), throttled(64, 8*time.Millisecond, -1, nil)))
+		reg.Intercept(onBlob(top, throttled(64, 8*time.Millisecond, -1, nil)))
 		defer reg.Intercept(nil)
 		listed := false
 		for i := range int(envInt("CRASH_ITERATIONS", 12)) {

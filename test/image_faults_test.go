@@ -94,14 +94,7 @@ func TestImagePullRegistryDies(t *testing.T) {
 	}
 	img := testimage.Build(t, testimage.Spec{Layers: [][]testimage.File{{{Path: "payload", Content: payload}}}})
 	ref := reg.Push(t, "faults/payload:1", img)
-	layers, err := img.Layers()
-	if err != nil {
-		t.Fatal(err)
-	}
-	digest, err := layers[len(layers)-1].Digest()
-	if err != nil {
-		t.Fatal(err)
-	}
+	digest := testimage.TopLayer(t, img)
 	d := StartDaemon(t, Options{Network: true, Config: "[image]\npull_timeout = \"20s\"\n"})
 	pull := func() error {
 		_, err := d.Image.PullImage(Ctx(t), &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: ref}})
@@ -110,7 +103,7 @@ func TestImagePullRegistryDies(t *testing.T) {
 	for _, mode := range []string{"reset", "truncate"} {
 		t.Run(mode, func(t *testing.T) {
 			clean := rootFiles(t, d.Root)
-			f := &blobFault{digest: digest.String(), mode: mode}
+			f := &blobFault{digest: digest, mode: mode}
 			reg.Intercept(f.wrap)
 			defer reg.Intercept(nil)
 

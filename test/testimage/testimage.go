@@ -231,6 +231,21 @@ func Layer(t testing.TB, files []File) v1.Layer {
 	return l
 }
 
+// TopLayer is the digest of img's last layer, the one a pull fetches
+// last: tests slow or break its download.
+func TopLayer(t testing.TB, img v1.Image) string {
+	t.Helper()
+	layers, err := img.Layers()
+	if err != nil || len(layers) == 0 {
+		t.Fatalf("testimage: layers: %v (%d)", err, len(layers))
+	}
+	top, err := layers[len(layers)-1].Digest()
+	if err != nil {
+		t.Fatalf("testimage: top layer: %v", err)
+	}
+	return top.String()
+}
+
 // TarBytes writes files as an uncompressed tar stream.
 func TarBytes(t testing.TB, files []File) []byte {
 	t.Helper()
