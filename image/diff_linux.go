@@ -22,11 +22,15 @@ import (
 // WriteRootfsDiff writes, as a tar stream to w, what a container changed
 // in its rootfs: the writable layer (Dir/upper of its MountRequest) as
 // overlayfs keeps it, files, directories, links and device nodes with
-// their owners and modes as they are on disk. The files the container
+// their owners and modes as they are on disk, and the extended
+// attributes diffXattr keeps as PAX records. The files the container
 // deleted from the image are overlayfs whiteouts there; they are not in
 // the stream but returned, as absolute paths inside the container, which
 // is how CRI-O and Podman list them in a checkpoint archive
-// (deleted.files). A container without a writable layer has an empty
+// (deleted.files). A directory that replaced the image's hides all of
+// the image's below it without a whiteout each: it is followed by an OCI
+// opaque whiteout, which ApplyRootfsDiff, as containers/storage's
+// unpacker, applies. A container without a writable layer has an empty
 // diff.
 //
 // The container runs while its layer is read, and the layer is its own:
@@ -104,18 +108,60 @@ func writeDiffEntry(tw *tar.Writer, root int, rel string) (whiteout bool, err er
 	if mode == unix.S_IFCHR && st.Rdev == 0 {
 		return true, nil
 	}
+	hdr, err := diffHeader(fd, rel, &st)
+	if err != nil || hdr == nil {
+		return false, err
+	}
+	if mode != unix.S_IFREG && mode != unix.S_IFDIR {
+		return false, tw.WriteHeader(hdr)
+	}
+	// Reopened for reading through the O_PATH fd's /proc link: the same
+	// inode, whatever the path names by now.
+	f, err := os.OpenFile("/proc/self/fd/"+strconv.Itoa(fd), os.O_RDONLY|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	opaque, err := diffXattrs(int(f.Fd()), hdr)
+	if err != nil {
+		return false, err
+	}
+	if err := tw.WriteHeader(hdr); err != nil {
+		return false, err
+	}
+	if mode == unix.S_IFDIR {
+		if !opaque {
+			return false, nil
+		}
+		// The directory replaced the image's (rm -rf, mkdir): overlayfs
+		// hides what the lower layers have under it by this mark, with
+		// no whiteouts. A restore unpacks the OCI opaque whiteout as
+		// the same mark.
+		return false, tw.WriteHeader(&tar.Header{Name: path.Join(rel, whiteoutOpaque), Typeflag: tar.TypeReg, Mode: 0o600, ModTime: hdr.ModTime})
+	}
+	n, err := io.CopyN(tw, f, hdr.Size)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return false, err
+	}
+	_, err = io.CopyN(tw, zeros{}, hdr.Size-n) // shrank while copied
+	return false, err
+}
+
+// diffHeader describes the entry rel, whose O_PATH fd is fd and stat st,
+// without its xattrs; nil for a socket, which no tar holds.
+func diffHeader(fd int, rel string, st *unix.Stat_t) (*tar.Header, error) {
 	hdr := &tar.Header{
 		Name: rel, Mode: int64(st.Mode & 0o7777), Uid: int(st.Uid), Gid: int(st.Gid),
 		ModTime: time.Unix(st.Mtim.Unix()), Format: tar.FormatPAX,
 	}
-	switch mode {
+	switch mode := st.Mode & unix.S_IFMT; mode {
 	case unix.S_IFDIR:
 		hdr.Typeflag, hdr.Name = tar.TypeDir, rel+"/"
 	case unix.S_IFLNK:
 		buf := make([]byte, unix.PathMax)
 		n, err := unix.Readlinkat(fd, "", buf)
 		if err != nil {
-			return false, err
+			return nil, err
 		}
 		hdr.Typeflag, hdr.Linkname = tar.TypeSymlink, string(buf[:n])
 	case unix.S_IFCHR, unix.S_IFBLK:
@@ -129,27 +175,70 @@ func writeDiffEntry(tw *tar.Writer, root int, rel string) (whiteout bool, err er
 	case unix.S_IFREG:
 		hdr.Typeflag, hdr.Size = tar.TypeReg, st.Size
 	default:
-		return false, nil // a socket: nothing a tar holds
+		return nil, nil
 	}
-	if mode != unix.S_IFREG {
-		return false, tw.WriteHeader(hdr)
+	return hdr, nil
+}
+
+// diffXattr says whether a restore gives the extended attribute name
+// back: the container's own (user.*), and the capabilities and ACLs
+// that overlayfs also copies up with an image's file. Not overlayfs'
+// bookkeeping (trusted.overlay.*: origin, impure), which names the old
+// layers, nor an LSM's label, which the new container gets from its own
+// policy.
+func diffXattr(name string) bool {
+	switch name {
+	case "security.capability", "system.posix_acl_access", "system.posix_acl_default":
+		return true
 	}
-	// Reopened for reading through the O_PATH fd's /proc link: the same
-	// inode, whatever the path names by now.
-	f, err := os.OpenFile("/proc/self/fd/"+strconv.Itoa(fd), os.O_RDONLY|unix.O_NONBLOCK, 0)
+	return strings.HasPrefix(name, "user.")
+}
+
+// diffXattrs adds to hdr, as PAX records the unpacker applies, the
+// extended attributes of fd that diffXattr keeps, and reports whether
+// fd is an opaque directory.
+func diffXattrs(fd int, hdr *tar.Header) (opaque bool, err error) {
+	list, err := xattrValue(func(b []byte) (int, error) { return unix.Flistxattr(fd, b) })
 	if err != nil {
-		return false, err
+		return false, fmt.Errorf("list xattrs of %s: %w", hdr.Name, err)
 	}
-	defer f.Close()
-	if err := tw.WriteHeader(hdr); err != nil {
-		return false, err
+	for _, name := range strings.Split(strings.TrimRight(string(list), "\x00"), "\x00") {
+		if name != overlayOpaqueXattr && !diffXattr(name) {
+			continue
+		}
+		v, err := xattrValue(func(b []byte) (int, error) { return unix.Fgetxattr(fd, name, b) })
+		if errors.Is(err, unix.ENODATA) {
+			continue // removed since listed
+		}
+		if err != nil {
+			return false, fmt.Errorf("xattr %s of %s: %w", name, hdr.Name, err)
+		}
+		if name == overlayOpaqueXattr {
+			opaque = string(v) == "y"
+			continue
+		}
+		if hdr.PAXRecords == nil {
+			hdr.PAXRecords = map[string]string{}
+		}
+		hdr.PAXRecords[paxXattrPrefix+name] = string(v)
 	}
-	n, err := io.CopyN(tw, f, hdr.Size)
-	if err != nil && !errors.Is(err, io.EOF) {
-		return false, err
+	return opaque, nil
+}
+
+// xattrValue calls get, which fills a buffer as getxattr(2) does, with
+// a buffer of the size it asks for; again if the value grew meanwhile.
+func xattrValue(get func([]byte) (int, error)) ([]byte, error) {
+	for {
+		n, err := get(nil)
+		if err != nil || n == 0 {
+			return nil, err
+		}
+		b := make([]byte, n)
+		n, err = get(b)
+		if !errors.Is(err, unix.ERANGE) {
+			return b[:max(n, 0)], err
+		}
 	}
-	_, err = io.CopyN(tw, zeros{}, hdr.Size-n) // shrank while copied
-	return false, err
 }
 
 // zeros reads as an endless run of zero bytes.

@@ -3,6 +3,7 @@ package image
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"os"
@@ -224,6 +225,98 @@ func TestApplyRootfsDiffHostile(t *testing.T) {
 			if _, err := os.Lstat(p); err == nil {
 				t.Errorf("%s: %s was written", tc.name, p)
 			}
+		}
+	}
+}
+
+// posixACL is a system.posix_acl_access value as the kernel stores it
+// (version 2, then tag, permissions and ID per entry): rw for the owner,
+// r for user uid, the group, the mask and others.
+func posixACL(uid uint32) []byte {
+	var b []byte
+	le16 := func(v uint16) { b = append(b, byte(v), byte(v>>8)) }
+	le32 := func(v uint32) { b = append(b, byte(v), byte(v>>8), byte(v>>16), byte(v>>24)) }
+	le32(2)
+	for _, e := range []struct {
+		tag, perm uint16
+		id        uint32
+	}{{0x01, 6, ^uint32(0)}, {0x02, 4, uid}, {0x04, 4, ^uint32(0)}, {0x10, 4, ^uint32(0)}, {0x20, 4, ^uint32(0)}} {
+		le16(e.tag)
+		le16(e.perm)
+		le32(e.id)
+	}
+	return b
+}
+
+// A container restored from its rootfs diff sees its rootfs as it left
+// it, as overlayfs (not this package) wrote the writable layer: a
+// directory of the image it replaced (rm -rf, mkdir) hides the image's
+// files, which overlayfs records as an opaque directory with no
+// whiteouts; and its files keep their capabilities, ACLs and user
+// xattrs, also those of files copied up from the image.
+func TestRootfsDiffRestoresTheView(t *testing.T) {
+	requireRoot(t)
+	s := newTestStore(t, Options{})
+	img := pullTestImage(t, s)
+	ctx := context.Background()
+	d1, d2 := t.TempDir(), t.TempDir()
+	t.Cleanup(func() {
+		s.UnmountRootfs(ctx, "c1", "", d1)
+		s.UnmountRootfs(ctx, "c2", "", d2)
+	})
+	r1, err := s.MountRootfs(ctx, MountRequest{ContainerID: "c1", ImageID: img.ID, Dir: d1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(filepath.Join(r1, "srv")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(r1, "srv"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(r1, "srv/new"), []byte("n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// CAP_NET_BIND_SERVICE, permitted and effective (VFS_CAP_REVISION_2).
+	capNetBind := []byte{1, 0, 0, 2, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+	xattrs := []struct{ path, name string }{
+		{"srv/new", "security.capability"},
+		{"srv/new", "user.note"},
+		{"srv", "user.dir"},
+		{"etc/passwd", "user.note"}, // copied up from the image
+		{"etc/group", "system.posix_acl_access"},
+	}
+	values := map[string][]byte{"security.capability": capNetBind, "user.note": []byte("kept"), "user.dir": []byte("d"), "system.posix_acl_access": posixACL(1000)}
+	for _, x := range xattrs {
+		if err := unix.Setxattr(filepath.Join(r1, x.path), x.name, values[x.name], 0); err != nil {
+			t.Fatalf("set %s on %s: %v", x.name, x.path, err)
+		}
+	}
+	var buf bytes.Buffer
+	deleted, err := WriteRootfsDiff(d1, &buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := s.MountRootfs(ctx, MountRequest{ContainerID: "c2", ImageID: img.ID, Dir: d2, Changes: &RootfsChanges{Diff: &buf, Deleted: deleted}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(filepath.Join(r2, "srv/data")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("srv/data, which the container deleted with its directory, after the restore: %v", err)
+	}
+	if got, err := os.ReadFile(filepath.Join(r2, "srv/new")); err != nil || string(got) != "n" {
+		t.Errorf("srv/new after the restore = %q, %v", got, err)
+	}
+	for _, x := range xattrs {
+		want := make([]byte, 256)
+		n, err := unix.Getxattr(filepath.Join(r1, x.path), x.name, want)
+		if err != nil {
+			t.Fatalf("%s of %s in the checkpointed rootfs: %v", x.name, x.path, err)
+		}
+		got := make([]byte, 256)
+		m, err := unix.Getxattr(filepath.Join(r2, x.path), x.name, got)
+		if err != nil || !bytes.Equal(got[:m], want[:n]) {
+			t.Errorf("%s of %s after the restore = %x, %v; want %x", x.name, x.path, got[:max(m, 0)], err, want[:n])
 		}
 	}
 }

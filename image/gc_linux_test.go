@@ -349,3 +349,111 @@ func TestPullChecksAStoredBlob(t *testing.T) {
 		})
 	}
 }
+
+// A Remove of the image a rootfs or image volume is being mounted from,
+// run after the mount resolved the image and before the overlay is
+// mounted, keeps the layers the mount uses. The mount resolved the image
+// before it took mountMu, under which gc reads what is mounted, so gc
+// found nothing mounted and trashed the layers: the mount failed on
+// missing lower dirs or, a moment later, left the container an empty
+// rootfs.
+func TestRemoveRacingMount(t *testing.T) {
+	requireRoot(t)
+	for _, tc := range []struct {
+		name  string
+		mount func(ctx context.Context, s *Store, imageID, dir string) (string, error)
+	}{
+		{"rootfs", func(ctx context.Context, s *Store, imageID, dir string) (string, error) {
+			return s.MountRootfs(ctx, MountRequest{ContainerID: "c", ImageID: imageID, Dir: dir})
+		}},
+		{"image volume", func(ctx context.Context, s *Store, imageID, dir string) (string, error) {
+			return s.MountImageVolume(ctx, VolumeRequest{ContainerID: "c", ImageID: imageID, Dir: dir})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newTestStore(t, Options{})
+			img := pullTestImage(t, s)
+			ctx := context.Background()
+			dir := t.TempDir()
+			t.Cleanup(func() { s.UnmountRootfs(ctx, "c", "", dir) })
+			var removeErr error
+			removed := make(chan struct{})
+			s.resolved = func() {
+				go func() {
+					removeErr = s.Remove(ctx, img.ID)
+					close(removed)
+				}()
+				// A Remove that does not wait for this mount is done well
+				// within the second; one that waits only slows the test.
+				select {
+				case <-removed:
+				case <-time.After(time.Second):
+				}
+			}
+			root, err := tc.mount(ctx, s, img.ID, dir)
+			if err != nil {
+				t.Fatalf("mount with a Remove of its image after the image was resolved: %v", err)
+			}
+			recvWithin(t, removed, "Remove of the image being mounted")
+			if removeErr != nil {
+				t.Fatalf("Remove: %v", removeErr)
+			}
+			if got, err := os.ReadFile(filepath.Join(root, "srv/data")); err != nil || string(got) != "d" {
+				t.Errorf("srv/data of the mounted image after its Remove = %q, %v; want \"d\"", got, err)
+			}
+			for _, c := range img.ChainIDs {
+				if _, err := os.Stat(s.layerPath(c)); err != nil {
+					t.Errorf("layer %s under the mount: %v", c, err)
+				}
+			}
+		})
+	}
+}
+
+// An image removed while a container runs from it, and pulled again,
+// has its layer blobs in the store again. Remove keeps the layers under
+// the rootfs but not their blobs, which no mount names; the pull found
+// the layers present and fetched nothing, and recorded blobs that were
+// not on disk: an ImageStatus size of bytes the store does not hold, and
+// no blob to unpack a lost layer from again.
+func TestPullAgainAfterRemoveInUse(t *testing.T) {
+	requireRoot(t)
+	reg := startTestRegistry(t)
+	base, top := fileLayer(t, "base", []byte("base")), fileLayer(t, "top", []byte("top"))
+	reg.push(t, "inuse:1", imageOf(t, types.OCIManifestSchema1, types.OCIConfigJSON, base, top))
+	s := newTestStore(t, Options{})
+	ctx := context.Background()
+	img, err := s.Pull(ctx, reg.ref("inuse:1"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	t.Cleanup(func() { s.UnmountRootfs(ctx, "c", "", dir) })
+	rootfs, err := s.MountRootfs(ctx, MountRequest{ContainerID: "c", ImageID: img.ID, Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Remove(ctx, img.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Pull(ctx, reg.ref("inuse:1"), nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []*rawLayer{base, top} {
+		if _, err := os.Stat(s.blobPath(digestOf(t, l))); err != nil {
+			t.Errorf("blob of a layer of the image pulled again: %v", err)
+		}
+	}
+	for _, c := range img.ChainIDs {
+		if _, err := os.Stat(s.layerPath(c)); err != nil {
+			t.Errorf("layer %s: %v", c, err)
+		}
+	}
+	if got, err := os.ReadFile(filepath.Join(rootfs, "top")); err != nil || string(got) != "top" {
+		t.Errorf("top in the running container's rootfs = %q, %v", got, err)
+	}
+	// Staging the blob again leaves nothing behind.
+	if ents, err := os.ReadDir(s.path("tmp")); err != nil || len(ents) != 0 {
+		t.Errorf("tmp/ after the pull: %v, %v", ents, err)
+	}
+}

@@ -620,14 +620,25 @@ func (s *Store) putBlob(digest string, data []byte, added *storeItems) error {
 // the parent, so a slow lower layer never holds up the downloads above.
 // The time spent staging and publishing, not waiting, is added to work;
 // what it publishes is recorded in added.
+//
+// A layer present without its blob is staged all the same, for the
+// blob alone, checked against both digests and published: the record
+// about to name the blob needs it on disk (stageLayer says why). Remove
+// leaves a layer so when a mounted rootfs uses it, since mounts name
+// layers, not blobs; pulling the image again while its container runs
+// finds it so.
 func (s *Store) ensureLayer(ctx context.Context, layer v1.Layer, lr layerRecord, parent <-chan struct{}, sem chan struct{}, work *atomic.Int64, added *storeItems) error {
 	unlock, err := s.locks.lockCtx(ctx, "layer:"+lr.ChainID)
 	if err != nil {
 		return err
 	}
 	defer unlock()
+	blobOnly := false
 	if _, err := os.Stat(s.layerPath(lr.ChainID)); err == nil {
-		return nil
+		if _, err := os.Stat(s.blobPath(lr.Digest)); err == nil {
+			return nil
+		}
+		blobOnly = true
 	}
 	select {
 	case sem <- struct{}{}:
@@ -647,6 +658,9 @@ func (s *Store) ensureLayer(ctx context.Context, layer v1.Layer, lr layerRecord,
 			st.discard()
 		}
 	}()
+	if blobOnly {
+		return s.publishBlob(st, lr, added)
+	}
 	if parent != nil {
 		select {
 		case <-parent:
@@ -785,21 +799,28 @@ func (s *Store) stageLayer(ctx context.Context, layer v1.Layer, lr layerRecord) 
 // publishLayer moves a staged layer (and its blob) into place and
 // records in added what it moved.
 func (s *Store) publishLayer(st *stagedLayer, lr layerRecord, added *storeItems) error {
-	if st.blob != "" {
-		if err := os.Rename(st.blob, s.blobPath(lr.Digest)); err != nil {
-			return err
-		}
-		st.blob = ""
-		added.addBlob(lr.Digest)
-		if err := atomicfile.SyncDir(filepath.Dir(s.blobPath(lr.Digest))); err != nil {
-			return err
-		}
+	if err := s.publishBlob(st, lr, added); err != nil {
+		return err
 	}
 	if err := os.Rename(st.dir, s.layerPath(lr.ChainID)); err != nil {
 		return err
 	}
 	added.addLayer(lr.ChainID)
 	return atomicfile.SyncDir(s.path("layers"))
+}
+
+// publishBlob moves a staged layer's blob, if it downloaded one, into
+// place and records it in added.
+func (s *Store) publishBlob(st *stagedLayer, lr layerRecord, added *storeItems) error {
+	if st.blob == "" {
+		return nil
+	}
+	if err := os.Rename(st.blob, s.blobPath(lr.Digest)); err != nil {
+		return err
+	}
+	st.blob = ""
+	added.addBlob(lr.Digest)
+	return atomicfile.SyncDir(filepath.Dir(s.blobPath(lr.Digest)))
 }
 
 func syncFS(dir string) error {

@@ -79,16 +79,22 @@ func (s *Store) MountRootfs(ctx context.Context, req MountRequest) (_ string, re
 	if done := s.rememberMounted(req.ContainerID, req.PodID, filepath.Join(req.Dir, "rootfs")); done {
 		return filepath.Join(req.Dir, "rootfs"), nil
 	}
+	// The image is resolved under mountMu, under which gc reads what is
+	// mounted after Remove dropped the record: gc sees this mount, or Get
+	// finds no image. Resolved before it, a Remove in between could trash
+	// the layers of a rootfs that then mounted empty.
+	s.mountMu.Lock()
+	defer s.mountMu.Unlock()
 	img, err := s.Get(req.ImageID)
 	if err != nil {
 		return "", err
 	}
+	if s.resolved != nil {
+		s.resolved()
+	}
 	if len(img.ChainIDs) == 0 {
 		return "", fmt.Errorf("image %s has no layers: %w", img.ID, errdefs.ErrFailedPrecondition)
 	}
-
-	s.mountMu.Lock()
-	defer s.mountMu.Unlock()
 	rootfs := filepath.Join(req.Dir, "rootfs")
 	upper := filepath.Join(req.Dir, "upper")
 	work := filepath.Join(req.Dir, "work")
@@ -500,16 +506,20 @@ func (s *Store) MountImageVolume(ctx context.Context, req VolumeRequest) (_ stri
 		}
 		return src, nil
 	}
+	// Resolved under mountMu, as in MountRootfs: a Remove's gc sees this
+	// mount or Get finds no image.
+	s.mountMu.Lock()
+	defer s.mountMu.Unlock()
 	img, err := s.Get(req.ImageID)
 	if err != nil {
 		return "", fmt.Errorf("image volume: %w", err)
 	}
+	if s.resolved != nil {
+		s.resolved()
+	}
 	if len(img.ChainIDs) == 0 {
 		return "", fmt.Errorf("image %s has no layers: %w", img.ID, errdefs.ErrFailedPrecondition)
 	}
-
-	s.mountMu.Lock()
-	defer s.mountMu.Unlock()
 	if ok, _ := mountinfo.Mounted(target); !ok {
 		if err := s.mountVolumeLocked(ctx, req, img.ChainIDs, target, empty); err != nil {
 			return "", err

@@ -98,6 +98,9 @@ type Store struct {
 	// mounted maps container ID to the chain IDs under its rootfs, so
 	// Remove keeps layers that are still someone's lower dir.
 	mounted map[string]mountedRootfs
+	// resolved, when set, runs in MountRootfs and MountImageVolume right
+	// after they resolve the image: tests place a Remove there.
+	resolved func()
 }
 
 // NewStore creates the store directories under opts.Root and loads
@@ -537,7 +540,10 @@ func (s *Store) inUse() (blobs, layers map[string]bool, _ error) {
 			layers[strings.TrimPrefix(c, "sha256:")] = true
 		}
 	}
-	// Read under mountMu, so no rootfs is being mounted meanwhile.
+	// Read under mountMu, so no rootfs is being mounted meanwhile. Mounts
+	// resolve their image under mountMu too (taking s.mu inside it, so
+	// s.mu is released above): one that found an image whose record was
+	// gone when read above is listed here.
 	mounted, mountErr := s.mountedLayers()
 	s.mountMu.Unlock()
 	if mountErr != nil {

@@ -103,13 +103,34 @@ func decompress(br *bufio.Reader) (io.Reader, func(), error) {
 		}
 		return zr, func() { _ = zr.Close() }, nil
 	case bytes.Equal(magic, []byte{0x28, 0xb5, 0x2f, 0xfd}):
-		zr, err := zstd.NewReader(br, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true))
+		zr, err := zstd.NewReader(br, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true),
+			zstd.WithDecoderMaxWindow(maxZstdWindow))
 		if err != nil {
-			return nil, nil, fmt.Errorf("zstd: %w: %w", err, errdefs.ErrDataLoss)
+			return nil, nil, zstdErr(err)
 		}
 		return zr, zr.Close, nil
 	}
 	return br, func() {}, nil
+}
+
+// maxZstdWindow is the largest window a zstd layer may declare, what the
+// zstd CLI decompresses without --memory. The decoder allocates the
+// declared window (a single segment's content size) up front, so the
+// library's default of 512 MiB let a layer of a few KB take that much
+// memory, once per layer unpacked in parallel.
+const maxZstdWindow = 128 << 20
+
+// zstdErr classifies an error of the zstd decoder: a frame refused for
+// its window (or, single segment, its size) is a layer this store does
+// not unpack, anything else is damage. The decoder also says "window
+// size exceeded" of a block that overruns its frame's own window, rare
+// enough to share the message.
+func zstdErr(err error) error {
+	if errors.Is(err, zstd.ErrWindowSizeExceeded) || errors.Is(err, zstd.ErrDecoderSizeExceeded) {
+		return fmt.Errorf("zstd: %w (a layer's frames may use a window of at most %d MiB, what zstd -d allows without --memory): %w",
+			err, maxZstdWindow>>20, errdefs.ErrNotImplemented)
+	}
+	return fmt.Errorf("zstd: %w: %w", err, errdefs.ErrDataLoss)
 }
 
 func checkDigest(what string, h hash.Hash, want string) error {
@@ -152,6 +173,9 @@ type decoderReader struct {
 func (d *decoderReader) Read(p []byte) (int, error) {
 	n, err := d.r.Read(p)
 	if err != nil && !errors.Is(err, io.EOF) && (d.src.err == nil || !errors.Is(err, d.src.err)) {
+		if _, ok := d.r.(*zstd.Decoder); ok {
+			return n, zstdErr(err)
+		}
 		err = fmt.Errorf("%w: %w", err, errdefs.ErrDataLoss)
 	}
 	return n, err

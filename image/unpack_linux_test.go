@@ -9,6 +9,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -262,6 +263,50 @@ func TestUnpackVerifiesDigests(t *testing.T) {
 			}
 			if !errors.Is(err, tt.want) {
 				t.Fatalf("UnpackLayer: got %v, want %v", err, tt.want)
+			}
+		})
+	}
+}
+
+// zstdFrame is a zstd frame written by hand, as the format (RFC 8878)
+// lays it out: a frame header of descriptor fhd followed by header (the
+// window descriptor or content size), then plain as one raw, last block.
+func zstdFrame(fhd byte, header, plain []byte) []byte {
+	frame := append([]byte{0x28, 0xb5, 0x2f, 0xfd, fhd}, header...)
+	bh := 1 | uint32(len(plain))<<3 // last block, raw
+	frame = append(frame, byte(bh), byte(bh>>8), byte(bh>>16))
+	return append(frame, plain...)
+}
+
+// A zstd layer declares the window its decoder must keep; the decoder
+// allocates it before the first byte comes out. Beyond 128 MiB, what the
+// zstd CLI decompresses without --memory, the layer is refused: a 57 KB
+// layer declaring 512 MiB made the daemon allocate that, per layer in
+// parallel.
+func TestUnpackZstdWindowLimit(t *testing.T) {
+	plain := testimage.TarBytes(t, []testimage.File{{Path: "f", Content: []byte("x"), UID: os.Getuid(), GID: os.Getgid()}})
+	le32 := func(n uint32) []byte { return []byte{byte(n), byte(n >> 8), byte(n >> 16), byte(n >> 24)} }
+	tests := []struct {
+		name    string
+		fhd     byte
+		header  []byte
+		refused bool
+	}{
+		// Window descriptor: exponent<<3, a window of 1<<(10+exponent).
+		{"128 MiB window", 0x00, []byte{17 << 3}, false},
+		{"256 MiB window", 0x00, []byte{18 << 3}, true},
+		{"512 MiB window", 0x00, []byte{19 << 3}, true},
+		// A single segment's window is its content size (4 bytes here).
+		{"single segment of 256 MiB", 0x20 | 0x80, le32(256 << 20), true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := UnpackLayer(bytes.NewReader(zstdFrame(tc.fhd, tc.header, plain)), t.TempDir(), "", "")
+			switch {
+			case !tc.refused && err != nil:
+				t.Fatalf("UnpackLayer: %v", err)
+			case tc.refused && (!errors.Is(err, errdefs.ErrNotImplemented) || !strings.Contains(err.Error(), "128 MiB")):
+				t.Fatalf("UnpackLayer = %v, want NotImplemented naming the 128 MiB limit", err)
 			}
 		})
 	}
