@@ -67,6 +67,11 @@ type Pod struct {
 	IPRanges []string
 }
 
+// ErrRollback marks a failed Setup whose own DEL failed too: the pod may
+// still hold what the ADD took (an IP), so the caller must keep what it
+// needs to tear the pod's network down later, and retry.
+var ErrRollback = errors.New("the rollback of the failed cni add failed")
+
 // Result is the outcome of a pod's network setup.
 type Result struct {
 	IPs       []string        // "10.89.0.5", "fd00::5"; IPv4 first
@@ -182,7 +187,8 @@ func (m *Manager) Status() error {
 // Setup attaches the pod's netns (pod.NetNS) to the network: it runs ADD
 // for the network on eth0. lo is already up: the namespace helper brought
 // it up when it created the netns. If ADD fails, whatever it added is
-// deleted again before Setup returns.
+// deleted again before Setup returns; should that DEL fail too, the error
+// also wraps ErrRollback.
 func (m *Manager) Setup(ctx context.Context, pod Pod) (_ *Result, retErr error) {
 	if err := validatePodID(pod.ID); err != nil {
 		return nil, err
@@ -210,7 +216,10 @@ func (m *Manager) Setup(ctx context.Context, pod Pod) (_ *Result, retErr error) 
 		// must not reserve an IP after the DEL that releases it.
 		m.killStrays(cctx, pod.ID)
 		if err := m.cni.DelNetworkList(cctx, nw.list, rt); err != nil {
-			log.G(ctx).WithError(err).WithField("network", nw.list.Name).Warn("rollback of failed cni add")
+			// The ADD's error keeps its class (the first %w); the DEL's
+			// is only told, with the mark that the pod is not clean.
+			del := pluginError(cctx, "del", nw.list.Name, pod.ID, err)
+			retErr = fmt.Errorf("%w; %w: %s", retErr, ErrRollback, del.Error())
 		}
 	}()
 
@@ -229,8 +238,9 @@ func (m *Manager) Setup(ctx context.Context, pod Pod) (_ *Result, retErr error) 
 }
 
 // Teardown detaches the pod from every network it was set up on, using the
-// cached config and arguments of its ADD. It is idempotent: a pod with no
-// cache and no netns, or torn down before, is a no-op. pod.NetNS may be ""
+// cached config and arguments of its ADD, or with the current config for
+// a pod with no cache entry (teardownUncached). It is idempotent: DEL of
+// what is gone already succeeds. pod.NetNS may be ""
 // or point to a netns that is gone; plugins then only release what they
 // hold outside of it (IPs, host-side state), as the CNI spec allows.
 func (m *Manager) Teardown(ctx context.Context, pod Pod) error {
@@ -277,20 +287,7 @@ func (m *Manager) Teardown(ctx context.Context, pod Pod) error {
 		tornDown = true
 	}
 	if !tornDown && len(errs) == 0 {
-		// No cache entry: pinrt may have died between the plugins' ADD
-		// and libcni writing the cache. DEL with the current config
-		// releases what such an ADD took; without a config there is
-		// nothing we could run.
-		// That ADD's plugins may still run, orphaned by the dead daemon;
-		// they go first, or one could reserve an IP after the DEL.
-		m.killStrays(ctx, pod.ID)
-		if nw, err := m.network(ctx); err == nil {
-			p := pod
-			p.NetNS = netns
-			if err := m.cni.DelNetworkList(ctx, nw.list, runtimeConf(p, IfName)); err != nil {
-				errs = append(errs, pluginError(ctx, "del", nw.list.Name, pod.ID, err))
-			}
-		}
+		errs = append(errs, m.teardownUncached(ctx, pod, netns))
 	}
 	// Only pods set up by an older pinrt, which ran the loopback plugin
 	// as a network of its own, have a loopback attachment to delete.
@@ -307,6 +304,28 @@ func (m *Manager) Teardown(ctx context.Context, pod Pod) error {
 		return err
 	}
 	log.G(ctx).WithFields(log.Fields{"phase": "cni_del", "duration_ms": sinceMs(start)}).Debug("cni del done")
+	return nil
+}
+
+// teardownUncached runs DEL for a pod with no cache entry: pinrt may have
+// died between the plugins' ADD and libcni writing the cache, and DEL with
+// the current config releases what such an ADD took. Without a usable
+// config nothing can run, and nothing says no ADD ran: the error
+// (FailedPrecondition, as m.network's) keeps the pod for a later teardown,
+// where a nil one let the caller drop the pod and the IP stay reserved.
+func (m *Manager) teardownUncached(ctx context.Context, pod Pod, netns string) error {
+	// That ADD's plugins may still run, orphaned by the dead daemon; they
+	// go first, or one could reserve an IP after the DEL.
+	m.killStrays(ctx, pod.ID)
+	nw, err := m.network(ctx)
+	if err != nil {
+		return fmt.Errorf("teardown network for sandbox %s: no cached result, and no network config to run DEL with: %w", pod.ID, err)
+	}
+	p := pod
+	p.NetNS = netns
+	if err := m.cni.DelNetworkList(ctx, nw.list, runtimeConf(p, IfName)); err != nil {
+		return pluginError(ctx, "del", nw.list.Name, pod.ID, err)
+	}
 	return nil
 }
 

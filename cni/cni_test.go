@@ -287,9 +287,10 @@ func TestSetupTeardownWithFakePlugins(t *testing.T) {
 		t.Fatalf("cache after teardown = %v", got)
 	}
 
-	// Again: no cache, no config, no netns: nothing to run, no error.
-	if err := m.Teardown(ctx, Pod{ID: "sb1", NetNS: pod.NetNS}); err != nil {
-		t.Fatalf("second Teardown() = %v", err)
+	// Again: no cache, no config, no netns: nothing can run, and nothing
+	// says no ADD ran (TestTeardownWithoutCacheOrConfig).
+	if err := m.Teardown(ctx, Pod{ID: "sb1", NetNS: pod.NetNS}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("second Teardown() = %v, want ErrFailedPrecondition", err)
 	}
 	if got := e.calls(t); len(got) != 0 {
 		t.Fatalf("second teardown ran plugins: %q", got)
@@ -337,6 +338,69 @@ func TestTeardownWithoutCacheUsesCurrentConfig(t *testing.T) {
 	want := []string{"fakenet DEL sb9 netns= eth0 IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=web;K8S_POD_INFRA_CONTAINER_ID=sb9;K8S_POD_UID=uid"}
 	if got := e.calls(t); !reflect.DeepEqual(got, want) {
 		t.Fatalf("calls = %q\nwant %q", got, want)
+	}
+}
+
+// TestTeardownWithoutCacheOrConfig: a pod with no cache entry may hold an
+// IP that an ADD cut short by a kill reserved before libcni wrote the
+// cache. With no network config to run DEL with, Teardown must not say
+// the pod is clean (the caller then dropped its record and the IP stayed
+// reserved for good): FailedPrecondition keeps it for a later teardown,
+// which, once a config is back, runs DEL.
+func TestTeardownWithoutCacheOrConfig(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, "fakenet", "loopback")
+	m := e.manager(t)
+	pod := Pod{ID: "sb9", Name: "web", Namespace: "ns", UID: "uid"}
+	if err := m.Teardown(ctx, pod); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("Teardown() without cache or config = %v, want ErrFailedPrecondition", err)
+	}
+	if got := e.calls(t); len(got) != 0 {
+		t.Fatalf("plugins ran without a config: %q", got)
+	}
+	writeFile(t, filepath.Join(e.conf, "10-net.conflist"), conflist("net", "fakenet"), 0o644)
+	if err := m.Teardown(ctx, pod); err != nil {
+		t.Fatalf("Teardown() with a config back = %v", err)
+	}
+	want := []string{"fakenet DEL sb9 netns= eth0 IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=web;K8S_POD_INFRA_CONTAINER_ID=sb9;K8S_POD_UID=uid"}
+	if got := e.calls(t); !reflect.DeepEqual(got, want) {
+		t.Fatalf("calls = %q\nwant %q", got, want)
+	}
+}
+
+// TestSetupReportsFailedRollback: an ADD that fails and whose own DEL
+// fails too may have left the pod an IP. Setup says so (ErrRollback), and
+// the ADD's error keeps its class, so the caller keeps the pod's record
+// for a teardown that retries the DEL, and the gRPC code stays the ADD's.
+func TestSetupReportsFailedRollback(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, "fakenet", "fakeport", "loopback")
+	writeFile(t, filepath.Join(e.conf, "10-net.conflist"), conflist("net", "fakenet", "fakeport"), 0o644)
+	writeFile(t, filepath.Join(e.plugins, "fakeport.fail"), "", 0o644)
+	writeFile(t, filepath.Join(e.plugins, "fakenet.delfail"), "", 0o644)
+	m := e.manager(t)
+	pod := Pod{ID: "sb1", Name: "web", Namespace: "ns", UID: "uid", NetNS: "/some/netns"}
+	_, err := m.Setup(ctx, pod)
+	if !errors.Is(err, ErrRollback) || !errors.Is(err, errdefs.ErrUnknown) {
+		t.Fatalf("Setup() = %v, want ErrUnknown and ErrRollback", err)
+	}
+	var cerr *types.Error
+	if !errors.As(err, &cerr) || cerr.Code != 999 {
+		t.Fatalf("Setup() = %v, the ADD's plugin error not kept first", err)
+	}
+	if !strings.Contains(err.Error(), "injected del failure") {
+		t.Fatalf("Setup() = %v, the DEL's failure not told", err)
+	}
+	// The retry the caller makes once the plugin recovers releases it.
+	e.calls(t)
+	if err := os.Remove(filepath.Join(e.plugins, "fakenet.delfail")); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Teardown(ctx, Pod{ID: "sb1", Name: "web", Namespace: "ns", UID: "uid"}); err != nil {
+		t.Fatalf("Teardown() after the failed rollback = %v", err)
+	}
+	if got := e.calls(t); len(got) != 2 {
+		t.Fatalf("teardown calls = %q, want a DEL of each plugin", got)
 	}
 }
 

@@ -27,6 +27,10 @@ STATUS)
   if [ -e "$d/$n.fail" ]; then
     echo '{"cniVersion":"1.1.0","code":50,"msg":"plugin not available"}'; exit 1
   fi ;;
+DEL)
+  if [ -e "$d/$n.delfail" ]; then
+    echo '{"cniVersion":"1.0.0","code":11,"msg":"injected del failure"}'; exit 1
+  fi ;;
 ADD)
   if [ -e "$d/$n.fail" ]; then
     echo '{"cniVersion":"1.0.0","code":999,"msg":"injected failure"}'; exit 1

@@ -132,22 +132,69 @@ func Load(dir string) (*Sandbox, error) {
 	if err := readJSON(filepath.Join(dir, specFile), &spec); err != nil {
 		return nil, err
 	}
-	md.Pins = map[string]string{}
-	if spec.Linux != nil {
-		for _, ns := range spec.Linux.Namespaces {
-			kind := string(ns.Type)
-			switch ns.Type {
-			case specs.NetworkNamespace:
-				kind = "net"
-			case specs.UserNamespace:
-				kind = "user"
-			}
-			md.Pins[kind] = ns.Path
-		}
-	}
+	md.Pins = specPins(&spec)
 	sb := &Sandbox{Metadata: md, record: record[Metadata, Status]{Dir: dir, status: st, loaded: true}}
 	sb.md = &sb.Metadata
 	return sb, nil
+}
+
+// specPins maps each namespace kind of spec to its pin path.
+func specPins(spec *specs.Spec) map[string]string {
+	pins := map[string]string{}
+	if spec.Linux == nil {
+		return pins
+	}
+	for _, ns := range spec.Linux.Namespaces {
+		kind := string(ns.Type)
+		switch ns.Type {
+		case specs.NetworkNamespace:
+			kind = "net"
+		case specs.UserNamespace:
+			kind = "user"
+		}
+		pins[kind] = ns.Path
+	}
+	return pins
+}
+
+// MetadataFromSpec is what dir's config.json tells of a sandbox whose
+// state.json cannot be read (garbage, a version this pinrt does not know,
+// another sandbox's ID), for restore to tear it down from: its ID, names,
+// pins, cgroup parent, ID mappings and IPs (the inverse of Spec). The
+// namespace modes follow from the pins; what the spec does not hold (the
+// PID mode, the runtime handler, the port mappings) stays empty.
+func MetadataFromSpec(dir string) (*Metadata, error) {
+	var spec specs.Spec
+	if err := readJSON(filepath.Join(dir, specFile), &spec); err != nil {
+		return nil, err
+	}
+	ann := spec.Annotations
+	md := &Metadata{
+		ID: ann[AnnotationSandboxID], Name: ann[AnnotationName], Namespace: ann[AnnotationNamespace],
+		UID: ann[AnnotationUID], LogDirectory: ann[AnnotationLogDir], Hostname: spec.Hostname,
+		Pins: specPins(&spec),
+	}
+	if err := checkID(dir, md.ID); err != nil {
+		return nil, err
+	}
+	if spec.Linux != nil {
+		md.CgroupParent = spec.Linux.CgroupsPath
+	}
+	for key, v := range map[string]any{AnnotationUIDMappings: &md.UIDMappings, AnnotationGIDMappings: &md.GIDMappings, AnnotationIPs: &md.IPs} {
+		if a, ok := ann[key]; ok {
+			if err := json.Unmarshal([]byte(a), v); err != nil {
+				return nil, fmt.Errorf("%s: annotation %s: %w: %w", dir, key, errdefs.ErrDataLoss, err)
+			}
+		}
+	}
+	mode := func(kind string) NamespaceMode {
+		if _, ok := md.Pins[kind]; ok {
+			return ModePod
+		}
+		return ModeNode
+	}
+	md.Modes = NamespaceModes{Network: mode("net"), IPC: mode("ipc"), User: mode("user")}
+	return md, nil
 }
 
 func readJSON(path string, v any) error {

@@ -25,8 +25,8 @@ func TestIntentRecord(t *testing.T) {
 	if in, _ := ReadIntent(dir, &md); in != IntentRemoving {
 		t.Errorf("ReadIntent with both = %q, want removing", in)
 	}
-	// Marked again (a removal retried), the record is replaced whole:
-	// written in place, a shorter one must not keep the longer's tail.
+	// Marked again (a removal retried), the record is replaced whole: a
+	// shorter one must not keep the longer's tail.
 	if err := MarkIntent(dir, IntentRemoving, Metadata{ID: "p1", Name: "a-much-longer-name-than-the-first"}); err != nil {
 		t.Fatal(err)
 	}

@@ -89,7 +89,7 @@ func (s *Server) CheckpointContainer(ctx context.Context, req *runtimeapi.Checkp
 	}
 	if req.Timeout > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, time.Duration(req.Timeout)*time.Second)
+		ctx, cancel = context.WithTimeout(ctx, timeoutSeconds(req.Timeout))
 		defer cancel()
 	}
 	parent := filepath.Join(s.cfg.Root, checkpointWorkDir)

@@ -6,13 +6,18 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/containerd/errdefs"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pinrt/pinrt/oci/ocitest"
 )
 
 // readTar returns the regular files of the tar archive r by name.
@@ -205,4 +210,38 @@ func TestCheckpointDumpsSweptAtRestore(t *testing.T) {
 	}
 	f.srv.Restore(context.Background())
 	noDumpsLeft(t, f)
+}
+
+// deadlineRuntime fails a checkpoint whose context is done, as runc's
+// killed dump would, and records the deadline it was given.
+type deadlineRuntime struct {
+	*ocitest.Runtime
+	deadline time.Time
+}
+
+func (r *deadlineRuntime) Checkpoint(ctx context.Context, id, imageDir, workDir string) error {
+	r.deadline, _ = ctx.Deadline()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return r.Runtime.Checkpoint(ctx, id, imageDir, workDir)
+}
+
+// A timeout too long for a Duration is as good as none; it must not
+// wrap into one already past.
+func TestCheckpointContainerHugeTimeout(t *testing.T) {
+	for _, timeout := range []int64{math.MaxInt64, math.MaxInt64 / 1000, 1 << 40} {
+		t.Run(fmt.Sprint(timeout), func(t *testing.T) {
+			f, id := checkpointFixture(t)
+			rt := &deadlineRuntime{Runtime: f.rt}
+			f.srv.deps.Runtimes["runc"] = rt
+			out := filepath.Join(t.TempDir(), "ck.tar")
+			if _, err := f.srv.CheckpointContainer(context.Background(), &runtimeapi.CheckpointContainerRequest{ContainerId: id, Location: out, Timeout: timeout}); err != nil {
+				t.Fatal(err)
+			}
+			if left := time.Until(rt.deadline); left < 24*time.Hour {
+				t.Errorf("the dump had %v left, want practically no bound", left)
+			}
+		})
+	}
 }

@@ -577,7 +577,7 @@ func (s *Server) requestFor(sb *sandbox.Sandbox, cfg *runtimeapi.ContainerConfig
 // undo, and records the intent to create it; for a restore it also
 // extracts the checkpoint there (done closes its rootfs changes).
 func (s *Server) startContainerDir(sb *sandbox.Sandbox, req *containerRequest, md *sandbox.ContainerMetadata, dir string, undo *cleanups) (done func(), err error) {
-	undo.add("remove directory", func(context.Context) error { return os.RemoveAll(dir) })
+	undo.addIfClean("remove directory", func(context.Context) error { return sandbox.RemoveDir(dir) })
 	if err := makeContainerDir(dir, sb); err != nil {
 		return func() {}, err
 	}
@@ -862,14 +862,9 @@ func (s *Server) CreateContainer(ctx context.Context, req *runtimeapi.CreateCont
 // holds the lock until the container is recorded, so a Stop or Remove that
 // comes later sees it and cleans it up.
 func (s *Server) lockReadyPod(id string) (*sandbox.Sandbox, func(), error) {
-	sb, err := s.sandboxes.Get(id)
+	sb, unlock, err := s.lockPod(id)
 	if err != nil {
 		return nil, nil, err
-	}
-	unlock := sb.Lock()
-	if cur, err := s.sandboxes.Get(sb.ID); err != nil || cur != sb {
-		unlock()
-		return nil, nil, fmt.Errorf("sandbox %s was removed: %w", sb.ID, errdefs.ErrNotFound)
 	}
 	if st := sb.Status().State; st != sandbox.StateReady {
 		unlock()

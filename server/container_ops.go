@@ -62,6 +62,17 @@ func (s *Server) startContainer(ctx context.Context, c *sandbox.Container) error
 		return fmt.Errorf("starting container %s: %w", c.ID, err)
 	}
 	started := time.Now()
+	// A command that ends at once (`true`) can exit before runc start
+	// returns. Until the start is recorded and published, its exit is
+	// left to this start (refreshContainer), which looks for it last:
+	// the exit watcher used to record it first, the start then
+	// overwrote it with Running, and kubelet heard of the exit before
+	// the start.
+	s.starting.Store(c.ID, struct{}{})
+	defer func() {
+		s.starting.Delete(c.ID)
+		s.observeContainer(ctx, c, true)
+	}()
 	// A restored container runs once the runtime has it: the restore
 	// was its start.
 	if !c.Restored {
@@ -70,10 +81,14 @@ func (s *Server) startContainer(ctx context.Context, c *sandbox.Container) error
 		}
 	}
 	if err := c.UpdateStatus(func(st *sandbox.ContainerStatus) {
-		st.State, st.StartedAt = sandbox.ContainerRunning, started
+		st.StartedAt = started
+		if st.State == sandbox.ContainerCreated {
+			st.State = sandbox.ContainerRunning
+		}
 	}); err != nil {
 		return err
 	}
+	s.containerEvent(ctx, c, runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT)
 	if c.Restored {
 		s.checkpointRestored(ctx, c)
 	}
@@ -121,13 +136,17 @@ func (s *Server) stopLocked(ctx context.Context, c *sandbox.Container, timeout t
 	}
 	if c.Status().RuntimePending {
 		// Nothing runs and nothing will: the container is exited, as a
-		// created one killed before its start is.
-		return s.spare(ctx, func() error {
+		// created one killed before its start is, and told as any exit.
+		if err := s.spare(ctx, func() error {
 			return c.UpdateStatus(func(st *sandbox.ContainerStatus) {
 				st.State, st.RuntimePending, st.ExitCode, st.Reason = sandbox.ContainerExited, false, sigkillExit, reasonError
 				st.Message, st.FinishedAt = "stopped before it started", time.Now()
 			})
-		})
+		}); err != nil {
+			return err
+		}
+		s.containerEvent(ctx, c, runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT)
+		return nil
 	}
 	rt, err := s.runtimeFor(c.Handler)
 	if err != nil {
@@ -198,15 +217,27 @@ const reapParallel = 4
 // nriStopped tells plugins a container exited and applies the updates
 // to other containers they answer with. c may be locked (a stop): an
 // update of c itself would wait for that lock, and an exited container
-// has no limits to change.
+// has no limits to change. The others wait in the background until c's
+// lock is free, as in updateContainer: an update of one of them may hold
+// its lock while its plugins' answer waits for c.
 func (s *Server) nriStopped(ctx context.Context, c *sandbox.Container) {
 	pod, ctr := s.nriOf(c, nil)
 	updates, err := s.nri.StopContainer(ctx, pod, ctr)
 	nriNotify(ctx, "StopContainer", err)
 	updates = slices.DeleteFunc(updates, func(u *nriapi.ContainerUpdate) bool { return u.GetContainerId() == c.ID })
-	if _, err := s.UpdateContainers(ctx, updates); err != nil {
-		log.G(ctx).WithError(err).Warn("NRI: updates after a stop failed")
+	if len(updates) == 0 {
+		return
 	}
+	ctx = context.WithoutCancel(ctx)
+	go func() {
+		unlock := c.Lock() // free: the stop or the read that saw the exit is done
+		unlock()
+		uctx, cancel := context.WithTimeout(ctx, refreshTimeout)
+		defer cancel()
+		if _, err := s.UpdateContainers(uctx, updates); err != nil {
+			log.G(ctx).WithError(err).Warn("NRI: updates after a stop failed")
+		}
+	}()
 }
 
 // removeContainer kills a live container, deletes it from the runtime,
@@ -214,6 +245,9 @@ func (s *Server) nriStopped(ctx context.Context, c *sandbox.Container) {
 func (s *Server) removeContainer(ctx context.Context, c *sandbox.Container) error {
 	unlock := c.Lock()
 	defer unlock()
+	if cur, err := s.containers.Get(c.ID); err != nil || cur != c {
+		return nil // removed by a removal this one waited for
+	}
 	// Recorded first, so a start after a crash finishes the removal.
 	if err := s.spare(ctx, func() error {
 		return sandbox.MarkIntent(c.Dir, sandbox.IntentRemoving, c.ContainerMetadata)
@@ -234,7 +268,7 @@ func (s *Server) removeContainer(ctx context.Context, c *sandbox.Container) erro
 	// An exit the stop above caused may still be being recorded: no more
 	// writes into the directory once its removal starts.
 	c.Detach()
-	if err := os.RemoveAll(c.Dir); err != nil {
+	if err := sandbox.RemoveDir(c.Dir); err != nil {
 		return fmt.Errorf("removing container %s: %w", c.ID, err)
 	}
 	s.containers.Delete(c.ID)
@@ -262,25 +296,39 @@ func (s *Server) updateContainer(ctx context.Context, c *sandbox.Container, res 
 	if err != nil {
 		return err
 	}
+	others, err := s.updateLocked(ctx, c, res, spec.Linux.Resources)
+	// The plugins' updates of other containers take those containers'
+	// locks, so they wait until c is unlocked (as containerd calls NRI
+	// outside a container's lock): an update of one of them may hold it
+	// while its plugins' answer waits for c.
+	if _, uerr := s.UpdateContainers(ctx, others); uerr != nil {
+		log.G(ctx).WithError(uerr).Warn("NRI: updates to other containers failed")
+	}
+	return err
+}
+
+// updateLocked sets c's new limits, lr or those plugins replace them
+// with, and returns the plugins' updates of other containers.
+func (s *Server) updateLocked(ctx context.Context, c *sandbox.Container, res *oci.Resources, lr *specs.LinuxResources) ([]*nriapi.ContainerUpdate, error) {
 	// Two updates must reach runc and config.json in the same order, or
 	// the record ends up with limits the cgroup does not have.
 	unlock := c.Lock()
 	defer unlock()
 	rt, err := s.updatable(ctx, c)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	lr, err := s.nriUpdate(ctx, c, res, spec.Linux.Resources)
+	lr, others, err := s.nriUpdate(ctx, c, res, lr)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	lr.Devices = nil // runc update does not take device rules
 	if err := rt.Update(ctx, c.ID, lr); err != nil {
-		return fmt.Errorf("updating container %s: %w", c.ID, err)
+		return others, fmt.Errorf("updating container %s: %w", c.ID, err)
 	}
 	pod, ctr := s.nriOf(c, nil)
 	nriNotify(ctx, "PostUpdateContainer", s.nri.PostUpdateContainer(ctx, pod, ctr))
-	return nil
+	return others, nil
 }
 
 // applyResources sets a live container's cgroup limits (NRI updates).
@@ -332,7 +380,6 @@ func (s *Server) StartContainer(ctx context.Context, req *runtimeapi.StartContai
 	if err := s.startContainer(ctx, c); err != nil {
 		return nil, err
 	}
-	s.containerEvent(ctx, c, runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT)
 	return &runtimeapi.StartContainerResponse{}, nil
 }
 

@@ -8,8 +8,10 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -330,4 +332,73 @@ func readSpec(t *testing.T, f *ctrFixture, id string) *specs.Spec {
 		t.Fatal(err)
 	}
 	return &s
+}
+
+// exitAtStartRuntime is a runtime whose containers exit as they start,
+// the exit noticed (as the exit watcher notices it, with no container
+// lock) before runc start has returned.
+type exitAtStartRuntime struct {
+	*ocitest.Runtime
+	noticed func(id string)
+}
+
+func (r exitAtStartRuntime) Start(ctx context.Context, id string) error {
+	if err := r.Runtime.Start(ctx, id); err != nil {
+		return err
+	}
+	if err := r.Exit(id, 0); err != nil {
+		return err
+	}
+	r.noticed(id)
+	return nil
+}
+
+// A command that ends at once (`true`) is exited once StartContainer
+// returns, never running again, and kubelet hears of its start before
+// its exit.
+func TestStartOfAContainerThatExitsAtOnce(t *testing.T) {
+	f := newCtrFixture(t)
+	ctx := context.Background()
+	f.srv.deps.Runtimes["runc"] = exitAtStartRuntime{Runtime: f.rt, noticed: func(id string) {
+		if c, err := f.srv.containers.Get(id); err == nil {
+			f.srv.refreshContainer(ctx, c, false)
+		}
+	}}
+	pod, _ := f.pod(t, false)
+	resp, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr("c")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub := f.srv.events.subscribe()
+	defer f.srv.events.unsubscribe(sub)
+	if _, err := f.srv.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: resp.ContainerId}); err != nil {
+		t.Fatal(err)
+	}
+	var got []runtimeapi.ContainerEventType
+	for deadline := time.Now().Add(5 * time.Second); !slices.Contains(got, runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT) && time.Now().Before(deadline); {
+		select {
+		case ev := <-sub.ch:
+			got = append(got, ev.ContainerEventType)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	// The list takes the recorded state as it is (the container is watched).
+	list, err := f.srv.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
+	if err != nil || len(list.Containers) != 1 || list.Containers[0].State != runtimeapi.ContainerState_CONTAINER_EXITED {
+		t.Fatalf("list after the start: %v, %v; want one EXITED", list.GetContainers(), err)
+	}
+	st, err := f.srv.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: resp.ContainerId})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := st.Status; s.State != runtimeapi.ContainerState_CONTAINER_EXITED || s.ExitCode != 0 || s.StartedAt == 0 || s.FinishedAt < s.StartedAt {
+		t.Errorf("status %v exit %d started %d finished %d; want EXITED 0, started before it finished", s.State, s.ExitCode, s.StartedAt, s.FinishedAt)
+	}
+	for len(sub.ch) > 0 {
+		got = append(got, (<-sub.ch).ContainerEventType)
+	}
+	want := []runtimeapi.ContainerEventType{runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT, runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT}
+	if !slices.Equal(got, want) {
+		t.Errorf("events %v, want %v", got, want)
+	}
 }

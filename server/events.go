@@ -328,12 +328,38 @@ func (s *Server) pruneExits(ctx context.Context) {
 		if _, err := s.containers.Get(id); err == nil {
 			continue
 		}
-		if _, err := s.sandboxes.Get(id); err == nil {
+		if sb, err := s.sandboxes.Get(id); err == nil {
+			s.infraExited(ctx, sb) // it died while the daemon was down
 			continue
 		}
 		if err := os.Remove(filepath.Join(s.exitDir(), id)); err != nil {
 			log.G(ctx).WithError(err).Warn("removing a stale exit file")
 		}
+	}
+}
+
+// infraExited marks a shared-PID pod NotReady once its pause process has
+// exited (a container's `kill 1`, an OOM kill): the kernel ended every
+// process of the pod's PID namespace with it, and no container can join
+// that namespace again. kubelet then stops the pod and makes a new one,
+// as it does when containerd's or CRI-O's pause container dies.
+func (s *Server) infraExited(ctx context.Context, sb *sandbox.Sandbox) {
+	if sb.InfraID == "" || sb.Status().State != sandbox.StateReady {
+		return
+	}
+	if _, err := os.Stat(filepath.Join(s.exitDir(), sb.InfraID)); err != nil {
+		return
+	}
+	const reason = "the pod's pause process exited"
+	log.G(ctx).WithField("sandbox", sb.ID).Warnf("sandbox is NotReady: %s", reason)
+	if err := s.spare(ctx, func() error {
+		return sb.UpdateStatus(func(st *sandbox.Status) {
+			if st.State == sandbox.StateReady {
+				st.State, st.Reason = sandbox.StateNotReady, reason
+			}
+		})
+	}); err != nil {
+		log.G(ctx).WithError(err).WithField("sandbox", sb.ID).Warn("saving the sandbox's state")
 	}
 }
 
@@ -356,6 +382,8 @@ func (s *Server) exitLoop(ctx context.Context, w *fsnotify.Watcher) {
 				rctx, cancel := context.WithTimeout(ctx, refreshTimeout)
 				s.refreshContainer(rctx, c, false)
 				cancel()
+			} else if sb, err := s.sandboxes.Get(id); err == nil && sb.ID == id {
+				s.infraExited(ctx, sb)
 			}
 		case err, ok := <-w.Errors:
 			if !ok {
@@ -368,6 +396,9 @@ func (s *Server) exitLoop(ctx context.Context, w *fsnotify.Watcher) {
 					s.refreshContainer(rctx, c, true)
 				}
 				cancel()
+				for _, sb := range s.sandboxes.List() {
+					s.infraExited(ctx, sb)
+				}
 				continue
 			}
 			log.G(ctx).WithError(err).Warn("exit watcher")

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -153,5 +154,146 @@ func TestExitFileInTheContainerDir(t *testing.T) {
 	}
 	if _, own := f.srv.exits.own.Load(id); own {
 		t.Error("the removed container's exit file is still remembered")
+	}
+}
+
+// drainEvents returns the types of the events queued for sub.
+func drainEvents(sub *subscriber) []runtimeapi.ContainerEventType {
+	var got []runtimeapi.ContainerEventType
+	for len(sub.ch) > 0 {
+		got = append(got, (<-sub.ch).ContainerEventType)
+	}
+	return got
+}
+
+// A container stopped before its start exits as any stopped container
+// does: kubelet gets its STOPPED event and plugins their StopContainer.
+func TestStopBeforeStartIsAnExit(t *testing.T) {
+	f, fake := newNRIFixture(t)
+	ctx := context.Background()
+	pod, _ := f.pod(t, false)
+	resp, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr("c")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, _ := f.srv.containers.Get(resp.ContainerId); !c.Status().RuntimePending {
+		t.Fatal("a created container is in the runtime already: the test covers nothing")
+	}
+	sub := f.srv.events.subscribe()
+	defer f.srv.events.unsubscribe(sub)
+	for range 2 { // a repeated stop is no new exit
+		if _, err := f.srv.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: resp.ContainerId}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := f.srv.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: resp.ContainerId})
+	if err != nil || st.Status.State != runtimeapi.ContainerState_CONTAINER_EXITED {
+		t.Fatalf("status %v, %v; want EXITED", st.GetStatus().GetState(), err)
+	}
+	if got := drainEvents(sub); !slices.Equal(got, []runtimeapi.ContainerEventType{runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT}) {
+		t.Errorf("events %v, want one STOPPED", got)
+	}
+	want := []string{"RunPodSandbox p", "CreateContainer c", "PostCreateContainer c", "StopContainer c"}
+	if got := fake.Events(); !slices.Equal(got, want) {
+		t.Errorf("NRI events %q, want %q", got, want)
+	}
+}
+
+// A removal that waited for another of the same container finds it
+// removed and does nothing: one DELETED event, one RemoveContainer for
+// plugins.
+func TestRemoveContainerOnce(t *testing.T) {
+	f, fake := newNRIFixture(t)
+	ctx := context.Background()
+	pod, _ := f.pod(t, false)
+	id := f.started(t, pod, "c")
+	c, err := f.srv.containers.Get(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub := f.srv.events.subscribe()
+	defer f.srv.events.unsubscribe(sub)
+	// Both looked c up before either took its lock.
+	for range 2 {
+		if err := f.srv.removeContainer(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deleted := 0
+	for _, typ := range drainEvents(sub) {
+		if typ == runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT {
+			deleted++
+		}
+	}
+	if deleted != 1 {
+		t.Errorf("%d DELETED events, want 1", deleted)
+	}
+	removes := 0
+	for _, e := range fake.Events() {
+		if e == "RemoveContainer c" {
+			removes++
+		}
+	}
+	if removes != 1 {
+		t.Errorf("plugins were told %d RemoveContainer: %q", removes, fake.Events())
+	}
+}
+
+// A shared-PID pod whose pause process exited (a container's `kill 1`)
+// is NotReady: its PID namespace is gone with every process in it. The
+// exit is seen as it happens, and at a restart when it happened while
+// the daemon was down; a pod whose pause runs stays Ready.
+func TestPauseExitMakesPodNotReady(t *testing.T) {
+	f := newCtrFixture(t)
+	f.srv.pause.path = t.TempDir() // the fake runtime never runs it
+	ctx := context.Background()
+	sharedPID := func(name string) string {
+		req := unitPod(name, false)
+		req.Config.Linux.SecurityContext.NamespaceOptions.Pid = runtimeapi.NamespaceMode_POD
+		id, _ := f.runPod(t, req)
+		return id
+	}
+	state := func(id string) runtimeapi.PodSandboxState {
+		resp, err := f.srv.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Status.State
+	}
+	exited := func(id string) {
+		if err := os.WriteFile(filepath.Join(f.cfg.RunRoot, "exits", id), []byte("143"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	live, dead, downed := sharedPID("live"), sharedPID("dead"), sharedPID("downed")
+	if f.srv.exitWatch(ctx) == nil {
+		t.Fatal("no exit watcher")
+	}
+	exited(dead)
+	deadline := time.Now().Add(10 * time.Second)
+	for state(dead) != runtimeapi.PodSandboxState_SANDBOX_NOTREADY {
+		if time.Now().After(deadline) {
+			t.Fatal("the pod whose pause exited is still Ready")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	_, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: dead, Config: unitCtr("late")})
+	if !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("CreateContainer in the pod whose pause exited: %v, want FailedPrecondition", err)
+	}
+	// What a restart finds: the exit file, written while nobody watched.
+	f.srv.exits.w.Close()
+	exited(downed)
+	f.srv.pruneExits(ctx)
+	if got := state(downed); got != runtimeapi.PodSandboxState_SANDBOX_NOTREADY {
+		t.Errorf("pod whose pause exited while the daemon was down: %v, want NotReady", got)
+	}
+	if got := state(live); got != runtimeapi.PodSandboxState_SANDBOX_READY {
+		t.Errorf("pod whose pause runs: %v, want Ready", got)
+	}
+	for _, id := range []string{live, dead, downed} {
+		if _, err := f.srv.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
+			t.Errorf("StopPodSandbox %s: %v", id, err)
+		}
 	}
 }

@@ -72,25 +72,41 @@ const cleanupTimeout = 2 * time.Minute
 
 // cleanups is a LIFO list of undo steps, each with a description for the
 // log when it fails.
-type cleanups []struct {
+type cleanups []cleanup
+
+type cleanup struct {
 	what string
 	fn   func(context.Context) error
+	// ifClean: run only when every step run before succeeded.
+	ifClean bool
 }
 
 func (c *cleanups) add(what string, fn func(context.Context) error) {
-	*c = append(*c, struct {
-		what string
-		fn   func(context.Context) error
-	}{what, fn})
+	*c = append(*c, cleanup{what: what, fn: fn})
+}
+
+// addIfClean adds a step that runs only when every step run before it
+// (added after it) succeeded: removing an intent record, or releasing an
+// ID range, while a pin, an IP or a process the failed step left still
+// exists would leave them to nothing. Kept, the record is torn down by
+// the next start, as any interrupted creation is.
+func (c *cleanups) addIfClean(what string, fn func(context.Context) error) {
+	*c = append(*c, cleanup{what: what, fn: fn, ifClean: true})
 }
 
 // run undoes everything in reverse order on a fresh, bounded context.
 func (c cleanups) run(ctx context.Context) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
+	failed := false
 	for i := len(c) - 1; i >= 0; i-- {
+		if c[i].ifClean && failed {
+			log.G(ctx).Warnf("rollback: %s: skipped, an undo step failed; left for the next start's teardown", c[i].what)
+			continue
+		}
 		if err := c[i].fn(cctx); err != nil {
 			log.G(ctx).WithError(err).Warnf("rollback: %s", c[i].what)
+			failed = true
 		}
 	}
 }
@@ -156,6 +172,33 @@ func (s *Server) podContainers(id string) []*sandbox.Container {
 
 func (s *Server) containerDir(id string) string { return filepath.Join(s.cfg.Root, "containers", id) }
 
+// strayContainers maps each pod to the containers on disk that name it
+// but are not in the store: those restore could not tear down (or a
+// CreateContainer's, before it reaches the store; it holds the pod's
+// lock). Such a container may still run in its pod's namespaces and ID
+// range, so the pod is neither torn down nor stopped while one is left.
+// One whose pod nothing on disk names is listed under "".
+func (s *Server) strayContainers() map[string][]*sandbox.ContainerMetadata {
+	dirs, _ := os.ReadDir(filepath.Join(s.cfg.Root, "containers"))
+	strays := map[string][]*sandbox.ContainerMetadata{}
+	for _, d := range dirs {
+		id := d.Name()
+		if sandbox.ValidateID(id) != nil {
+			continue
+		}
+		if c, err := s.containers.Get(id); err == nil && c.ID == id {
+			continue
+		}
+		dir := s.containerDir(id)
+		md := &sandbox.ContainerMetadata{}
+		if intent, err := sandbox.ReadIntent(dir, md); intent == "" || err != nil || md.ID != id {
+			md = recoverContainer(dir, id)
+		}
+		strays[md.SandboxID] = append(strays[md.SandboxID], md)
+	}
+	return strays
+}
+
 // runtimeFor is the runtime of a handler. A configured handler whose
 // binary was missing at start has no runtime.
 func (s *Server) runtimeFor(handler string) (ContainerRuntime, error) {
@@ -166,6 +209,22 @@ func (s *Server) runtimeFor(handler string) (ContainerRuntime, error) {
 		return nil, fmt.Errorf("runtime handler %q is configured but its binary was not found at start: %w", handler, errdefs.ErrFailedPrecondition)
 	}
 	return nil, fmt.Errorf("unknown runtime handler %q: %w", handler, errdefs.ErrInvalidArgument)
+}
+
+// lockPod finds a pod and takes its lifecycle lock. Under the lock, the
+// pod must still be in the store: a RemovePodSandbox that got the lock
+// first has removed it.
+func (s *Server) lockPod(id string) (*sandbox.Sandbox, func(), error) {
+	sb, err := s.sandboxes.Get(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	unlock := sb.Lock()
+	if cur, err := s.sandboxes.Get(sb.ID); err != nil || cur != sb {
+		unlock()
+		return nil, nil, fmt.Errorf("sandbox %s was removed: %w", sb.ID, errdefs.ErrNotFound)
+	}
+	return sb, unlock, nil
 }
 
 var errGone = errors.New("container is gone from the runtime")
@@ -213,6 +272,11 @@ func (s *Server) observeContainer(ctx context.Context, c *sandbox.Container, mon
 func (s *Server) refreshContainer(ctx context.Context, c *sandbox.Container, cheap bool) {
 	st := c.Status()
 	if st.State == sandbox.ContainerExited {
+		return
+	}
+	// A start being recorded looks at the exit itself once it is
+	// (startContainer); it holds c, so this is a reader or a watcher.
+	if _, starting := s.starting.Load(c.ID); starting {
 		return
 	}
 	// A container only prepared is not in the runtime, which would call

@@ -350,12 +350,13 @@ func nriResources(res *oci.Resources) *nriapi.LinuxResources {
 }
 
 // nriUpdate tells plugins about new resources for c and returns those to
-// set: the request's, or a plugin's update for c.
-func (s *Server) nriUpdate(ctx context.Context, c *sandbox.Container, res *oci.Resources, lr *specs.LinuxResources) (*specs.LinuxResources, error) {
+// set, the request's or a plugin's update for c, and the plugins' updates
+// of other containers, for the caller to apply once c is unlocked.
+func (s *Server) nriUpdate(ctx context.Context, c *sandbox.Container, res *oci.Resources, lr *specs.LinuxResources) (*specs.LinuxResources, []*nriapi.ContainerUpdate, error) {
 	pod, ctr := s.nriOf(c, nil)
 	updates, evictions, err := s.nri.UpdateContainer(ctx, pod, ctr, nriResources(res))
 	if err != nil {
-		return nil, fmt.Errorf("container %s: %w", c.ID, err)
+		return nil, nil, fmt.Errorf("container %s: %w", c.ID, err)
 	}
 	var others []*nriapi.ContainerUpdate
 	for _, u := range updates {
@@ -366,9 +367,6 @@ func (s *Server) nriUpdate(ctx context.Context, c *sandbox.Container, res *oci.R
 		}
 		others = append(others, u)
 	}
-	if _, err := s.UpdateContainers(ctx, others); err != nil {
-		log.G(ctx).WithError(err).Warn("NRI: updates to other containers failed")
-	}
 	s.evict(ctx, evictions)
-	return lr, nil
+	return lr, others, nil
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/pinrt/pinrt/cgroups"
 	"github.com/pinrt/pinrt/nri/nritest"
 	"github.com/pinrt/pinrt/oci"
+	"github.com/pinrt/pinrt/oci/ocitest"
 )
 
 func newNRIFixture(t *testing.T) (*ctrFixture, *nritest.Fake) {
@@ -517,5 +518,140 @@ func TestNRICgroupsPathAdjustment(t *testing.T) {
 	}
 	if !found {
 		t.Errorf("no container metric labelled with the moved cgroup: %v", m.PodMetrics)
+	}
+}
+
+// crossPlugin answers the UpdateContainer or StopContainer of each of a
+// pair of containers with an update of the other's CPU shares, as a
+// plugin balancing a shared CPU pool does. The two calls meet before
+// either answers: each is made while its caller holds its container.
+type crossPlugin struct {
+	*nritest.Fake
+	mu    sync.Mutex
+	other map[string]string // a container → the one its answer updates
+	met   sync.WaitGroup
+}
+
+func (p *crossPlugin) pair(a, b string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.other = map[string]string{a: b, b: a}
+	p.met.Add(2)
+}
+
+func (p *crossPlugin) answer(id string) []*nriapi.ContainerUpdate {
+	p.mu.Lock()
+	o, ok := p.other[id]
+	delete(p.other, id)
+	p.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	p.met.Done()
+	p.met.Wait()
+	u := &nriapi.ContainerUpdate{}
+	u.SetContainerId(o)
+	u.SetLinuxCPUShares(256)
+	return []*nriapi.ContainerUpdate{u}
+}
+
+func (p *crossPlugin) UpdateContainer(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.Container, res *nriapi.LinuxResources) ([]*nriapi.ContainerUpdate, []*nriapi.ContainerEviction, error) {
+	_, _, _ = p.Fake.UpdateContainer(ctx, pod, c, res)
+	return p.answer(c.GetId()), nil, nil
+}
+
+func (p *crossPlugin) StopContainer(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.Container) ([]*nriapi.ContainerUpdate, error) {
+	_, _ = p.Fake.StopContainer(ctx, pod, c)
+	return p.answer(c.GetId()), nil
+}
+
+// sharesRuntime records the CPU shares of every update, safe to read
+// while updates run.
+type sharesRuntime struct {
+	*ocitest.Runtime
+	mu     sync.Mutex
+	shares map[string][]uint64
+}
+
+func (r *sharesRuntime) Update(ctx context.Context, id string, res *specs.LinuxResources) error {
+	if err := r.Runtime.Update(ctx, id, res); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if res.CPU != nil && res.CPU.Shares != nil {
+		r.shares[id] = append(r.shares[id], *res.CPU.Shares)
+	}
+	return nil
+}
+
+func (r *sharesRuntime) sharesOf(id string) []uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.shares[id])
+}
+
+// A plugin's updates of other containers are applied once the container
+// whose event it answered is unlocked: two containers whose events a
+// plugin answers with an update of the other must not wait for each
+// other for good.
+func TestNRIUpdatesOfOthersOutsideTheLock(t *testing.T) {
+	update := func(f *ctrFixture, id string) error {
+		_, err := f.srv.UpdateContainerResources(context.Background(), &runtimeapi.UpdateContainerResourcesRequest{
+			ContainerId: id, Linux: &runtimeapi.LinuxContainerResources{CpuShares: 512},
+		})
+		return err
+	}
+	stop := func(f *ctrFixture, id string) error {
+		_, err := f.srv.StopContainer(context.Background(), &runtimeapi.StopContainerRequest{ContainerId: id})
+		return err
+	}
+	for _, tc := range []struct {
+		name       string
+		onA        func(*ctrFixture, string) error
+		wantA      []uint64 // the shares a is given
+		wantB      []uint64 // the shares b is given, in order
+		noExitFile bool
+	}{
+		// Each update sets its own shares first, under its lock.
+		{name: "two updates", onA: update, wantA: []uint64{512, 256}, wantB: []uint64{512, 256}},
+		// The stop's exit is recorded under a's lock, not by the exit
+		// watcher; the update's answer finds a exited.
+		{name: "a stop and an update", onA: stop, wantB: []uint64{512, 256}, noExitFile: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newCtrFixture(t)
+			rt := &sharesRuntime{Runtime: f.rt, shares: map[string][]uint64{}}
+			f.srv.deps.Runtimes["runc"] = rt
+			plugin := &crossPlugin{Fake: &nritest.Fake{}}
+			f.srv.SetNRI(plugin)
+			pod, _ := f.pod(t, false)
+			a, b := f.started(t, pod, "a"), f.started(t, pod, "b")
+			f.rt.NoExitFiles = tc.noExitFile
+			plugin.pair(a, b)
+			done := make(chan error, 2)
+			go func() { done <- tc.onA(f, a) }()
+			go func() { done <- update(f, b) }()
+			for range 2 {
+				select {
+				case err := <-done:
+					if err != nil {
+						t.Fatal(err)
+					}
+				case <-time.After(10 * time.Second):
+					t.Fatal("deadlock: each call waits for the container the other holds")
+				}
+			}
+			// A stop's answer is applied in the background.
+			for deadline := time.Now().Add(5 * time.Second); len(rt.sharesOf(b)) < len(tc.wantB) && time.Now().Before(deadline); {
+				time.Sleep(10 * time.Millisecond)
+			}
+			if got := rt.sharesOf(a); !slices.Equal(got, tc.wantA) {
+				t.Errorf("shares of a %v, want %v", got, tc.wantA)
+			}
+			if got := rt.sharesOf(b); !slices.Equal(got, tc.wantB) {
+				t.Errorf("shares of b %v, want %v", got, tc.wantB)
+			}
+		})
 	}
 }

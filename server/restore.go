@@ -8,6 +8,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,17 +28,25 @@ import (
 // Restart, in the order Restore runs it:
 //
 //  1. Every sandbox directory is read. One whose intent record says its
-//     creation or removal never finished, or that has no state record at
-//     all (the daemon died before writing even the intent), is set aside
-//     to be torn down. The others are loaded; a pod is Ready again only if
-//     its status says Ready, its network was never torn down and its pins
-//     are still live.
+//     creation or removal never finished, that has no state record at
+//     all (the daemon died before writing even the intent), or that
+//     cannot be loaded or restored, is set aside to be torn down, and its
+//     ID range is held until that succeeds. The others are loaded; a pod
+//     is Ready again only if its status says Ready, its network was never
+//     torn down and its pins are still live.
 //  2. Every container directory is read the same way. A container set
 //     aside, or whose pod is set aside or gone, is torn down: its monitor
 //     and runtime container killed and deleted, its mounts undone, its
 //     directory removed.
 //  3. The pods set aside are torn down: CNI DEL from the cached result,
 //     pins, shm, the idmapped image tree, the cgroup parent, directories.
+//     A pod with a container whose teardown failed waits for the next
+//     start: that container may still run in its namespaces and range.
+//
+// Nothing is skipped: an object neither restored nor torn down kept its
+// resources for good, or released them to others while it still ran. A
+// record that cannot be read is torn down from what else the directory
+// holds (the other record, config.json, conmon.pid, the infra bundle).
 //
 // All of it runs before the socket opens, so kubelet never sees a pod that
 // is about to disappear, and a name is never free while its old pod is
@@ -46,8 +55,12 @@ import (
 // restoreTimeout bounds the teardown of one object found half-made.
 const restoreTimeout = time.Minute
 
-// restorePods loads every sandbox from disk and returns the pods found
-// half-made or half-removed, to be torn down after their containers.
+// restorePods loads every sandbox from disk and returns the pods to tear
+// down after their containers: those found half-made or half-removed, and
+// those that cannot be restored. None is skipped: a pod neither restored
+// nor torn down kept its IP and pins for good, while its containers went
+// as orphans and its ID range went to the next pod. Each one's ID range is
+// reserved before any teardown, and stays so until its teardown succeeds.
 func (s *Server) restorePods(ctx context.Context) []*sandbox.Metadata {
 	dirs, err := os.ReadDir(filepath.Join(s.cfg.Root, "sandboxes"))
 	if err != nil {
@@ -63,59 +76,93 @@ func (s *Server) restorePods(ctx context.Context) []*sandbox.Metadata {
 			log.G(ctx).WithError(err).WithField("sandbox", id).Error("restore: skipping sandbox")
 			continue
 		}
-		if md := s.unfinishedPod(ctx, id); md != nil {
-			doomed = append(doomed, md)
-			continue
+		sb, md := s.loadPod(ctx, id)
+		if sb != nil {
+			err := s.restorePod(ctx, sb)
+			s.deps.Metrics.ObserveRestore("pod", err)
+			if err == nil {
+				continue
+			}
+			log.G(ctx).WithError(err).WithField("sandbox", id).Error("restore: the pod cannot be restored: tearing it down")
+			md = &sb.Metadata
 		}
-		err := s.restorePod(ctx, id)
-		s.deps.Metrics.ObserveRestore("pod", err)
-		if err != nil {
-			log.G(ctx).WithError(err).WithField("sandbox", id).Error("restore: skipping sandbox")
-		}
+		s.holdIDRange(ctx, md)
+		doomed = append(doomed, md)
 	}
 	return doomed
 }
 
-// unfinishedPod returns the metadata of a pod whose creation or removal
-// was interrupted, or nil for a pod to restore.
-func (s *Server) unfinishedPod(ctx context.Context, id string) *sandbox.Metadata {
+// loadPod returns the pod id to restore, or the metadata of one to tear
+// down: its creation or removal was interrupted, or its state record is
+// missing or unreadable.
+func (s *Server) loadPod(ctx context.Context, id string) (*sandbox.Sandbox, *sandbox.Metadata) {
 	dir := s.sandboxDir(id)
+	ctx = log.WithLogger(ctx, log.G(ctx).WithField("sandbox", id))
 	md := &sandbox.Metadata{}
-	intent, err := sandbox.ReadIntent(dir, md)
-	if intent == "" && err == nil {
-		if _, lerr := sandbox.Load(dir); !errdefs.IsNotFound(lerr) && !errdefs.IsDataLoss(lerr) {
-			return nil
+	if intent, err := sandbox.ReadIntent(dir, md); intent != "" {
+		if err != nil || md.ID != id {
+			log.G(ctx).WithError(err).Warnf("restore: unreadable %s record, or another pod's", intent)
+			md = s.recoverPod(ctx, id, true)
 		}
-		intent = "a creation without a record"
+		log.G(ctx).Infof("restore: finishing interrupted %s: tearing the pod down", intent)
+		return nil, md
 	}
-	if err != nil {
-		log.G(ctx).WithError(err).WithField("sandbox", id).Warn("restore: unreadable intent record")
+	sb, err := sandbox.Load(dir)
+	switch {
+	case err == nil:
+		return sb, nil
+	case errdefs.IsNotFound(err) || errdefs.IsDataLoss(err):
+		log.G(ctx).Info("restore: finishing a creation without a record: tearing the pod down")
+	default:
+		s.deps.Metrics.ObserveRestore("pod", err)
+		log.G(ctx).WithError(err).Error("restore: the pod's state record cannot be read: tearing the pod down")
 	}
-	if md.ID != id {
-		// Unknown modes: tear down everything a pod could have had.
-		*md = sandbox.Metadata{ID: id, Modes: sandbox.NamespaceModes{
-			Network: sandbox.ModePod, IPC: sandbox.ModePod, User: sandbox.ModePod,
+	return nil, s.recoverPod(ctx, id, false)
+}
+
+// recoverPod is what a pod's directory tells of it when its intent record
+// is unreadable (intended) or absent: its state record, else its
+// config.json (pins, cgroup parent, ID range), else only its ID. An infra
+// bundle means a pause process.
+func (s *Server) recoverPod(ctx context.Context, id string, intended bool) *sandbox.Metadata {
+	dir := s.sandboxDir(id)
+	var md *sandbox.Metadata
+	if sb, err := sandbox.Load(dir); err == nil {
+		md = &sb.Metadata
+	} else if md, err = sandbox.MetadataFromSpec(dir); err != nil {
+		md = &sandbox.Metadata{ID: id, Modes: sandbox.NamespaceModes{
+			Network: sandbox.ModeNode, IPC: sandbox.ModeNode, User: sandbox.ModeNode,
 		}}
+		// With no record at all, the creation was killed before its
+		// intent, which precedes every side effect: there is no IP to
+		// DEL, and a DEL would need a network config the node may not
+		// have yet (host-network pods run before the CNI is installed).
+		if intended || !errdefs.IsNotFound(err) {
+			log.G(ctx).WithError(err).Error("restore: the pod's config.json cannot be read either: " +
+				"tearing down every namespace a pod can have; its ID range is unknown and not held")
+			md.Modes = sandbox.NamespaceModes{Network: sandbox.ModePod, IPC: sandbox.ModePod, User: sandbox.ModePod}
+		}
 	}
-	log.G(ctx).WithField("sandbox", id).Infof("restore: finishing interrupted %s: tearing the pod down", intent)
+	if _, err := os.Stat(infraBundle(dir)); err == nil && md.InfraID == "" {
+		md.InfraID = id
+	}
 	return md
 }
 
-func (s *Server) restorePod(ctx context.Context, id string) error {
-	sb, err := sandbox.Load(s.sandboxDir(id))
-	if err != nil {
-		return err
+// holdIDRange reserves the ID range of a pod to tear down: until its
+// teardown succeeds, its pins, pause process or containers may still use
+// it, and the next pod must not get it.
+func (s *Server) holdIDRange(ctx context.Context, md *sandbox.Metadata) {
+	if len(md.UIDMappings) == 0 && len(md.GIDMappings) == 0 {
+		return
 	}
-	if err := s.podNames.Reserve(sandbox.NameKey(sb.Name, sb.Namespace, sb.UID, sb.Attempt), sb.ID); err != nil {
-		return err
+	if err := s.deps.IDs.Restore(md.ID, md.UIDMappings, md.GIDMappings); err != nil {
+		log.G(ctx).WithError(err).WithField("sandbox", md.ID).Error("restore: the ID range of a pod to tear down not recorded")
 	}
-	// Allocated and caller-chosen ranges alike: a caller's range left out
-	// could be handed to the next pod.
-	if len(sb.UIDMappings) > 0 || len(sb.GIDMappings) > 0 {
-		if err := s.deps.IDs.Restore(sb.ID, sb.UIDMappings, sb.GIDMappings); err != nil {
-			log.G(ctx).WithError(err).WithField("sandbox", id).Warn("restore: ID range not recorded")
-		}
-	}
+}
+
+func (s *Server) restorePod(ctx context.Context, sb *sandbox.Sandbox) error {
+	id := sb.ID
 	if st := sb.Status(); st.State == sandbox.StateReady {
 		reason := ""
 		if st.NetworkTornDown {
@@ -136,14 +183,27 @@ func (s *Server) restorePod(ctx context.Context, id string) error {
 			}
 		}
 	}
+	// Reserved last: a pod that fails above is torn down, holding no name.
+	if err := s.podNames.Reserve(sandbox.NameKey(sb.Name, sb.Namespace, sb.UID, sb.Attempt), sb.ID); err != nil {
+		return err
+	}
+	// Allocated and caller-chosen ranges alike: a caller's range left out
+	// could be handed to the next pod.
+	if len(sb.UIDMappings) > 0 || len(sb.GIDMappings) > 0 {
+		if err := s.deps.IDs.Restore(sb.ID, sb.UIDMappings, sb.GIDMappings); err != nil {
+			log.G(ctx).WithError(err).WithField("sandbox", id).Warn("restore: ID range not recorded")
+		}
+	}
 	s.sandboxes.Add(id, sb)
 	s.notePodOOMBase(ctx, sb)
 	return nil
 }
 
 // restoreContainers loads every container from disk after the pods, and
-// tears down those that were half-made, half-removed, or belong to a pod
-// that is gone or being torn down. Each is handled on its own.
+// tears down those that were half-made, half-removed, cannot be loaded or
+// restored, or belong to a pod that is gone or being torn down. Each is
+// handled on its own. A container whose teardown fails stays on disk
+// (strayContainers), and holds its pod back from its teardown or removal.
 func (s *Server) restoreContainers(ctx context.Context, doomedPods []*sandbox.Metadata) {
 	dirs, err := os.ReadDir(filepath.Join(s.cfg.Root, "containers"))
 	if err != nil {
@@ -162,62 +222,68 @@ func (s *Server) restoreContainers(ctx context.Context, doomedPods []*sandbox.Me
 			log.G(ctx).WithError(err).WithField("container", id).Error("restore: skipping container")
 			continue
 		}
-		if md, why := s.unfinishedContainer(id, doomed); md != nil {
-			log.G(ctx).WithField("container", id).Infof("restore: %s: tearing the container down", why)
-			if err := s.teardownContainer(ctx, md); err != nil {
-				log.G(ctx).WithError(err).WithField("container", id).Error("restore: container teardown")
+		c, md, why := s.loadContainer(id, doomed)
+		if c != nil {
+			err := s.restoreContainer(ctx, c)
+			s.deps.Metrics.ObserveRestore("container", err)
+			if err == nil {
+				continue
 			}
-			continue
+			md, why = &c.ContainerMetadata, "it cannot be restored: "+err.Error()
 		}
-		err := s.restoreContainer(ctx, id)
-		s.deps.Metrics.ObserveRestore("container", err)
-		if err != nil {
-			log.G(ctx).WithError(err).WithField("container", id).Error("restore: skipping container")
+		log.G(ctx).WithField("container", id).Infof("restore: %s: tearing the container down", why)
+		if err := s.teardownContainer(ctx, md); err != nil {
+			log.G(ctx).WithError(err).WithFields(log.Fields{"container": id, "sandbox": md.SandboxID}).
+				Error("restore: container teardown failed: its pod is neither torn down nor removed until it succeeds")
 		}
 	}
 }
 
-// unfinishedContainer returns the metadata of a container to tear down
-// and why, or nil for one to restore.
-func (s *Server) unfinishedContainer(id string, doomedPods map[string]bool) (*sandbox.ContainerMetadata, string) {
+// loadContainer returns the container id to restore, or the metadata of
+// one to tear down and why.
+func (s *Server) loadContainer(id string, doomedPods map[string]bool) (*sandbox.Container, *sandbox.ContainerMetadata, string) {
 	dir := s.containerDir(id)
 	md := &sandbox.ContainerMetadata{}
-	intent, _ := sandbox.ReadIntent(dir, md)
-	why := ""
+	if intent, err := sandbox.ReadIntent(dir, md); intent != "" {
+		if err != nil || md.ID != id {
+			md = recoverContainer(dir, id)
+		}
+		return nil, md, "interrupted " + string(intent)
+	}
+	c, err := sandbox.LoadContainer(dir)
 	switch {
-	case intent != "":
-		why = "interrupted " + string(intent)
-	default:
-		c, err := sandbox.LoadContainer(dir)
-		switch {
-		case errdefs.IsNotFound(err) || errdefs.IsDataLoss(err):
-			why = "no state record"
-		case err != nil:
-			return nil, ""
-		default:
-			md = &c.ContainerMetadata
-		}
+	case errdefs.IsNotFound(err) || errdefs.IsDataLoss(err):
+		return nil, recoverContainer(dir, id), "no state record"
+	case err != nil:
+		s.deps.Metrics.ObserveRestore("container", err)
+		return nil, recoverContainer(dir, id), "unreadable state record (" + err.Error() + ")"
+	case doomedPods[c.SandboxID]:
+		return nil, &c.ContainerMetadata, "its pod is being torn down"
 	}
-	if why == "" {
-		if doomedPods[md.SandboxID] {
-			why = "its pod is being torn down"
-		} else if _, err := s.sandboxes.Get(md.SandboxID); err != nil {
-			why = "its pod is gone"
-		} else {
-			return nil, ""
-		}
+	if _, err := s.sandboxes.Get(c.SandboxID); err != nil {
+		return nil, &c.ContainerMetadata, "its pod is gone"
 	}
-	if md.ID != id {
-		*md = sandbox.ContainerMetadata{ID: id}
-	}
-	return md, why
+	return c, nil, ""
 }
 
-func (s *Server) restoreContainer(ctx context.Context, id string) error {
-	c, err := sandbox.LoadContainer(s.containerDir(id))
-	if err != nil {
-		return err
+// recoverContainer is what a container's directory tells of it when its
+// intent or state record is unreadable: its state record, else the pod
+// its config.json names. The runtime handler is then unknown, and
+// teardownContainer asks every runtime; conmon.pid and the spec's
+// cgroupsPath, which it also uses, are read from the directory.
+func recoverContainer(dir, id string) *sandbox.ContainerMetadata {
+	if c, err := sandbox.LoadContainer(dir); err == nil {
+		return &c.ContainerMetadata
 	}
+	md := &sandbox.ContainerMetadata{ID: id}
+	if spec := bundleSpec(dir); spec != nil && sandbox.ValidateID(spec.Annotations[annSandboxID]) == nil {
+		md.SandboxID = spec.Annotations[annSandboxID]
+	}
+	return md
+}
+
+func (s *Server) restoreContainer(ctx context.Context, c *sandbox.Container) error {
+	id := c.ID
 	sb, err := s.sandboxes.Get(c.SandboxID)
 	if err != nil {
 		return fmt.Errorf("its sandbox: %w", err)
@@ -356,7 +422,6 @@ func (s *Server) settleIfCreating(ctx context.Context, c *sandbox.Container) {
 	}()
 }
 
-// teardownPods tears down the pods restore set aside.
 // finishStops finishes the stops a crash interrupted. StopPodSandbox
 // records NotReady before its first step and the stop's time after its
 // last, so a pod NotReady without a stop time still has (some of) its
@@ -397,8 +462,21 @@ func (s *Server) finishStops(ctx context.Context) {
 // restoreStopParallel bounds the interrupted stops finished at once.
 const restoreStopParallel = 8
 
+// teardownPods tears down the pods restore set aside, but not one with a
+// container restore could not tear down: that container may still run in
+// the pod's namespaces and ID range, so the pod keeps them (and its range
+// stays held) for the next start to try again.
 func (s *Server) teardownPods(ctx context.Context, pods []*sandbox.Metadata) {
+	var strays map[string][]*sandbox.ContainerMetadata
+	if len(pods) > 0 {
+		strays = s.strayContainers()
+	}
 	for _, md := range pods {
+		if left := strays[md.ID]; len(left) > 0 {
+			log.G(ctx).WithFields(log.Fields{"sandbox": md.ID, "containers": len(left), "container": left[0].ID}).
+				Error("restore: pod teardown deferred to the next start: some of its containers could not be torn down")
+			continue
+		}
 		if err := s.teardownPod(ctx, md); err != nil {
 			log.G(ctx).WithError(err).WithField("sandbox", md.ID).Error("restore: pod teardown")
 		}
@@ -408,19 +486,17 @@ func (s *Server) teardownPods(ctx context.Context, pods []*sandbox.Metadata) {
 // teardownPod removes everything a pod may have had, knowing only its
 // recorded intent: every step is idempotent and runs even when an earlier
 // one failed, so what can go, goes. The directory, and with it the intent
-// record, is removed only when all the rest succeeded: a failure is retried
-// at the next start.
+// record, is removed only when all the rest succeeded, and the ID range
+// released only then: a failure is retried at the next start.
 func (s *Server) teardownPod(ctx context.Context, md *sandbox.Metadata) error {
 	ctx, cancel := context.WithTimeout(ctx, restoreTimeout)
 	defer cancel()
 	ctx = log.WithLogger(ctx, log.G(ctx).WithField("sandbox", md.ID))
 	var errs []error
 	if md.Modes.PID == sandbox.ModePod || md.InfraID != "" {
-		if err := s.removeInfra(ctx, md); err != nil && !errdefs.IsNotFound(err) {
-			errs = append(errs, err)
-		}
+		errs = append(errs, s.teardownInfra(ctx, md))
 	}
-	if md.Modes.Network == sandbox.ModePod {
+	if md.Modes.Network == sandbox.ModePod && !networkTornDown(s.sandboxDir(md.ID)) {
 		pod := cniPod(md)
 		// Open checks the pins as a set (a userns pod's net namespace must
 		// be owned by its pinned user namespace), so it is asked for all
@@ -449,8 +525,50 @@ func (s *Server) teardownPod(ctx context.Context, md *sandbox.Metadata) error {
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
+	if err := errors.Join(os.RemoveAll(s.sandboxRunDir(md.ID)), sandbox.RemoveDir(s.sandboxDir(md.ID))); err != nil {
+		return err
+	}
 	s.deps.IDs.Release(md.ID)
-	return errors.Join(os.RemoveAll(s.sandboxRunDir(md.ID)), os.RemoveAll(s.sandboxDir(md.ID)))
+	return nil
+}
+
+// networkTornDown reports whether the pod in dir recorded its CNI DEL
+// done: a removal killed after its stop has nothing left to DEL, and no
+// cache entry to DEL from.
+func networkTornDown(dir string) bool {
+	sb, err := sandbox.Load(dir)
+	return err == nil && sb.Status().NetworkTornDown
+}
+
+// teardownInfra removes a pod's pause process. Its handler is unknown for
+// a pod torn down from what its directory holds: every runtime is asked,
+// as teardownContainer does, and one that does not know it is no error.
+func (s *Server) teardownInfra(ctx context.Context, md *sandbox.Metadata) error {
+	var errs []error
+	for _, h := range s.handlersOf(md.Handler) {
+		m := *md
+		m.Handler = h
+		if err := s.removeInfra(ctx, &m); err != nil && !errdefs.IsNotFound(err) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// handlersOf is the runtime handlers an object recorded with handler may
+// be in: that one, or every runtime when none is recorded.
+func (s *Server) handlersOf(handler string) []string {
+	if handler != "" {
+		return []string{handler}
+	}
+	var handlers []string
+	for h, rt := range s.deps.Runtimes {
+		if rt != nil {
+			handlers = append(handlers, h)
+		}
+	}
+	slices.Sort(handlers)
+	return handlers
 }
 
 // teardownContainer removes everything a container may have had: its
@@ -466,15 +584,7 @@ func (s *Server) teardownContainer(ctx context.Context, md *sandbox.ContainerMet
 	// create`; it and its children are killed before the runtime deletes
 	// the container, or runc init could be left behind.
 	killMonitor(dir, md.ID)
-	handlers := []string{md.Handler}
-	if md.Handler == "" {
-		// Not recorded: try every runtime; unknown IDs are not an error.
-		handlers = handlers[:0]
-		for h := range s.deps.Runtimes {
-			handlers = append(handlers, h)
-		}
-	}
-	for _, h := range handlers {
+	for _, h := range s.handlersOf(md.Handler) {
 		if rt, err := s.runtimeFor(h); err == nil {
 			if err := rt.Delete(ctx, md.ID, true); err != nil && !errdefs.IsNotFound(err) {
 				errs = append(errs, fmt.Errorf("deleting container %s: %w", md.ID, err))
@@ -495,7 +605,7 @@ func (s *Server) teardownContainer(ctx context.Context, md *sandbox.ContainerMet
 			return err
 		}
 	}
-	return os.RemoveAll(dir)
+	return sandbox.RemoveDir(dir)
 }
 
 // cgroupRoot is where the cgroup hierarchies are mounted.
@@ -544,15 +654,24 @@ func killCgroup(ctx context.Context, rel string) error {
 	return nil
 }
 
+// bundleSpec is a bundle's config.json, or nil (none yet, or unreadable).
+func bundleSpec(bundle string) *specs.Spec {
+	b, err := os.ReadFile(filepath.Join(bundle, "config.json"))
+	if err != nil {
+		return nil
+	}
+	var spec specs.Spec
+	if json.Unmarshal(b, &spec) != nil {
+		return nil
+	}
+	return &spec
+}
+
 // specCgroupsPath is the cgroupfs path of a bundle's config.json, or ""
 // (no spec yet, or a systemd slice, which systemd removes itself).
 func specCgroupsPath(bundle string) string {
-	b, err := os.ReadFile(filepath.Join(bundle, "config.json"))
-	if err != nil {
-		return ""
-	}
-	var spec specs.Spec
-	if json.Unmarshal(b, &spec) != nil || spec.Linux == nil {
+	spec := bundleSpec(bundle)
+	if spec == nil || spec.Linux == nil {
 		return ""
 	}
 	p := spec.Linux.CgroupsPath

@@ -12,25 +12,34 @@ import (
 	"github.com/pinrt/pinrt/sandbox"
 )
 
-// UpdatePodSandboxResources records the pod's new resources (shown in the
-// verbose PodSandboxStatus) and applies their CPU and memory limits to the
-// pod cgroup when pinrt owns it. When kubelet named a cgroup parent, the
-// pod cgroup is kubelet's, and kubelet has resized it before this call.
-// NRI plugins are told before (a refusal fails the update, changing
-// nothing) and after.
+// UpdatePodSandboxResources applies the pod's new CPU and memory limits
+// to the pod cgroup when pinrt owns it, and records the resources (shown
+// in the verbose PodSandboxStatus) once applied. When kubelet named a
+// cgroup parent, the pod cgroup is kubelet's, and kubelet has resized it
+// before this call. NRI plugins are told before (a refusal fails the
+// update, changing nothing) and after.
 func (s *Server) UpdatePodSandboxResources(ctx context.Context, req *runtimeapi.UpdatePodSandboxResourcesRequest) (*runtimeapi.UpdatePodSandboxResourcesResponse, error) {
-	sb, err := s.sandboxes.Get(req.PodSandboxId)
+	if err := validResources(req.GetResources()); err != nil {
+		return nil, err
+	}
+	if err := validOverhead(req.GetOverhead()); err != nil {
+		return nil, err
+	}
+	// Under the pod's lock: a RemovePodSandbox forgets the record, and
+	// one made after it would stay for good.
+	sb, unlock, err := s.lockPod(req.PodSandboxId)
 	if err != nil {
 		return nil, err
 	}
+	defer unlock()
 	pod := nriPod(&sb.Metadata)
 	if err := s.nri.UpdatePodSandbox(ctx, pod, nriResources(toResources(req.GetOverhead())), nriResources(toResources(req.GetResources()))); err != nil {
 		return nil, fmt.Errorf("pod %s: %w", sb.ID, err)
 	}
-	s.podResources.Store(sb.ID, req)
 	if err := s.applyPodResources(ctx, sb, req.GetResources()); err != nil {
 		return nil, err
 	}
+	s.podResources.Store(sb.ID, req)
 	nriNotify(ctx, "PostUpdatePodSandbox", s.nri.PostUpdatePodSandbox(ctx, pod))
 	log.G(ctx).WithFields(log.Fields{"pod": sb.Namespace + "/" + sb.Name, "id": shortID(sb.ID)}).Info("pod resources updated")
 	return &runtimeapi.UpdatePodSandboxResourcesResponse{}, nil
@@ -58,6 +67,28 @@ func (s *Server) applyPodResources(ctx context.Context, sb *sandbox.Sandbox, r *
 	}
 	if err != nil {
 		return fmt.Errorf("applying resources to pod %s: %w", sb.ID, err)
+	}
+	return nil
+}
+
+// validOverhead checks a pod's overhead, which is told to NRI plugins and
+// shown, never written to a cgroup by itself: a RuntimeClass's overhead
+// may be under a container's minimums (a memory overhead of 1 MiB), but
+// no amount is negative.
+func validOverhead(r *runtimeapi.LinuxContainerResources) error {
+	if r == nil {
+		return nil
+	}
+	for _, v := range []struct {
+		name string
+		n    int64
+	}{{"cpu_period", r.CpuPeriod}, {"cpu_shares", r.CpuShares}, {"memory_limit_in_bytes", r.MemoryLimitInBytes}} {
+		if v.n < 0 {
+			return invalid("pod overhead: %s %d is negative", v.name, v.n)
+		}
+	}
+	if r.CpuQuota < -1 {
+		return invalid("pod overhead: cpu_quota %d is below -1", r.CpuQuota)
 	}
 	return nil
 }

@@ -14,6 +14,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pinrt/pinrt/cni"
 	"github.com/pinrt/pinrt/internal/validate"
 	"github.com/pinrt/pinrt/nsmgr"
 	"github.com/pinrt/pinrt/oci"
@@ -49,10 +50,11 @@ func (s *Server) runPod(ctx context.Context, req *podRequest) (_ *sandbox.Sandbo
 	}
 
 	// The intent is on disk before the first side effect: a daemon killed
-	// from here on leaves a record that the next start tears down.
+	// from here on leaves a record that the next start tears down. So does
+	// a rollback whose undo failed: it keeps the record.
 	dir, runDir := s.sandboxDir(md.ID), s.sandboxRunDir(md.ID)
-	undo.add("remove directories", func(context.Context) error {
-		return errors.Join(os.RemoveAll(dir), os.RemoveAll(runDir))
+	undo.addIfClean("remove directories", func(context.Context) error {
+		return errors.Join(sandbox.RemoveDir(dir), os.RemoveAll(runDir))
 	})
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
@@ -71,20 +73,8 @@ func (s *Server) runPod(ctx context.Context, req *podRequest) (_ *sandbox.Sandbo
 		return nil, err
 	}
 
-	// The infra process is the pod's first cgroup member: its creation
-	// makes the pod cgroup (cgroupfs: runc mkdirs the parent; systemd:
-	// EnsurePod starts the slice), which removing the infra leaves behind.
-	// critest's NRI spec refusing RunPodSandbox left one per run.
-	undo.add("remove pod cgroup", func(ctx context.Context) error {
-		return s.deps.CgroupDriver.RemovePod(ctx, md.CgroupParent, md.ID)
-	})
-	// A shared PID namespace lives as long as its first process: the
-	// pod's pause process, started last so it joins the finished pins.
-	if md.Modes.PID == sandbox.ModePod {
-		if err := s.startInfra(ctx, &md); err != nil {
-			return nil, fmt.Errorf("starting the pod's infra process: %w", err)
-		}
-		undo.add("remove infra process", func(ctx context.Context) error { return s.removeInfra(ctx, &md) })
+	if err := s.startPodInfra(ctx, &md, &undo); err != nil {
+		return nil, err
 	}
 
 	// From the NRI event until the pod is in the store, a plugin
@@ -93,7 +83,11 @@ func (s *Server) runPod(ctx context.Context, req *podRequest) (_ *sandbox.Sandbo
 	if err := s.nri.RunPodSandbox(ctx, nriPod(&md)); err != nil {
 		return nil, fmt.Errorf("pod %s/%s: %w", md.Namespace, md.Name, err)
 	}
-	undo.add("NRI RemovePodSandbox", func(ctx context.Context) error { return s.nri.RemovePodSandbox(ctx, nriPod(&md)) })
+	// Only told: the plugins hold nothing the pod's record would free.
+	undo.add("NRI RemovePodSandbox", func(ctx context.Context) error {
+		nriNotify(ctx, "RemovePodSandbox", s.nri.RemovePodSandbox(ctx, nriPod(&md)))
+		return nil
+	})
 
 	sb, saveStart := sandbox.New(md, dir), time.Now()
 	if err := sb.Save(); err != nil {
@@ -106,6 +100,35 @@ func (s *Server) runPod(ctx context.Context, req *podRequest) (_ *sandbox.Sandbo
 	s.notePodOOMBase(ctx, sb)
 	log.G(ctx).WithFields(log.Fields{"ips": md.IPs, "phase": "state", "duration_ms": float64(time.Since(saveStart).Microseconds()) / 1000}).Debug("sandbox ready")
 	return sb, nil
+}
+
+// startPodInfra starts the pause process of a pod sharing one PID
+// namespace, which lives as long as its first process; undo removes it
+// and the pod cgroup. It starts last, so it joins the finished pins.
+func (s *Server) startPodInfra(ctx context.Context, md *sandbox.Metadata, undo *cleanups) error {
+	// The infra process is the pod's first cgroup member: its creation
+	// makes the pod cgroup (cgroupfs: runc mkdirs the parent; systemd:
+	// EnsurePod starts the slice), which removing the infra leaves behind.
+	// critest's NRI spec refusing RunPodSandbox left one per run.
+	undo.add("remove pod cgroup", func(ctx context.Context) error {
+		return s.deps.CgroupDriver.RemovePod(ctx, md.CgroupParent, md.ID)
+	})
+	if md.Modes.PID != sandbox.ModePod {
+		return nil
+	}
+	// The undo comes first: startInfra's own rollback only logs a removal
+	// that failed, and the pause process would hold the pins and the ID
+	// range with no record left of it.
+	undo.add("remove infra process", func(ctx context.Context) error {
+		if err := s.removeInfra(ctx, md); err != nil && !errdefs.IsNotFound(err) {
+			return err
+		}
+		return nil
+	})
+	if err := s.startInfra(ctx, md); err != nil {
+		return fmt.Errorf("starting the pod's infra process: %w", err)
+	}
+	return nil
 }
 
 // reservePod reserves the pod's name and its user namespace ID range; undo
@@ -121,7 +144,7 @@ func (s *Server) reservePod(md *sandbox.Metadata, req *podRequest, undo *cleanup
 		return err
 	}
 	if md.Allocated || len(md.UIDMappings) > 0 {
-		undo.add("release ID range", func(context.Context) error { s.deps.IDs.Release(md.ID); return nil })
+		undo.addIfClean("release ID range", func(context.Context) error { s.deps.IDs.Release(md.ID); return nil })
 	}
 	return nil
 }
@@ -171,10 +194,14 @@ func (s *Server) makePodRunDir(md *sandbox.Metadata, runDir string, undo *cleanu
 func (s *Server) setupPodNetwork(ctx context.Context, md *sandbox.Metadata, runDir string, dns *sandbox.DNS, undo *cleanups) error {
 	if md.Modes.Network == sandbox.ModePod {
 		res, err := s.deps.Network.Setup(ctx, cniPod(md))
+		// An ADD whose own DEL failed may have left the pod an IP: the
+		// rollback tries again, and keeps the record if that fails too.
+		if err == nil || errors.Is(err, cni.ErrRollback) {
+			undo.add("CNI DEL", func(ctx context.Context) error { return s.deps.Network.Teardown(ctx, cniPod(md)) })
+		}
 		if err != nil {
 			return fmt.Errorf("setting up the pod network: %w", err)
 		}
-		undo.add("CNI DEL", func(ctx context.Context) error { return s.deps.Network.Teardown(ctx, cniPod(md)) })
 		md.IPs, md.Network, md.CNIResult = res.IPs, res.Network, res.Raw
 	}
 	ip := ""

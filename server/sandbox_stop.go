@@ -131,7 +131,7 @@ func (s *Server) removePod(ctx context.Context, sb *sandbox.Sandbox) error {
 	if err := s.removePodContainers(ctx, sb); err != nil {
 		return err
 	}
-	if err := errors.Join(os.RemoveAll(s.sandboxRunDir(sb.ID)), os.RemoveAll(sb.Dir)); err != nil {
+	if err := errors.Join(os.RemoveAll(s.sandboxRunDir(sb.ID)), sandbox.RemoveDir(sb.Dir)); err != nil {
 		return fmt.Errorf("removing sandbox directories: %w", err)
 	}
 	s.deps.IDs.Release(sb.ID)
@@ -152,12 +152,20 @@ func (s *Server) removePod(ctx context.Context, sb *sandbox.Sandbox) error {
 const podStopTimeout = 0 * time.Second
 
 // stopPodContainers stops every container of a pod, then its infra
-// process, before its network and namespaces go away.
+// process, before its network and namespaces go away. A container that
+// restore could not load or tear down is not listed, but may still run in
+// the pod: its teardown is tried again, and while it fails the stop does
+// too, so the pod keeps its network, pins and ID range.
 func (s *Server) stopPodContainers(ctx context.Context, sb *sandbox.Sandbox) error {
 	var errs []error
 	for _, c := range s.podContainers(sb.ID) {
 		if err := s.stopContainer(ctx, c, podStopTimeout); err != nil {
 			errs = append(errs, err)
+		}
+	}
+	for _, md := range s.strayContainers()[sb.ID] {
+		if err := s.teardownContainer(ctx, md); err != nil {
+			errs = append(errs, fmt.Errorf("container %s, left over by a restart: %w", md.ID, err))
 		}
 	}
 	if err := errors.Join(errs...); err != nil {

@@ -189,7 +189,10 @@ type Server struct {
 	resources resourcesCache
 	// reaping bounds the background deletes of exited containers.
 	reaping chan struct{}
-	oom     *podOOM
+	// starting holds the IDs of containers whose start is being
+	// recorded: their exits wait for it (startContainer).
+	starting sync.Map
+	oom      *podOOM
 	// podResources are the last UpdatePodSandboxResources of each pod
 	// (*runtimeapi.UpdatePodSandboxResourcesRequest), and podCIDR the
 	// last UpdateRuntimeConfig's (string); both only in memory: kubelet

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,11 +13,13 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	nriapi "github.com/containerd/nri/pkg/api"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pinrt/pinrt/cgroups"
+	"github.com/pinrt/pinrt/nri/nritest"
 	"github.com/pinrt/pinrt/nsmgr"
 )
 
@@ -31,6 +34,8 @@ type fakeCgroups struct {
 	ooms map[string]uint64
 	// forgotten are the groups Forget was called for.
 	forgotten []string
+	// updateErr fails Update, as a write the kernel refuses.
+	updateErr error
 }
 
 // Forget records that the server let go of group.
@@ -663,6 +668,9 @@ func (f *fakeCgroups) Update(group string, res *specs.LinuxResources) error {
 	if _, ok := f.groups[group]; !ok {
 		return fmt.Errorf("cgroup %s: %w", group, errdefs.ErrNotFound)
 	}
+	if f.updateErr != nil {
+		return f.updateErr
+	}
 	f.updates = append(f.updates, cgroupUpdate{group, res})
 	return nil
 }
@@ -704,5 +712,96 @@ func TestUpdatePodSandboxResources(t *testing.T) {
 	}
 	if _, err := f.srv.UpdatePodSandboxResources(ctx, &runtimeapi.UpdatePodSandboxResourcesRequest{PodSandboxId: "ffffffffffff"}); !errdefs.IsNotFound(err) {
 		t.Errorf("unknown pod: %v, want NotFound", err)
+	}
+}
+
+// Pod resources the kernel or runc would refuse are refused before
+// anything sees them, as a container's are: negative values would reach
+// the cgroup as huge unsigned ones. An update that fails is not recorded.
+func TestUpdatePodSandboxResourcesRefused(t *testing.T) {
+	f := newStatsFixture(t)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name                string
+		resources, overhead *runtimeapi.LinuxContainerResources
+	}{
+		{name: "negative cpu shares", resources: &runtimeapi.LinuxContainerResources{CpuShares: -1}},
+		{name: "negative cpu period", resources: &runtimeapi.LinuxContainerResources{CpuPeriod: -5}},
+		{name: "negative memory", resources: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: -100}},
+		{name: "unified path", resources: &runtimeapi.LinuxContainerResources{Unified: map[string]string{"../cpu.max": "1"}}},
+		{name: "negative overhead", resources: &runtimeapi.LinuxContainerResources{CpuShares: 512}, overhead: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: -1}},
+		{name: "negative overhead quota", overhead: &runtimeapi.LinuxContainerResources{CpuQuota: -2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := f.srv.UpdatePodSandboxResources(ctx, &runtimeapi.UpdatePodSandboxResourcesRequest{PodSandboxId: f.pod, Resources: tc.resources, Overhead: tc.overhead})
+			if !errdefs.IsInvalidArgument(err) {
+				t.Fatalf("err = %v, want InvalidArgument", err)
+			}
+			if len(f.cg.updates) != 0 {
+				t.Errorf("the pod cgroup was updated with %+v", f.cg.updates[0].res)
+			}
+			if r, ok := f.srv.podResources.Load(f.pod); ok {
+				t.Errorf("the refused update was recorded: %v", r)
+			}
+		})
+	}
+	// A RuntimeClass's overhead may be below a container's minimums.
+	small := &runtimeapi.UpdatePodSandboxResourcesRequest{PodSandboxId: f.pod, Overhead: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 1 << 20, CpuShares: 1}}
+	if _, err := f.srv.UpdatePodSandboxResources(ctx, small); err != nil {
+		t.Fatalf("a 1 MiB overhead: %v", err)
+	}
+	f.srv.podResources.Delete(f.pod)
+	f.cg.updateErr = fmt.Errorf("write cpu.weight: %w", unix.EINVAL)
+	req := &runtimeapi.UpdatePodSandboxResourcesRequest{PodSandboxId: f.pod, Resources: &runtimeapi.LinuxContainerResources{CpuShares: 512}}
+	if _, err := f.srv.UpdatePodSandboxResources(ctx, req); !errors.Is(err, unix.EINVAL) {
+		t.Fatalf("err = %v, want the cgroup's EINVAL", err)
+	}
+	if r, ok := f.srv.podResources.Load(f.pod); ok {
+		t.Errorf("an update that failed was recorded: %v", r)
+	}
+}
+
+// removingPlugin removes the pod while plugins are told of its update.
+type removingPlugin struct {
+	*nritest.Fake
+	srv     *Server
+	removed chan error
+}
+
+func (p *removingPlugin) UpdatePodSandbox(ctx context.Context, pod *nriapi.PodSandbox, overhead, res *nriapi.LinuxResources) error {
+	go func() {
+		_, err := p.srv.RemovePodSandbox(context.Background(), &runtimeapi.RemovePodSandboxRequest{PodSandboxId: pod.GetId()})
+		p.removed <- err
+	}()
+	// Long enough for the removal to end, unless the update holds the pod.
+	select {
+	case err := <-p.removed:
+		p.removed <- err
+	case <-time.After(time.Second):
+	}
+	return p.Fake.UpdatePodSandbox(ctx, pod, overhead, res)
+}
+
+// A pod removed while its resources are updated keeps no record of them.
+func TestUpdatePodSandboxResourcesRacesRemoval(t *testing.T) {
+	f := newStatsFixture(t)
+	plugin := &removingPlugin{Fake: &nritest.Fake{}, srv: f.srv, removed: make(chan error, 1)}
+	f.srv.SetNRI(plugin)
+	_, err := f.srv.UpdatePodSandboxResources(context.Background(), &runtimeapi.UpdatePodSandboxResourcesRequest{
+		PodSandboxId: f.pod, Resources: &runtimeapi.LinuxContainerResources{CpuShares: 512},
+	})
+	if err != nil && !errdefs.IsNotFound(err) {
+		t.Fatalf("err = %v, want success or NotFound", err)
+	}
+	select {
+	case err := <-plugin.removed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the removal did not end")
+	}
+	if r, ok := f.srv.podResources.Load(f.pod); ok {
+		t.Errorf("the removed pod's resources are kept: %v", r)
 	}
 }

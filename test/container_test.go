@@ -900,6 +900,21 @@ func (e *ctrEnv) testSharedPID(t *testing.T) {
 	if !bytes.Equal(got, want) {
 		t.Errorf("the pause rootfs holds a %d-byte binary, not pinrt-exec (%d bytes)", len(got), len(want))
 	}
+	// A container's `kill 1` ends the pause process, and the kernel every
+	// process of the namespace with it: the pod is NotReady, as with
+	// containerd's or CRI-O's pause, for kubelet to make a new one.
+	_, _ = e.d.Runtime.ExecSync(Ctx(t), &runtimeapi.ExecSyncRequest{ContainerId: aID, Cmd: []string{"kill", "1"}, Timeout: 10})
+	waitFor(t, 10*time.Second, "the pod NotReady once its pause process exited", func() bool {
+		st, _ := e.d.PodStatus(t, pod)
+		return st.State == runtimeapi.PodSandboxState_SANDBOX_NOTREADY
+	})
+	if st := e.waitExit(t, aID, 10*time.Second); st.ExitCode == 0 {
+		t.Errorf("container a exited 0 with its PID namespace's init")
+	}
+	_, err = e.d.Runtime.CreateContainer(Ctx(t), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: e.ctr("late", "sleep", "1"), SandboxConfig: podCfg})
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("CreateContainer in the pod whose pause exited: %v, want FailedPrecondition", err)
+	}
 }
 
 func (e *ctrEnv) testUpdateResources(t *testing.T) {

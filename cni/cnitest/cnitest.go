@@ -28,6 +28,10 @@ type Fake struct {
 	StatusErr   error
 	SetupErr    error
 	TeardownErr error
+	// RollbackErr makes Setup fail as an ADD whose own DEL failed too:
+	// the pod keeps its IP (until a Teardown), and the error wraps
+	// cni.ErrRollback and RollbackErr.
+	RollbackErr error
 
 	mu       sync.Mutex
 	calls    []Call
@@ -63,6 +67,9 @@ func (f *Fake) Setup(_ context.Context, pod cni.Pod) (*cni.Result, error) {
 		f.next++
 		ip = fmt.Sprintf("10.89.%d.%d", (f.next+1)/256, (f.next+1)%256)
 		f.attached[pod.ID] = ip
+	}
+	if f.RollbackErr != nil {
+		return nil, fmt.Errorf("fake cni add failed: %w; %w: %w", errdefs.ErrUnknown, cni.ErrRollback, f.RollbackErr)
 	}
 	raw, _ := json.Marshal(map[string]any{
 		"cniVersion": "1.0.0",

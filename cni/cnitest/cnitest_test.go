@@ -74,3 +74,20 @@ func TestFake(t *testing.T) {
 		t.Fatalf("Close = %v, Closed = %v", err, f.Closed())
 	}
 }
+
+// A Setup whose rollback failed leaves the pod attached, as the real
+// Manager's does, and says so with cni.ErrRollback.
+func TestFakeRollbackErr(t *testing.T) {
+	ctx := context.Background()
+	f := &Fake{RollbackErr: errors.New("bridge: DEL failed")}
+	_, err := f.Setup(ctx, cni.Pod{ID: "a", NetNS: "/ns/a"})
+	if !errors.Is(err, cni.ErrRollback) || !errors.Is(err, f.RollbackErr) || !errors.Is(err, errdefs.ErrUnknown) {
+		t.Fatalf("Setup err = %v, want ErrUnknown, cni.ErrRollback and RollbackErr", err)
+	}
+	if _, ok := f.Attached()["a"]; !ok {
+		t.Fatalf("Attached = %v, want a kept", f.Attached())
+	}
+	if err := f.Teardown(ctx, cni.Pod{ID: "a"}); err != nil || len(f.Attached()) != 0 {
+		t.Fatalf("Teardown = %v, Attached = %v", err, f.Attached())
+	}
+}
