@@ -1,50 +1,13 @@
 package sandbox
 
 import (
-	"bytes"
-	"errors"
 	"os"
 	"path/filepath"
 	"slices"
 	"testing"
-	"unsafe"
 
-	"golang.org/x/sys/unix"
+	"github.com/pinrt/pinrt/internal/inotifytest"
 )
-
-// deletions reports the names deleted from dir while fn runs, in the
-// order the kernel saw them (inotify).
-func deletions(t *testing.T, dir string, fn func()) []string {
-	t.Helper()
-	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
-	if err != nil {
-		t.Skipf("no inotify: %v", err)
-	}
-	defer unix.Close(fd)
-	if _, err := unix.InotifyAddWatch(fd, dir, unix.IN_DELETE); err != nil {
-		t.Fatal(err)
-	}
-	fn()
-	var names []string
-	buf := make([]byte, 64<<10)
-	for {
-		n, err := unix.Read(fd, buf)
-		if errors.Is(err, unix.EAGAIN) {
-			return names
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		for off := 0; off+unix.SizeofInotifyEvent <= n; {
-			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
-			name := buf[off+unix.SizeofInotifyEvent : off+unix.SizeofInotifyEvent+int(ev.Len)]
-			if ev.Mask&unix.IN_DELETE != 0 {
-				names = append(names, string(bytes.TrimRight(name, "\x00")))
-			}
-			off += unix.SizeofInotifyEvent + int(ev.Len)
-		}
-	}
-}
 
 // TestRemoveDirOrder: the records restore loads go before anything else,
 // the intent records after everything else. A daemon killed at any
@@ -62,7 +25,7 @@ func TestRemoveDirOrder(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	got := deletions(t, dir, func() {
+	got := inotifytest.Deletions(t, dir, func() {
 		if err := RemoveDir(dir); err != nil {
 			t.Fatal(err)
 		}

@@ -11,13 +11,12 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"unsafe"
 
 	"github.com/containerd/errdefs"
-	"golang.org/x/sys/unix"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pinrt/pinrt/cni/cnitest"
+	"github.com/pinrt/pinrt/internal/inotifytest"
 	"github.com/pinrt/pinrt/nsmgr"
 	"github.com/pinrt/pinrt/sandbox"
 )
@@ -417,40 +416,6 @@ func TestRestoreDefersPodTeardownWhileAContainerStays(t *testing.T) {
 	r.podGone(t, pod)
 }
 
-// deletions reports the names deleted from dir while fn runs, in the
-// order the kernel saw them (inotify).
-func deletions(t *testing.T, dir string, fn func()) []string {
-	t.Helper()
-	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
-	if err != nil {
-		t.Skipf("no inotify: %v", err)
-	}
-	defer unix.Close(fd)
-	if _, err := unix.InotifyAddWatch(fd, dir, unix.IN_DELETE); err != nil {
-		t.Fatal(err)
-	}
-	fn()
-	var names []string
-	buf := make([]byte, 64<<10)
-	for {
-		n, err := unix.Read(fd, buf)
-		if errors.Is(err, unix.EAGAIN) {
-			return names
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		for off := 0; off+unix.SizeofInotifyEvent <= n; {
-			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
-			name := buf[off+unix.SizeofInotifyEvent : off+unix.SizeofInotifyEvent+int(ev.Len)]
-			if ev.Mask&unix.IN_DELETE != 0 {
-				names = append(names, string(bytes.TrimRight(name, "\x00")))
-			}
-			off += unix.SizeofInotifyEvent + int(ev.Len)
-		}
-	}
-}
-
 // A removal deleted its directory in directory order, which could take
 // the intent record before state.json: a daemon killed in between brought
 // the removed object back, whole, at the next start. The records restore
@@ -491,7 +456,7 @@ func TestRemovalDeletesRecordsBeforeIntent(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRestartRig(t)
 			dir, remove := tc.run(t, r)
-			got := deletions(t, dir, remove)
+			got := inotifytest.Deletions(t, dir, remove)
 			intent := slices.Index(got, string(sandbox.IntentRemoving))
 			for _, rec := range []string{"state.json", "config.json"} {
 				if i := slices.Index(got, rec); i < 0 || intent >= 0 && i > intent {
