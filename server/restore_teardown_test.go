@@ -15,6 +15,7 @@ import (
 	"github.com/containerd/errdefs"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pinrt/pinrt/cni"
 	"github.com/pinrt/pinrt/cni/cnitest"
 	"github.com/pinrt/pinrt/internal/inotifytest"
 	"github.com/pinrt/pinrt/nsmgr"
@@ -309,7 +310,6 @@ func TestRunPodSandboxRollbackKeepsRecordOfFailedUndo(t *testing.T) {
 		inject    func(r *restartRig)
 	}{
 		{"rollback DEL fails", true, func(r *restartRig) { r.rt.CreateErr, r.net.TeardownErr = errInjected, errInjected }},
-		{"ADD's own DEL fails, and the retry", false, func(r *restartRig) { r.net.RollbackErr, r.net.TeardownErr = errInjected, errInjected }},
 		{"pause process removal fails", true, func(r *restartRig) { r.rt.StartErr, r.rt.DeleteErr = errInjected, errInjected }},
 	}
 	for _, tc := range tests {
@@ -339,6 +339,25 @@ func TestRunPodSandboxRollbackKeepsRecordOfFailedUndo(t *testing.T) {
 			r.restart(t)
 			r.podGone(t, pod)
 		})
+	}
+}
+
+// An ADD the network refused, whose own DEL failed too (a broken
+// configuration: host-local refuses its subnet both ways), keeps nothing:
+// kubelet retries with a new pod each time, and a record kept per retry
+// would pile up and hold ID ranges until a restart.
+func TestRunPodSandboxRefusedNetworkKeepsNothing(t *testing.T) {
+	r := newRestartRig(t)
+	r.net.RollbackErr = errInjected
+	_, err := r.srv.RunPodSandbox(context.Background(), unitPod("p", true))
+	if !errors.Is(err, errInjected) || !errors.Is(err, cni.ErrRollback) {
+		t.Fatalf("RunPodSandbox: %v, want the ADD's error and its DEL's", err)
+	}
+	if dirs, _ := os.ReadDir(filepath.Join(r.cfg.Root, "sandboxes")); len(dirs) != 0 {
+		t.Errorf("%d sandbox directories after a refused ADD", len(dirs))
+	}
+	if r.firstBlockHeld(t) {
+		t.Error("the refused pod's ID range is still held")
 	}
 }
 

@@ -14,7 +14,6 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/pinrt/pinrt/cni"
 	"github.com/pinrt/pinrt/internal/validate"
 	"github.com/pinrt/pinrt/nsmgr"
 	"github.com/pinrt/pinrt/oci"
@@ -194,14 +193,17 @@ func (s *Server) makePodRunDir(md *sandbox.Metadata, runDir string, undo *cleanu
 func (s *Server) setupPodNetwork(ctx context.Context, md *sandbox.Metadata, runDir string, dns *sandbox.DNS, undo *cleanups) error {
 	if md.Modes.Network == sandbox.ModePod {
 		res, err := s.deps.Network.Setup(ctx, cniPod(md))
-		// An ADD whose own DEL failed may have left the pod an IP: the
-		// rollback tries again, and keeps the record if that fails too.
-		if err == nil || errors.Is(err, cni.ErrRollback) {
-			undo.add("CNI DEL", func(ctx context.Context) error { return s.deps.Network.Teardown(ctx, cniPod(md)) })
-		}
 		if err != nil {
+			// The ADD's own DEL ran (cni.Setup), and its failure is in
+			// err (cni.ErrRollback). The record is not kept for it: a
+			// plugin that refused the network (a broken configuration)
+			// refuses the DEL too, and kubelet's retries, each a new pod,
+			// would pile up records and hold ID ranges until a restart.
 			return fmt.Errorf("setting up the pod network: %w", err)
 		}
+		// Past a successful ADD the pod has an IP: a rollback whose DEL
+		// fails keeps the record, for the next start to DEL again.
+		undo.add("CNI DEL", func(ctx context.Context) error { return s.deps.Network.Teardown(ctx, cniPod(md)) })
 		md.IPs, md.Network, md.CNIResult = res.IPs, res.Network, res.Raw
 	}
 	ip := ""
