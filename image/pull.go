@@ -451,6 +451,40 @@ type fetched struct {
 	stageTime atomic.Int64
 }
 
+// noPlatform classifies err, desc.Image's failure, as NotFound when desc
+// is an index without an image for the store's platform, naming the
+// platforms it has (containerd's "no match for platform in manifest").
+// Any other failure is returned as it is.
+func (s *Store) noPlatform(desc *remote.Descriptor, err error) error {
+	if !desc.MediaType.IsIndex() {
+		return err
+	}
+	idx, ierr := desc.ImageIndex()
+	if ierr != nil {
+		return err
+	}
+	im, ierr := idx.IndexManifest()
+	if ierr != nil {
+		return err
+	}
+	var have []string
+	for _, m := range im.Manifests {
+		p := v1.Platform{OS: "linux", Architecture: "amd64"} // the registry library's default
+		if m.Platform != nil {
+			p = *m.Platform
+		}
+		if p.Satisfies(s.platform) {
+			return err
+		}
+		have = append(have, p.String())
+	}
+	if len(have) == 0 {
+		have = []string{"none"}
+	}
+	return fmt.Errorf("image index has no image for platform %s (it has: %s): %w",
+		s.platform.String(), strings.Join(have, ", "), errdefs.ErrNotFound)
+}
+
 // fetch stores the layers, config and manifest of desc, recording in
 // added the ones it publishes. It pins them all in pins (see
 // Store.gcLock) before looking for any of them in the store. Layers
@@ -462,7 +496,7 @@ type fetched struct {
 func (s *Store) fetch(ctx context.Context, desc *remote.Descriptor, blobs *blobChecks, added *storeItems, pins *pinSet, imgName, epName string) (*fetched, error) {
 	img, err := desc.Image()
 	if err != nil {
-		return nil, err
+		return nil, s.noPlatform(desc, err)
 	}
 	mdigest, err := img.Digest()
 	if err != nil {

@@ -19,7 +19,11 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/sirupsen/logrus"
 
@@ -116,6 +120,13 @@ func TestPullFailedLayerLeavesNothing(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), bottomDigest) {
 		t.Fatalf("Pull = %v, want an error naming layer %s", err, bottomDigest)
 	}
+	assertStoreEmpty(t, s)
+}
+
+// assertStoreEmpty fails t unless s holds no layer, blob, staged file or
+// image, as after a failed first pull.
+func assertStoreEmpty(t *testing.T, s *Store) {
+	t.Helper()
 	for _, d := range []string{"layers", "blobs/sha256", "tmp"} {
 		if ents, _ := os.ReadDir(s.path(d)); len(ents) != 0 {
 			var names []string
@@ -873,4 +884,33 @@ func TestPullProgressLines(t *testing.T) {
 	} else if _, err := time.ParseDuration(v); err != nil {
 		t.Errorf("progress elapsed %q: %v", v, err)
 	}
+}
+
+// An index with no image for the node's platform is NotFound, as in
+// containerd ("no match for platform in manifest"), and names the
+// platforms it has; kubelet reports it as ErrImagePull either way, but
+// crictl and the gRPC code should say that the image is not there.
+func TestPullIndexWithoutThePlatform(t *testing.T) {
+	requireRoot(t)
+	reg := startTestRegistry(t)
+	l := makeLayer(t, []testimage.File{{Path: "etc/", Mode: 0o755}, {Path: "etc/x", Content: []byte("x")}}, gzipped, types.OCILayer)
+	img := imageOf(t, types.OCIManifestSchema1, types.OCIConfigJSON, l)
+	idx := mutate.AppendManifests(mutate.IndexMediaType(empty.Index, types.OCIImageIndex), mutate.IndexAddendum{
+		Add:        img,
+		Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "linux", Architecture: "s390x"}},
+	})
+	ref, err := name.ParseReference(reg.ref("foreign:1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.WriteIndex(ref, idx); err != nil {
+		t.Fatal(err)
+	}
+	reg.pulls(nil)
+	s := newTestStore(t, Options{})
+	_, err = s.Pull(context.Background(), reg.ref("foreign:1"), nil)
+	if !errdefs.IsNotFound(err) || !strings.Contains(err.Error(), "linux/s390x") {
+		t.Fatalf("Pull of an index for s390x only = %v, want NotFound naming linux/s390x", err)
+	}
+	assertStoreEmpty(t, s)
 }
