@@ -44,20 +44,31 @@ func WithImageVolumes(vols []ImageVolume, feat *Features) SpecOpt {
 				Options: opts,
 			})
 		}
-		if hidesChild(g.Config.Mounts, vols) {
-			sort.SliceStable(g.Config.Mounts, func(i, j int) bool {
-				return depth(g.Config.Mounts[i].Destination) < depth(g.Config.Mounts[j].Destination)
-			})
+		dsts := make([]string, 0, len(vols))
+		for _, v := range vols {
+			dsts = append(dsts, v.ContainerPath)
 		}
+		g.parentsFirst(dsts)
 		return nil
 	}
 }
 
-// hidesChild reports whether an image volume, appended last, would be
-// mounted over a mount below it.
-func hidesChild(mounts []specs.Mount, vols []ImageVolume) bool {
-	for _, v := range vols {
-		parent := path.Clean(v.ContainerPath)
+// parentsFirst reorders the mounts parents first (stably) when one of
+// dsts, the volumes just added, is the parent of another mount: a volume
+// appended after that mount would be mounted over it and hide it.
+func (g *Generator) parentsFirst(dsts []string) {
+	if hidesChild(g.Config.Mounts, dsts) {
+		sort.SliceStable(g.Config.Mounts, func(i, j int) bool {
+			return depth(g.Config.Mounts[i].Destination) < depth(g.Config.Mounts[j].Destination)
+		})
+	}
+}
+
+// hidesChild reports whether a mount at one of dsts would be mounted
+// over a mount below it.
+func hidesChild(mounts []specs.Mount, dsts []string) bool {
+	for _, d := range dsts {
+		parent := path.Clean(d)
 		if parent != "/" {
 			parent += "/"
 		}

@@ -283,7 +283,8 @@ func WithPodFiles(hosts, resolv, hostname, shm string, readonlyRootfs bool) Spec
 // read-only needs "rro" in the runtime's mount options. A volume's extra
 // options (noexec, nodev, nosuid) go with its others: runc remounts the
 // bind with them, idmapped or not. Volumes replace default mounts at the
-// same destination and are ordered parents first.
+// same destination and are ordered parents first, among themselves and
+// with the mounts already in the spec.
 func WithMounts(mounts []Mount, userNS bool, podUID, podGID []specs.LinuxIDMapping, feat *Features) SpecOpt {
 	return func(g *Generator) error {
 		sorted := append([]Mount(nil), mounts...)
@@ -292,6 +293,7 @@ func WithMounts(mounts []Mount, userNS bool, podUID, podGID []specs.LinuxIDMappi
 			return depth(sorted[i].ContainerPath) < depth(sorted[j].ContainerPath)
 		})
 		rootProp := ""
+		dsts := make([]string, 0, len(sorted))
 		for _, m := range sorted {
 			if !filepath.IsAbs(m.HostPath) {
 				return fmt.Errorf("mount host path %q is not absolute: %w", m.HostPath, errdefs.ErrInvalidArgument)
@@ -343,7 +345,11 @@ func WithMounts(mounts []Mount, userNS bool, podUID, podGID []specs.LinuxIDMappi
 				sm.GIDMappings = append([]specs.LinuxIDMapping(nil), gids...)
 			}
 			g.setMount(sm)
+			dsts = append(dsts, sm.Destination)
 		}
+		// The pod's files and the default mounts come first: a volume at
+		// /etc must not hide /etc/resolv.conf.
+		g.parentsFirst(dsts)
 		if rootProp != "" {
 			g.Config.Linux.RootfsPropagation = rootProp
 		}
@@ -393,11 +399,12 @@ var statDevice = func(p string) (typ string, major, minor int64, mode uint32, er
 }
 
 // WithDevices adds the default device cgroup rules and the requested host
-// devices (stat'ed for type and numbers). In a pod with a user namespace
-// (u set) runc cannot make device nodes, and binds each from the host
-// path equal to its container path: a device kubelet puts at another path
-// becomes a bind mount of its host node instead (rewriteForUserNS), as a
-// CDI device does.
+// devices (stat'ed for type and numbers); a privileged container also
+// gets every device node of the host (withHostDevices), as in containerd
+// and CRI-O. In a pod with a user namespace (u set) runc cannot make
+// device nodes, and binds each from the host path equal to its container
+// path: a device kubelet puts at another path becomes a bind mount of its
+// host node instead (rewriteForUserNS), as a CDI device does.
 func WithDevices(devs []Device, privileged bool, u *PodUserNS) SpecOpt {
 	return func(g *Generator) error {
 		r := g.resources()
@@ -428,6 +435,11 @@ func WithDevices(devs []Device, privileged bool, u *PodUserNS) SpecOpt {
 				r.Devices = append(r.Devices, specs.LinuxDeviceCgroup{Allow: true, Type: typ, Major: i64(major), Minor: i64(minor), Access: perms})
 			}
 			nodes = append(nodes, hostNode{Path: d.ContainerPath, HostPath: d.HostPath})
+		}
+		if privileged {
+			if err := withHostDevices(g.Config); err != nil {
+				return err
+			}
 		}
 		return rewriteForUserNS(g.Config, nodes, nil, u)
 	}

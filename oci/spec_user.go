@@ -114,7 +114,20 @@ func resolveUser(rootfs, spec string) (*user.ExecUser, error) {
 		}
 		eu.Sgids = byName.Sgids
 	}
+	if err := checkImageIDs(eu); err != nil {
+		return nil, fmt.Errorf("resolve user %q in %s: %w", spec, rootfs, err)
+	}
 	return eu, nil
+}
+
+// checkImageIDs holds the IDs read from the image's passwd and group to
+// checkID's range: moby/sys/user takes any int there, and uint32 would
+// wrap 2^32 to root's 0. additionalGids checks the memberships it uses.
+func checkImageIDs(eu *user.ExecUser) error {
+	if err := checkID("uid", int64(eu.Uid)); err != nil {
+		return err
+	}
+	return checkID("gid", int64(eu.Gid))
 }
 
 // additionalGids is the process's group list, without duplicates.
@@ -134,6 +147,9 @@ func additionalGids(eu *user.ExecUser, u User) ([]uint32, error) {
 	addGid(uint32(eu.Gid))
 	if u.GroupsPolicy != GroupsStrict {
 		for _, sg := range eu.Sgids {
+			if err := checkID("image group", int64(sg)); err != nil {
+				return nil, err
+			}
 			addGid(uint32(sg))
 		}
 	}
@@ -155,7 +171,9 @@ func readerOf(b []byte) io.Reader {
 
 // readInRoot reads name inside rootfs with every symlink resolved inside
 // it: an image's /etc/passwd may be a symlink aiming at the host. A
-// missing file is nil, nil (numeric users need no passwd).
+// missing file is nil, nil (numeric users need no passwd). Only a regular
+// file is read: O_NONBLOCK, because an image layer may make the file a
+// FIFO, whose plain open would wait for a writer for ever.
 func readInRoot(rootfs, name string) ([]byte, error) {
 	dir, err := os.Open(rootfs)
 	if err != nil {
@@ -163,7 +181,7 @@ func readInRoot(rootfs, name string) ([]byte, error) {
 	}
 	defer dir.Close()
 	fd, err := unix.Openat2(int(dir.Fd()), name, &unix.OpenHow{
-		Flags:   unix.O_RDONLY | unix.O_CLOEXEC,
+		Flags:   unix.O_RDONLY | unix.O_CLOEXEC | unix.O_NONBLOCK | unix.O_NOCTTY,
 		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS,
 	})
 	if errors.Is(err, unix.ENOENT) {
@@ -174,6 +192,11 @@ func readInRoot(rootfs, name string) ([]byte, error) {
 	}
 	f := os.NewFile(uintptr(fd), name)
 	defer f.Close()
+	if st, err := f.Stat(); err != nil {
+		return nil, fmt.Errorf("stat %s in rootfs %s: %w", name, rootfs, err)
+	} else if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s in rootfs %s is not a regular file (%s): %w", name, rootfs, st.Mode().Type(), errdefs.ErrInvalidArgument)
+	}
 	// Bounded: a hostile image could make /etc/passwd huge.
 	b, err := io.ReadAll(io.LimitReader(f, 16<<20))
 	if err != nil {
