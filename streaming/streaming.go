@@ -99,6 +99,13 @@ type Server struct {
 // forward is one port-forward connection, cancelled when its pod stops.
 type forward struct{ cancel context.CancelFunc }
 
+// connIdleTimeout closes a connection idle between two requests. The
+// server has no authentication but the tokens, and any local process may
+// connect: without it a connection kept after one 404 stayed open for
+// ever, and enough of them took every file descriptor the daemon has.
+// Streams are hijacked connections, which it does not touch.
+var connIdleTimeout = 90 * time.Second
+
 // New listens on cfg's address and returns a server that is not serving
 // yet; Serve starts it. Listening here, not in Serve, makes the URLs
 // right (the real port) from the first Get call on.
@@ -147,7 +154,7 @@ func New(ctx context.Context, cfg Config, targets Targets) (*Server, error) {
 		return nil, err
 	}
 	s.lib = lib
-	s.http = &http.Server{Handler: s, ReadHeaderTimeout: 30 * time.Second, ConnContext: connContext}
+	s.http = &http.Server{Handler: s, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: connIdleTimeout, ConnContext: connContext}
 	return s, nil
 }
 
@@ -189,6 +196,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		l.WithField("active", s.active.Add(-1)).Debug("stream finished")
 	}()
 	if !s.serveWebSocket(w, r) {
+		s.tokens.consumed(r)
 		s.lib.ServeHTTP(w, r)
 	}
 }

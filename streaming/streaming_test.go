@@ -1,6 +1,7 @@
 package streaming
 
 import (
+	"bufio"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -501,5 +502,42 @@ func TestIdleTimeoutEndsStream(t *testing.T) {
 			}
 			waitEnded(t, s, rt)
 		})
+	}
+}
+
+// TestIdleConnectionsAreClosed checks that a connection idle between two
+// requests is closed: without a bound, any local process could keep
+// connections to the unauthenticated streaming port open after one 404
+// each until the daemon ran out of file descriptors. max_streams counts
+// only requests being served.
+func TestIdleConnectionsAreClosed(t *testing.T) {
+	old := connIdleTimeout
+	connIdleTimeout = 200 * time.Millisecond
+	t.Cleanup(func() { connIdleTimeout = old })
+	s := newTestServer(t, &fakeTargets{}, 1)
+	c, err := net.Dial("tcp", strings.TrimPrefix(s.URL(), "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, "GET /exec/unknown0 HTTP/1.1\r\nHost: pinrt\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SetReadDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("reading the 404: %v", err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound || resp.Close {
+		t.Fatalf("unknown token: %d (close %v), want a kept-alive 404", resp.StatusCode, resp.Close)
+	}
+	// The server closes the idle connection: EOF well before the deadline.
+	start := time.Now()
+	if n, err := c.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+		t.Fatalf("an idle connection still open after %s: read %d, %v; want EOF", time.Since(start).Round(time.Millisecond), n, err)
 	}
 }

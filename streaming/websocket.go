@@ -101,6 +101,23 @@ func (t *tokens) take(kind, token string) (streamOptions, bool) {
 	return o, time.Now().Before(o.expires)
 }
 
+// consumed forgets the token of r, a request the library serves: it
+// consumes the token of every GET or POST to one of its paths, whatever
+// comes of the request, so the token can serve no WebSocket client
+// after. Kept, it would hold one of the maxTokens places for its TTL.
+func (t *tokens) consumed(r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodPost {
+		return
+	}
+	dir, token := path.Split(r.URL.Path)
+	switch strings.Trim(dir, "/") {
+	case "exec", "attach", "portforward":
+		t.mu.Lock()
+		delete(t.m, token)
+		t.mu.Unlock()
+	}
+}
+
 // serveWebSocket serves the requests the library cannot and reports
 // whether r was one.
 func (s *Server) serveWebSocket(w http.ResponseWriter, r *http.Request) bool {

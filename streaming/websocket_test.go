@@ -1,9 +1,15 @@
 package streaming
 
 import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"testing"
 	"time"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 // The WebSocket translation learns a URL's streams from its CRI call:
@@ -52,4 +58,35 @@ func (t *tokens) expire(token string) {
 	o := t.m[token]
 	o.expires = time.Now().Add(-time.Second)
 	t.m[token] = o
+}
+
+// A URL taken by the library (a SPDY client, or a WebSocket one of the
+// protocols it serves itself) is forgotten by the translation too: the
+// tokens it keeps are the library's in flight, not every URL of the
+// last minute. maxTokens SPDY execs within a minute (a busy node) left
+// no room, and each WebSocket v5 exec or attach after them got a 404.
+func TestTokensTakenByTheLibraryAreForgotten(t *testing.T) {
+	s := newTestServer(t, &fakeTargets{rt: &fakeRuntime{code: 3}}, 1)
+	for range maxTokens {
+		resp, err := s.GetExec(&runtimeapi.ExecRequest{ContainerId: "c1", Cmd: []string{"true"}, Stdout: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// What the library answers a request that is no upgrade; it
+		// has consumed the token all the same.
+		rec := httptest.NewRecorder()
+		s.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, resp.Url, nil))
+		if rec.Code == http.StatusNotFound {
+			t.Fatalf("the library did not know the token of %s", resp.Url)
+		}
+	}
+	resp, err := s.GetExec(&runtimeapi.ExecRequest{ContainerId: "c1", Cmd: []string{"false"}, Stdout: true, Stderr: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = clientStream(context.Background(), resp.Url, "v5")
+	var ee interface{ ExitStatus() int } // client-go's exit error
+	if !errors.As(err, &ee) || ee.ExitStatus() != 3 {
+		t.Fatalf("v5 exec after %d SPDY ones: %v, want exit code 3", maxTokens, err)
+	}
 }
