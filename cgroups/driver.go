@@ -138,11 +138,23 @@ func defaultSlice(parent string) (string, error) {
 }
 
 // IsSlice reports whether s is a plain slice unit name, the form kubelet's
-// systemd driver sends ("kubepods-burstable-pod<uid>.slice").
+// systemd driver sends ("kubepods-burstable-pod<uid>.slice"). Its
+// characters are those of systemd's unit names but ':', which runc's
+// "slice:prefix:name" cannot carry (systemd would make the slice, and
+// runc refuse every container in it), and the backslash of systemd's
+// escapes, which kubelet never writes.
 func IsSlice(s string) bool {
 	name, ok := strings.CutSuffix(s, ".slice")
-	if !ok || name == "" || strings.ContainsAny(name, "/\\ ") || strings.Contains(name, "..") {
+	if !ok || name == "" || strings.Contains(name, "..") {
+		return false
+	}
+	if strings.IndexFunc(name, notUnitChar) >= 0 {
 		return false
 	}
 	return !strings.HasPrefix(name, "-") && !strings.HasSuffix(name, "-") && !strings.Contains(name, "--")
+}
+
+// notUnitChar says c is none of the characters IsSlice allows.
+func notUnitChar(c rune) bool {
+	return (c < 'a' || c > 'z') && (c < 'A' || c > 'Z') && (c < '0' || c > '9') && c != '-' && c != '_' && c != '.'
 }

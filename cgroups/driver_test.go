@@ -38,6 +38,14 @@ func TestPodParentAndContainerPath(t *testing.T) {
 		{"systemd nested slice as a path refused", sd, "/kubepods-burstable.slice", "", "", errdefs.ErrInvalidArgument},
 		{"systemd nested slice path", sd, "/kubepods.slice/kubepods-burstable.slice", "kubepods-burstable.slice", "kubepods-burstable.slice:pinrt:c", nil},
 		{"systemd dotdot refused", sd, "../x.slice", "", "", errdefs.ErrInvalidArgument},
+		// runc splits the container's "slice:prefix:name" at every colon,
+		// and systemd takes one in a unit name: the pod would be made
+		// and every container of it refused by runc.
+		{"systemd colon refused", sd, "kubepods-a:b.slice", "", "", errdefs.ErrInvalidArgument},
+		{"systemd colon in a path refused", sd, "/x:y.slice", "", "", errdefs.ErrInvalidArgument},
+		{"systemd newline refused", sd, "kubepods-a\nb.slice", "", "", errdefs.ErrInvalidArgument},
+		{"systemd non-ASCII refused", sd, "kubepods-é.slice", "", "", errdefs.ErrInvalidArgument},
+		{"systemd underscore and dot", sd, "kubepods-pod1_2.x.slice", "kubepods-pod1_2.x.slice", "kubepods-pod1_2.x.slice:pinrt:c", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, err := tc.d.PodParent(tc.kubelet, "sb")

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
@@ -111,32 +112,48 @@ func startIn(tb testing.TB, dirs []string) int {
 	return cmd.Process.Pid
 }
 
+// countFDs counts the descriptors of pid, and the sockets among them.
+func countFDs(t *testing.T, pid int) (fds, sockets uint64) {
+	t.Helper()
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if l, _ := os.Readlink(filepath.Join(dir, e.Name())); strings.HasPrefix(l, "socket:") {
+			sockets++
+		}
+	}
+	return uint64(len(ents)), sockets
+}
+
 // TestStatAllHost reads a real cgroup with a process in it: the process,
 // its descriptors and socket, its task, and the default CPU limits.
 func TestStatAllHost(t *testing.T) {
 	r := NewReader(DefaultRoot)
 	group, dirs := hostCgroup(t, r)
 	pid := startIn(t, dirs)
-	st, err := r.StatAll(group)
-	if err != nil {
-		t.Fatal(err)
-	}
 	// stdin, stdout, stderr on /dev/null, the socket, and whatever the
 	// test binary inherited without close-on-exec: counted here the
-	// slow way.
-	dir := fmt.Sprintf("/proc/%d/fd", pid)
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sockets uint64
-	for _, e := range ents {
-		if l, _ := os.Readlink(filepath.Join(dir, e.Name())); strings.HasPrefix(l, "socket:") {
-			sockets++
+	// slow way, before and after the read. sleep opens and closes its
+	// locale files as it starts, so the counts are compared once two of
+	// them agree around one StatAll.
+	var st *Stats
+	var fds, sockets uint64
+	for range 100 {
+		before, _ := countFDs(t, pid)
+		var err error
+		if st, err = r.StatAll(group); err != nil {
+			t.Fatal(err)
 		}
+		if fds, sockets = countFDs(t, pid); fds == before {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
-	if p := st.Processes; p.Count != 1 || p.FDs != uint64(len(ents)) || p.FDs < 4 || p.Sockets != sockets || p.Sockets < 1 {
-		t.Errorf("processes = %+v, want 1 process with %d descriptors, %d of them sockets", p, len(ents), sockets)
+	if p := st.Processes; p.Count != 1 || p.FDs != fds || p.FDs < 4 || p.Sockets != sockets || p.Sockets < 1 {
+		t.Errorf("processes = %+v, want 1 process with %d descriptors, %d of them sockets", p, fds, sockets)
 	}
 	if st.Pids != 1 || st.PidsLimit != 0 {
 		t.Errorf("tasks %d, limit %d; want 1, unlimited", st.Pids, st.PidsLimit)
