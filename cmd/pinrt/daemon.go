@@ -45,11 +45,16 @@ func setupLogging(cfg *conf.Config) error {
 }
 
 // listen creates the CRI socket with mode 0660. The caller holds the run
-// dir lock, so any socket file already there is stale and is replaced.
+// dir lock, so any socket file already there is stale and is replaced
+// (a symbolic link too, which holds no data); anything else there is
+// refused, not removed: a listen path mistyped to name a file deleted it.
 func listen(cfg *conf.Config) (net.Listener, error) {
 	path := cfg.SocketPath()
 	if err := os.MkdirAll(filepath.Dir(path), 0o711); err != nil {
 		return nil, err
+	}
+	if fi, err := os.Lstat(path); err == nil && fi.Mode().Type() != os.ModeSocket && fi.Mode().Type() != os.ModeSymlink {
+		return nil, fmt.Errorf("CRI socket path %s is a %s, not a socket; refusing to replace it: %w", path, fileKind(fi.Mode()), errdefs.ErrFailedPrecondition)
 	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("removing stale socket %s: %w", path, err)
@@ -82,6 +87,17 @@ func listen(cfg *conf.Config) (net.Listener, error) {
 		return nil, err
 	}
 	return l, nil
+}
+
+// fileKind names the type of a file in a message.
+func fileKind(m os.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "directory"
+	case m.IsRegular():
+		return "regular file"
+	}
+	return "file of mode " + m.Type().String()
 }
 
 // maxMsgSize bounds the CRI messages both ways, as containerd's 16 MiB.
