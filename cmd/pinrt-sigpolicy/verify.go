@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
+	"net"
+	"net/url"
 	"os"
 	"strings"
 
@@ -77,12 +80,7 @@ func verify(ctx context.Context, req *sigpolicy.HelperRequest) (string, error) {
 	unparsed := image.UnparsedInstance(src, nil)
 	allowed, err := pc.IsRunningImageAllowed(ctx, unparsed)
 	if !allowed {
-		if rejection(err) {
-			e := fail(sigpolicy.KindRejected, "%v", err)
-			e.Scope, e.Requirements = describe(pol, ref)
-			return "", e
-		}
-		return "", fetchError(req.Ref, err)
+		return "", refusal(ctx, req, pol, ref, unparsed, err)
 	}
 	raw, _, err := unparsed.Manifest(ctx)
 	if err != nil {
@@ -93,6 +91,50 @@ func verify(ctx context.Context, req *sigpolicy.HelperRequest) (string, error) {
 		return "", fail(sigpolicy.KindDataLoss, "manifest of %s: %v", req.Ref, err)
 	}
 	return d.String(), nil
+}
+
+// refusal classifies why the policy did not allow the image. The
+// library reports many refusals without a type of its own (a keyless
+// policy meeting a signature without a certificate is "missing ...
+// annotation"): once the registry has answered for the manifest and its
+// signatures, which the image caches, the refusal is the policy's, not
+// the registry's. A key or CA file of the policy that cannot be read is
+// the node's configuration.
+func refusal(ctx context.Context, req *sigpolicy.HelperRequest, pol *signature.Policy, ref types.ImageReference, img types.UnparsedImage, err error) error {
+	var pathErr *fs.PathError
+	switch {
+	case rejection(err):
+	case registryError(err) || ctx.Err() != nil:
+		return fetchError(req.Ref, err)
+	case errors.As(err, &pathErr):
+		return fail(sigpolicy.KindFailedPrecondition, "signature policy %s: %v", req.Policy, err)
+	default:
+		if _, _, ferr := img.Manifest(ctx); ferr != nil {
+			return fetchError(req.Ref, err)
+		}
+		if _, ferr := img.Signatures(ctx); ferr != nil {
+			return fetchError(req.Ref, err)
+		}
+	}
+	e := fail(sigpolicy.KindRejected, "%v", err)
+	e.Scope, e.Requirements = describe(pol, ref)
+	return e
+}
+
+// registryError says err is a failure to talk to the registry: the
+// transport's, or the registry's answer.
+func registryError(err error) bool {
+	var (
+		urlErr  *url.Error
+		opErr   *net.OpError
+		status  docker.UnexpectedHTTPStatusError
+		unauth  docker.ErrUnauthorizedForCredentials
+		coded   errcode.Error
+		code    errcode.ErrorCode
+		errList errcode.Errors
+	)
+	return errors.As(err, &urlErr) || errors.As(err, &opErr) || errors.As(err, &status) || errors.As(err, &unauth) ||
+		errors.As(err, &coded) || errors.As(err, &code) || errors.As(err, &errList) || errors.Is(err, docker.ErrTooManyRequests)
 }
 
 // rejection tells the policy's refusal (a requirement not met, a

@@ -2,12 +2,22 @@ package main
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/base64"
+	"encoding/pem"
 	"errors"
 	"fmt"
+	"io/fs"
+	"math/big"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -322,6 +332,50 @@ func TestPolicyReloadAndMalformed(t *testing.T) {
 	}
 }
 
+// A refusal that the library reports with an error of no particular
+// type is still the policy's refusal once the registry has answered: a
+// keyless (Fulcio) policy meeting an image signed with a key is refused,
+// not blamed on the registry. A key file the policy names that is
+// missing is the node's configuration, not the registry, either.
+func TestVerifyRefusalKinds(t *testing.T) {
+	f := setup(t)
+	ca := filepath.Join(f.dir, "fulcio.pem")
+	if err := os.WriteFile(ca, selfSignedCA(t), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fulcio := writePolicy(t, filepath.Join(f.dir, "fulcio.json"), fmt.Sprintf(`{"default":[{"type":"sigstoreSigned",
+		"fulcio":{"caPath":%q,"oidcIssuer":"https://issuer.example","subjectEmail":"a@example.com"},
+		"rekorPublicKeyPath":%q,"signedIdentity":{"type":"matchRepository"}}]}`, ca, f.keyPath))
+	_, err := verifyRef(f.verifier(t, sigpolicy.Config{Policy: fulcio}), f.signed, "")
+	wantRejected(t, err, f.signed, fulcio, "annotation")
+
+	missing := filepath.Join(f.dir, "gone.pub")
+	noKey := writePolicy(t, filepath.Join(f.dir, "nokey.json"), sigstore("", missing, matchRepository))
+	_, err = verifyRef(f.verifier(t, sigpolicy.Config{Policy: noKey}), f.signed, "")
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), noKey) || !strings.Contains(err.Error(), missing) {
+		t.Fatalf("missing key: err = %v, want FailedPrecondition naming %s and %s", err, noKey, missing)
+	}
+}
+
+// selfSignedCA is a PEM CA certificate, for a Fulcio policy.
+func selfSignedCA(t *testing.T) []byte {
+	t.Helper()
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test fulcio"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+}
+
 func b64(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
 
 func writeKey(t *testing.T, dir, name string, k *cosign.Key) string {
@@ -376,6 +430,27 @@ func TestFetchErrorKinds(t *testing.T) {
 		var he *sigpolicy.HelperError
 		if err := fetchError("r/x:1", c.err); !errors.As(err, &he) || he.Kind != c.kind {
 			t.Errorf("fetchError(%v) = %v, want kind %s", c.err, err, c.kind)
+		}
+	}
+}
+
+// registryError tells a registry's failure, which a refusal must not
+// hide, from the library's untyped refusals and local file errors.
+func TestRegistryError(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"connection refused", fmt.Errorf("reading signatures: %w", &url.Error{Op: "Get", URL: "https://r/v2/", Err: errors.New("connection refused")}), true},
+		{"registry error code", fmt.Errorf("reading signatures: %w", errcode.ErrorCodeUnknown.WithMessage("boom")), true},
+		{"unexpected status", fmt.Errorf("reading signatures: %w", docker.UnexpectedHTTPStatusError{StatusCode: 502}), true},
+		{"rate limited", fmt.Errorf("reading signatures: %w", docker.ErrTooManyRequests), true},
+		{"missing annotation", errors.New("missing dev.sigstore.cosign/bundle annotation"), false},
+		{"missing key file", &fs.PathError{Op: "open", Path: "/etc/pinrt/key.pub", Err: syscall.ENOENT}, false},
+	} {
+		if got := registryError(c.err); got != c.want {
+			t.Errorf("%s: registryError(%v) = %v, want %v", c.name, c.err, got, c.want)
 		}
 	}
 }
