@@ -2,8 +2,8 @@ package server
 
 import (
 	"math"
-	"strconv"
-	"strings"
+
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/pinrt/pinrt/sandbox"
 )
@@ -13,6 +13,13 @@ import (
 const (
 	annotationIngressBandwidth = "kubernetes.io/ingress-bandwidth"
 	annotationEgressBandwidth  = "kubernetes.io/egress-bandwidth"
+)
+
+// The bounds of a bandwidth, as containerd and kubelet's old kubenet
+// had them: 1 kbit/s to 1 Pbit/s.
+var (
+	minBandwidth = resource.MustParse("1k")
+	maxBandwidth = resource.MustParse("1P")
 )
 
 // podBandwidth reads the bandwidth annotations. As in containerd, the
@@ -34,38 +41,24 @@ func podBandwidth(ann map[string]string) (*sandbox.Bandwidth, error) {
 		if a.val == "" {
 			continue
 		}
-		v, err := parseQuantity(a.val)
-		if err != nil || v == 0 {
-			return nil, invalid("annotation %s=%q is not a positive bandwidth", a.key, a.val)
+		v, err := parseBandwidth(a.val)
+		if err != nil {
+			return nil, invalid("annotation %s=%q is not a bandwidth from 1k to 1P", a.key, a.val)
 		}
 		*a.rate, *a.burst = v, math.MaxUint32
 	}
 	return bw, nil
 }
 
-// parseQuantity parses the integer forms of a Kubernetes resource
-// quantity: a number with an optional decimal (k, M, G, T) or binary
-// (Ki, Mi, Gi, Ti) suffix.
-func parseQuantity(s string) (uint64, error) {
-	mult := uint64(1)
-	for _, u := range []struct {
-		suffix string
-		mult   uint64
-	}{
-		{"Ki", 1 << 10}, {"Mi", 1 << 20}, {"Gi", 1 << 30}, {"Ti", 1 << 40},
-		{"k", 1e3}, {"M", 1e6}, {"G", 1e9}, {"T", 1e12},
-	} {
-		if strings.HasSuffix(s, u.suffix) {
-			s, mult = strings.TrimSuffix(s, u.suffix), u.mult
-			break
-		}
-	}
-	n, err := strconv.ParseUint(s, 10, 64)
+// parseBandwidth parses a Kubernetes resource quantity ("10M", "1.5M",
+// "1Gi", "25e6"), as containerd does, rounded up to whole bits.
+func parseBandwidth(s string) (uint64, error) {
+	q, err := resource.ParseQuantity(s)
 	if err != nil {
 		return 0, err
 	}
-	if n > math.MaxUint64/mult {
-		return 0, strconv.ErrRange
+	if q.Cmp(minBandwidth) < 0 || q.Cmp(maxBandwidth) > 0 {
+		return 0, resource.ErrFormatWrong
 	}
-	return n * mult, nil
+	return uint64(q.Value()), nil //nolint:gosec // within 1k..1P
 }

@@ -24,6 +24,15 @@ func TestPodBandwidth(t *testing.T) {
 		{name: "zero", ann: map[string]string{annotationEgressBandwidth: "0"}, err: errdefs.ErrInvalidArgument},
 		{name: "negative", ann: map[string]string{annotationEgressBandwidth: "-1M"}, err: errdefs.ErrInvalidArgument},
 		{name: "overflow", ann: map[string]string{annotationEgressBandwidth: "18446744073709551615T"}, err: errdefs.ErrInvalidArgument},
+		// Any resource quantity, as containerd parses them
+		// (resource.ParseQuantity), within its 1k to 1P bounds.
+		{name: "fraction", ann: map[string]string{annotationIngressBandwidth: "1.5M"}, in: 1_500_000},
+		{name: "exponent", ann: map[string]string{annotationEgressBandwidth: "25e6"}, out: 25_000_000},
+		{name: "peta", ann: map[string]string{annotationEgressBandwidth: "1P"}, out: 1_000_000_000_000_000},
+		{name: "milli rounds up", ann: map[string]string{annotationEgressBandwidth: "1000001m"}, out: 1001},
+		{name: "under 1k", ann: map[string]string{annotationIngressBandwidth: "999"}, err: errdefs.ErrInvalidArgument},
+		{name: "over 1P", ann: map[string]string{annotationIngressBandwidth: "2P"}, err: errdefs.ErrInvalidArgument},
+		{name: "binary peta over 1P", ann: map[string]string{annotationIngressBandwidth: "1Pi"}, err: errdefs.ErrInvalidArgument},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

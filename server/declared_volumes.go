@@ -20,6 +20,12 @@ import (
 // on: each is a directory and a mount.
 const maxDeclaredVolumes = 128
 
+// declaredVolumesDir holds, in a container's directory, the directories
+// of its declared volumes. Not "volumes": the image store keeps image
+// volume i (KEP-4639) in volumes/<i>, and a declared volume numbered
+// alike showed the container that volume's mount inside its own.
+const declaredVolumesDir = "declared-volumes"
+
 // declaredVolumes gives every VOLUME the image declares (its config's
 // Volumes) that the container's rootfs lacks a directory of the
 // container's own under dir, mounted at that path, as containerd does
@@ -31,7 +37,7 @@ const maxDeclaredVolumes = 128
 //
 // The mounts go into the spec like kubelet's, so in a pod with a user
 // namespace they are idmapped to it. The directories go with the
-// container's directory.
+// container's directory, under declaredVolumesDir.
 func declaredVolumes(rootfs, dir string, declared map[string]struct{}, requested []sandbox.ContainerMount) ([]oci.Mount, error) {
 	if len(declared) > maxDeclaredVolumes {
 		return nil, fmt.Errorf("the image declares %d volumes, more than %d: %w", len(declared), maxDeclaredVolumes, errdefs.ErrInvalidArgument)
@@ -54,7 +60,7 @@ func declaredVolumes(rootfs, dir string, declared map[string]struct{}, requested
 		if !missing {
 			continue
 		}
-		src := filepath.Join(dir, "volumes", strconv.Itoa(len(mounts)))
+		src := filepath.Join(dir, declaredVolumesDir, strconv.Itoa(len(mounts)))
 		if err := os.MkdirAll(src, 0o755); err != nil {
 			return nil, fmt.Errorf("image volume %s: %w", dest, err)
 		}

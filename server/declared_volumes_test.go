@@ -44,7 +44,7 @@ func TestDeclaredVolumes(t *testing.T) {
 	var got []string
 	for i, m := range mounts {
 		got = append(got, m.ContainerPath)
-		if want := filepath.Join(dir, "volumes", fmt.Sprint(i)); m.HostPath != want {
+		if want := filepath.Join(dir, declaredVolumesDir, fmt.Sprint(i)); m.HostPath != want {
 			t.Errorf("mount %s from %s, want %s", m.ContainerPath, m.HostPath, want)
 		}
 		if fi, err := os.Stat(m.HostPath); err != nil || !fi.IsDir() || fi.Mode().Perm() != 0o755 {
