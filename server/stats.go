@@ -478,7 +478,7 @@ func (s *Server) diskUsageLoop(ctx context.Context, interval time.Duration) {
 }
 
 // containerFilesystem is the writable layers' filesystem for ImageFsInfo:
-// the sum of the last measurements.
+// the sum of the last measurements, at containerFsMountpoint.
 func (s *Server) containerFilesystem() *runtimeapi.FilesystemUsage {
 	s.stats.mu.Lock()
 	defer s.stats.mu.Unlock()
@@ -489,10 +489,29 @@ func (s *Server) containerFilesystem() *runtimeapi.FilesystemUsage {
 	}
 	return &runtimeapi.FilesystemUsage{
 		Timestamp:  time.Now().UnixNano(),
-		FsId:       &runtimeapi.FilesystemIdentifier{Mountpoint: filepath.Join(s.cfg.Root, "containers")},
+		FsId:       &runtimeapi.FilesystemIdentifier{Mountpoint: s.containerFsMountpoint()},
 		UsedBytes:  &runtimeapi.UInt64Value{Value: bytes},
 		InodesUsed: &runtimeapi.UInt64Value{Value: inodes},
 	}
+}
+
+// containerFsMountpoint names the writable layers' filesystem: the
+// containers' directory when it is a filesystem apart from the image
+// store's, the image store's root when both are one. kubelet decides
+// whether the node splits its image filesystem (KEP 4191) by comparing the
+// two mountpoints as strings: one filesystem under two names made every
+// kubelet see a split one, and one without KubeletSeparateDiskGC fail
+// every eviction pass ("we still have a split filesystem"). A path that
+// cannot be examined counts as the image store's (CRI-O reports both
+// alike unless the storage is split; containerd leaves the container
+// filesystem out).
+func (s *Server) containerFsMountpoint() string {
+	dir, images := filepath.Join(s.cfg.Root, "containers"), s.deps.Images.Root()
+	var a, b unix.Stat_t
+	if unix.Stat(dir, &a) == nil && unix.Stat(images, &b) == nil && a.Dev != b.Dev {
+		return dir
+	}
+	return images
 }
 
 // containersByPod lists every container once, by sandbox ID, for the
