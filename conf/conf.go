@@ -5,10 +5,12 @@ package conf
 
 import (
 	"fmt"
+	"math"
 	"net"
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -360,6 +362,11 @@ func (c *Config) Validate() error {
 	}
 	if c.LogFormat != "text" && c.LogFormat != "json" {
 		return &FieldError{"log_format", fmt.Sprintf("unknown format %q (text, json)", c.LogFormat)}
+	}
+	// A name is looked up at start; a number is a gid as chown(2) takes
+	// one, where -1 and other wrapped values mean "unchanged".
+	if n, err := strconv.ParseInt(c.SocketGroup, 10, 64); err == nil && (n < 0 || n > math.MaxInt32) {
+		return &FieldError{"socket_group", fmt.Sprintf("gid %d is out of range", n)}
 	}
 	if c.ShutdownTimeout < 0 {
 		return &FieldError{"shutdown_timeout", "must not be negative"}

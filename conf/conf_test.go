@@ -146,6 +146,8 @@ func TestInvalidValues(t *testing.T) {
 		{"log level", `log_level = "loud"`, "log_level"},
 		{"log format", `log_format = "xml"`, "log_format"},
 		{"negative shutdown", `shutdown_timeout = "-1s"`, "shutdown_timeout"},
+		{"negative socket group", `socket_group = "-5"`, "socket_group"},
+		{"socket group over 2^31", `socket_group = "4294967295"`, "socket_group"},
 		{"bad duration", `shutdown_timeout = "soon"`, "shutdown_timeout"},
 		{"relative cni conf", "[cni]\nconf_dir = \"net.d\"", "cni.conf_dir"},
 		{"no plugin dirs", "[cni]\nplugin_dirs = []", "cni.plugin_dirs"},

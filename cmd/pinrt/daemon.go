@@ -59,14 +59,6 @@ func listen(cfg *conf.Config) (net.Listener, error) {
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("removing stale socket %s: %w", path, err)
 	}
-	// Create the socket with no access at all, then open it up: no client
-	// can connect through a wider mode in between.
-	old := unix.Umask(0o777)
-	l, err := net.Listen("unix", path)
-	unix.Umask(old)
-	if err != nil {
-		return nil, err
-	}
 	gid := -1
 	if g := cfg.SocketGroup; g != "" {
 		if n, err := strconv.Atoi(g); err == nil {
@@ -74,18 +66,45 @@ func listen(cfg *conf.Config) (net.Listener, error) {
 		} else if grp, err := user.LookupGroup(g); err == nil {
 			gid, _ = strconv.Atoi(grp.Gid)
 		} else {
-			l.Close()
 			return nil, fmt.Errorf("socket_group %q: %w", g, err)
 		}
 	}
-	if err := os.Chown(path, -1, gid); err != nil {
-		l.Close()
+	return bindSocket(path, gid)
+}
+
+// bindSocket makes a unix socket listening at path, of mode 0660 and group
+// gid (-1: the daemon's). It is bound, given its owner and mode, and only
+// then listens: no client can connect through a wider mode in between.
+// The process's umask stays as it is: it is every goroutine's, and a
+// file another one made while it was 0777 came out with mode 0000.
+func bindSocket(path string, gid int) (net.Listener, error) {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, os.NewSyscallError("socket", err)
+	}
+	f := os.NewFile(uintptr(fd), path)
+	defer f.Close()
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: path}); err != nil {
+		return nil, fmt.Errorf("binding %s: %w", path, err)
+	}
+	fail := func(err error) (net.Listener, error) {
+		_ = os.Remove(path)
 		return nil, err
+	}
+	if err := os.Chown(path, -1, gid); err != nil {
+		return fail(err)
 	}
 	if err := os.Chmod(path, 0o660); err != nil {
-		l.Close()
-		return nil, err
+		return fail(err)
 	}
+	if err := unix.Listen(fd, unix.SOMAXCONN); err != nil {
+		return fail(fmt.Errorf("listening on %s: %w", path, err))
+	}
+	l, err := net.FileListener(f)
+	if err != nil {
+		return fail(err)
+	}
+	l.(*net.UnixListener).SetUnlinkOnClose(true)
 	return l, nil
 }
 

@@ -73,3 +73,50 @@ func TestListen(t *testing.T) {
 		})
 	}
 }
+
+// listen must not change the process's umask, which every goroutine
+// shares: the daemon's others run meanwhile (restore, image collection,
+// NRI, streaming), and a file one of them made while the umask was 0777
+// came out with mode 0000.
+func TestListenLeavesTheUmask(t *testing.T) {
+	dir := t.TempDir()
+	stop := make(chan struct{})
+	bad := make(chan os.FileMode, 1)
+	go func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				close(bad)
+				return
+			default:
+			}
+			p := filepath.Join(dir, "f")
+			f, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+			if err != nil {
+				continue
+			}
+			fi, _ := f.Stat()
+			f.Close()
+			os.Remove(p)
+			if fi.Mode().Perm() == 0 {
+				select {
+				case bad <- fi.Mode():
+				default:
+				}
+			}
+		}
+	}()
+	cfg := conf.Default()
+	cfg.Listen = filepath.Join(t.TempDir(), "pinrt.sock")
+	for range 300 {
+		l, err := listen(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Close()
+	}
+	close(stop)
+	if m, ok := <-bad; ok {
+		t.Fatalf("a file made while listen ran got mode %v", m)
+	}
+}
