@@ -42,13 +42,15 @@ func (s *Server) Exec(ctx context.Context, req *runtimeapi.ExecRequest) (*runtim
 	if err := validCommand(req.Cmd); err != nil {
 		return nil, err
 	}
-	if _, err := s.streamTarget(ctx, req.ContainerId); err != nil {
+	id, _, err := s.streamTarget(ctx, req.ContainerId)
+	if err != nil {
 		return nil, err
 	}
 	st, err := s.streamServer()
 	if err != nil {
 		return nil, err
 	}
+	req.ContainerId = id // see streamTarget
 	return st.GetExec(req)
 }
 
@@ -63,13 +65,15 @@ func validCommand(cmd []string) error {
 
 // Attach returns the URL of an attach session to a running container.
 func (s *Server) Attach(ctx context.Context, req *runtimeapi.AttachRequest) (*runtimeapi.AttachResponse, error) {
-	if _, err := s.streamTarget(ctx, req.ContainerId); err != nil {
+	id, _, err := s.streamTarget(ctx, req.ContainerId)
+	if err != nil {
 		return nil, err
 	}
 	st, err := s.streamServer()
 	if err != nil {
 		return nil, err
 	}
+	req.ContainerId = id // see streamTarget
 	return st.GetAttach(req)
 }
 
@@ -80,13 +84,15 @@ func (s *Server) PortForward(ctx context.Context, req *runtimeapi.PortForwardReq
 			return nil, invalid("port-forward port %d is not a port", p)
 		}
 	}
-	if _, err := s.podNetNS(req.PodSandboxId); err != nil {
+	id, _, err := s.podNetNS(req.PodSandboxId)
+	if err != nil {
 		return nil, err
 	}
 	st, err := s.streamServer()
 	if err != nil {
 		return nil, err
 	}
+	req.PodSandboxId = id // see streamTarget
 	return st.GetPortForward(req)
 }
 
@@ -104,54 +110,61 @@ func (s *Server) closePodStreams(id string) {
 	}
 }
 
-// streamTarget returns the runtime of a running container.
-func (s *Server) streamTarget(ctx context.Context, id string) (streaming.ContainerRuntime, error) {
+// streamTarget returns the full ID and the runtime of a running
+// container. Exec and Attach hand the streaming server the full ID, not
+// the prefix the request may give: it looks the container up again when
+// the client connects, and a prefix could name another container by then.
+func (s *Server) streamTarget(ctx context.Context, id string) (string, streaming.ContainerRuntime, error) {
 	c, err := s.containers.Get(id)
 	if err != nil {
-		return nil, err
+		return "", nil, err
 	}
 	s.observeContainer(ctx, c, true)
 	if st := c.Status().State; st != sandbox.ContainerRunning {
-		return nil, fmt.Errorf("container %s is %s, not running: %w", c.ID, st, errdefs.ErrFailedPrecondition)
+		return "", nil, fmt.Errorf("container %s is %s, not running: %w", c.ID, st, errdefs.ErrFailedPrecondition)
 	}
 	rt, err := s.runtimeFor(c.Handler)
 	if err != nil {
-		return nil, err
+		return "", nil, err
 	}
 	sr, ok := rt.(streaming.ContainerRuntime)
 	if !ok {
-		return nil, fmt.Errorf("runtime handler %q cannot stream: %w", c.Handler, errdefs.ErrNotImplemented)
+		return "", nil, fmt.Errorf("runtime handler %q cannot stream: %w", c.Handler, errdefs.ErrNotImplemented)
 	}
-	return sr, nil
+	return c.ID, sr, nil
 }
 
-// podNetNS is the pinned netns of a Ready pod, "" on the host network.
-func (s *Server) podNetNS(id string) (string, error) {
+// podNetNS returns the full ID and the pinned netns of a Ready pod, ""
+// on the host network. PortForward hands on the full ID (see
+// streamTarget), which closePodStreams finds its forwards by.
+func (s *Server) podNetNS(id string) (string, string, error) {
 	sb, err := s.sandboxes.Get(id)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	if st := sb.Status().State; st != sandbox.StateReady {
-		return "", fmt.Errorf("pod %s is not ready: %w", id, errdefs.ErrFailedPrecondition)
+		return "", "", fmt.Errorf("pod %s is not ready: %w", id, errdefs.ErrFailedPrecondition)
 	}
 	if sb.Modes.Network == sandbox.ModeNode {
-		return "", nil
+		return sb.ID, "", nil
 	}
 	p := sb.Pins["net"]
 	if p == "" {
-		return "", fmt.Errorf("pod %s has no pinned network namespace: %w", id, errdefs.ErrFailedPrecondition)
+		return "", "", fmt.Errorf("pod %s has no pinned network namespace: %w", id, errdefs.ErrFailedPrecondition)
 	}
-	return p, nil
+	return sb.ID, p, nil
 }
 
 type streamTargets struct{ s *Server }
 
 func (t streamTargets) Container(ctx context.Context, id string) (streaming.ContainerRuntime, error) {
-	return t.s.streamTarget(ctx, id)
+	_, rt, err := t.s.streamTarget(ctx, id)
+	return rt, err
 }
 
 func (t streamTargets) PodNetNS(_ context.Context, id string) (string, error) {
-	return t.s.podNetNS(id)
+	_, p, err := t.s.podNetNS(id)
+	return p, err
 }
 
 // ExecSync runs a command in a running container and returns its output.

@@ -144,3 +144,60 @@ func TestExecSyncTimeoutKeepsOutput(t *testing.T) {
 		t.Errorf("error is %d bytes; each stream's share should be bounded by %d", len(msg), partialOutputMax)
 	}
 }
+
+// recordingStreams records the requests handed to the streaming server.
+type recordingStreams struct {
+	fakeStreams
+	exec    []string
+	attach  []string
+	forward []string
+}
+
+func (r *recordingStreams) GetExec(req *runtimeapi.ExecRequest) (*runtimeapi.ExecResponse, error) {
+	r.exec = append(r.exec, req.ContainerId)
+	return r.fakeStreams.GetExec(req)
+}
+
+func (r *recordingStreams) GetAttach(req *runtimeapi.AttachRequest) (*runtimeapi.AttachResponse, error) {
+	r.attach = append(r.attach, req.ContainerId)
+	return r.fakeStreams.GetAttach(req)
+}
+
+func (r *recordingStreams) GetPortForward(req *runtimeapi.PortForwardRequest) (*runtimeapi.PortForwardResponse, error) {
+	r.forward = append(r.forward, req.PodSandboxId)
+	return r.fakeStreams.GetPortForward(req)
+}
+
+// A request naming its container or pod by a unique prefix hands the
+// streaming server the full ID: it looks the target up again when the
+// client connects, by when the prefix may name another one, and
+// StopPodSandbox closes a pod's forwards by its full ID.
+func TestStreamingRequestsCarryFullIDs(t *testing.T) {
+	f := newCtrFixture(t)
+	ctx := context.Background()
+	pod := mustRunPod(t, f, "p")
+	c, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod.PodSandboxId, Config: unitCtr("c")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.srv.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: c.ContainerId}); err != nil {
+		t.Fatal(err)
+	}
+	streams := &recordingStreams{}
+	f.srv.SetStreams(streams)
+	if _, err := f.srv.Exec(ctx, &runtimeapi.ExecRequest{ContainerId: c.ContainerId[:12], Cmd: []string{"true"}, Stdout: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.srv.Attach(ctx, &runtimeapi.AttachRequest{ContainerId: c.ContainerId[:12], Stdout: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.srv.PortForward(ctx, &runtimeapi.PortForwardRequest{PodSandboxId: pod.PodSandboxId[:12], Port: []int32{80}}); err != nil {
+		t.Fatal(err)
+	}
+	if len(streams.exec) != 1 || streams.exec[0] != c.ContainerId || len(streams.attach) != 1 || streams.attach[0] != c.ContainerId {
+		t.Errorf("exec and attach handed on %v and %v, want the full ID %s", streams.exec, streams.attach, c.ContainerId)
+	}
+	if len(streams.forward) != 1 || streams.forward[0] != pod.PodSandboxId {
+		t.Errorf("port-forward handed on %v, want the full ID %s", streams.forward, pod.PodSandboxId)
+	}
+}

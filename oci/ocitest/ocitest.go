@@ -416,6 +416,31 @@ func (r *Runtime) ExecSync(_ context.Context, id string, _ []string, _ time.Dura
 	return r.Exec.Stdout, r.Exec.Stderr, r.Exec.ExitCode, r.Exec.Err
 }
 
+// ExecStream records a streaming exec and returns r.Exec's exit code for
+// a running container; it writes nothing to the streams.
+func (r *Runtime) ExecStream(_ context.Context, id string, _ oci.ExecOptions) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.record("exec-stream", id)
+	st, err := r.get(id)
+	if err != nil {
+		return -1, err
+	}
+	if st.Status != oci.StatusRunning {
+		return -1, fmt.Errorf("container %s is %s: %w", id, st.Status, errdefs.ErrFailedPrecondition)
+	}
+	return int(r.Exec.ExitCode), r.Exec.Err
+}
+
+// Attach records an attach and returns at once.
+func (r *Runtime) Attach(_ context.Context, id string, _ oci.AttachOptions) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.record("attach", id)
+	_, err := r.get(id)
+	return err
+}
+
 // Update records the new resources.
 func (r *Runtime) Update(_ context.Context, id string, res *specs.LinuxResources) error {
 	r.mu.Lock()
