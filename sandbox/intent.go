@@ -35,7 +35,7 @@ const (
 
 // MarkIntent durably records intent in dir with md, the object's metadata
 // as far as it is known. It returns only once the record and its directory
-// entry are on disk.
+// entry are on disk, and for a creation the entry of dir itself.
 //
 // The record is written atomically (temp file, fsync, rename, fsync of the
 // directory), never truncated in place: a daemon killed between the open
@@ -49,6 +49,14 @@ func MarkIntent(dir string, intent Intent, md any) error {
 	}
 	if err := atomicfile.WriteFile(filepath.Join(dir, string(intent)), b, 0o600); err != nil {
 		return fmt.Errorf("recording %s intent: %w", intent, err)
+	}
+	if intent == IntentCreating {
+		// dir is new: its own entry must outlast a power cut too, or
+		// the record goes with it while the IPs and ID ranges the
+		// creation takes stay recorded elsewhere.
+		if err := atomicfile.SyncDir(filepath.Dir(dir)); err != nil {
+			return fmt.Errorf("recording %s intent: %w", intent, err)
+		}
 	}
 	return nil
 }
