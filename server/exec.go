@@ -177,7 +177,30 @@ func (s *Server) ExecSync(ctx context.Context, req *runtimeapi.ExecSyncRequest) 
 	if err != nil {
 		return nil, withPartialOutput(err, stdout, stderr)
 	}
+	stdout, stderr = fitExecReply(stdout, stderr)
 	return &runtimeapi.ExecSyncResponse{Stdout: stdout, Stderr: stderr, ExitCode: code}, nil
+}
+
+// maxExecReply bounds the output of one ExecSync reply: kubelet and
+// crictl take messages of up to 16 MiB, and the runtime keeps up to
+// 16 MiB of each stream. A larger reply failed whole (ResourceExhausted),
+// exit code and all.
+const maxExecReply = 16<<20 - 64<<10
+
+// fitExecReply cuts stdout and stderr to maxExecReply together, each
+// keeping its beginning; a stream under half of it stays whole.
+func fitExecReply(stdout, stderr []byte) ([]byte, []byte) {
+	if len(stdout)+len(stderr) <= maxExecReply {
+		return stdout, stderr
+	}
+	half := maxExecReply / 2
+	switch {
+	case len(stderr) <= half:
+		return stdout[:maxExecReply-len(stderr)], stderr
+	case len(stdout) <= half:
+		return stdout, stderr[:maxExecReply-len(stdout)]
+	}
+	return stdout[:half], stderr[:half]
 }
 
 // partialOutputMax bounds each stream's share of a failed exec's error.

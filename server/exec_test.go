@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/containerd/errdefs"
+	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pinrt/pinrt/oci/ocitest"
@@ -142,6 +144,30 @@ func TestExecSyncTimeoutKeepsOutput(t *testing.T) {
 	}
 	if len(msg) > 3*partialOutputMax {
 		t.Errorf("error is %d bytes; each stream's share should be bounded by %d", len(msg), partialOutputMax)
+	}
+}
+
+// An ExecSync whose output fills both of the runtime's 16 MiB buffers
+// still answers, with its exit code, in a reply kubelet and crictl take
+// (16 MiB at most); the output keeps its beginning.
+func TestExecSyncReplyFitsAMessage(t *testing.T) {
+	f := newCtrFixture(t)
+	pod, _ := f.pod(t, false)
+	id := f.started(t, pod, "c")
+	for _, tc := range []struct{ stdout, stderr int }{
+		{16 << 20, 16 << 20}, {16 << 20, 10}, {10, 16 << 20}, {8 << 20, 8 << 20},
+	} {
+		f.rt.Exec = ocitest.ExecResult{Stdout: bytes.Repeat([]byte("o"), tc.stdout), Stderr: bytes.Repeat([]byte("e"), tc.stderr), ExitCode: 3}
+		resp, err := f.srv.ExecSync(context.Background(), &runtimeapi.ExecSyncRequest{ContainerId: id, Cmd: []string{"sh"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := proto.Size(resp); n > 16<<20 || resp.ExitCode != 3 {
+			t.Errorf("%d + %d bytes of output: a reply of %d bytes, exit code %d; want at most 16 MiB and 3", tc.stdout, tc.stderr, n, resp.ExitCode)
+		}
+		if tc.stderr == 10 && len(resp.Stderr) != 10 || tc.stdout == 10 && len(resp.Stdout) != 10 {
+			t.Errorf("a 10-byte stream was cut: stdout %d, stderr %d bytes", len(resp.Stdout), len(resp.Stderr))
+		}
 	}
 }
 
