@@ -161,6 +161,7 @@ func (s *Server) stopLocked(ctx context.Context, c *sandbox.Container, timeout t
 	// has its own bound, whatever the caller's deadline.
 	sctx, cancel := context.WithTimeout(ctx, timeout+stopKillTimeout)
 	defer cancel()
+	s.stopping(c)
 	if err := rt.Stop(sctx, c.ID, sig, timeout); err != nil && !errdefs.IsNotFound(err) {
 		return fmt.Errorf("stopping container %s: %w", c.ID, err)
 	}

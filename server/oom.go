@@ -19,9 +19,10 @@ import (
 // Error 137 instead of OOMKilled. On cgroup v2 the pod's cgroup, which
 // outlives its containers, counts its children's OOM kills too: a
 // SIGKILLed container is taken as OOM-killed when that counter has
-// risen past what the pod's earlier exits accounted for. Two containers
-// of one pod SIGKILLed at once, only one of them by the OOM killer,
-// could swap reasons; nothing else can mislead it.
+// risen past what the pod's earlier exits accounted for, unless pinrt was
+// stopping it. Two containers of one pod SIGKILLed at once, only one of
+// them by the OOM killer, could swap reasons, and so could a container
+// killed from outside after an OOM kill of another's child process.
 type podOOM struct {
 	mu sync.Mutex
 	// seen is each pod's oom_kill count already accounted for: read
@@ -90,6 +91,19 @@ func (s *Server) exitWasOOMKill(ctx context.Context, c *sandbox.Container) bool 
 	}
 	s.oom.decided[c.ID] = oom
 	return oom
+}
+
+// stopping records that pinrt is stopping c, before it signals it: a
+// SIGKILL exit is then the stop's (its grace period over, or a SIGKILL
+// stop signal), not an OOM kill, whatever the pod's counter says; a rise
+// some child process's OOM kill made stays for an exit of its own.
+// conmon's own OOM file still wins.
+func (s *Server) stopping(c *sandbox.Container) {
+	s.oom.mu.Lock()
+	defer s.oom.mu.Unlock()
+	if _, ok := s.oom.decided[c.ID]; !ok {
+		s.oom.decided[c.ID] = false
+	}
 }
 
 // forgetOOM drops what podOOM keeps for a removed container or pod.

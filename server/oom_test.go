@@ -24,14 +24,8 @@ func TestExitTakenAsOOMKillFromPodCounter(t *testing.T) {
 	f.srv.notePodOOMBase(ctx, sb)
 
 	run := func(name string) string { t.Helper(); return f.started(t, pod, name) }
-	// Every stop ends in a SIGKILL exit, with no oom file from conmon.
-	killed := int32(sigkillExit)
-	f.rt.StopExitCode = &killed
-	stopAndReason := func(id string) string {
+	reason := func(id string) string {
 		t.Helper()
-		if _, err := f.srv.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: id}); err != nil {
-			t.Fatal(err)
-		}
 		st, err := f.srv.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id})
 		if err != nil {
 			t.Fatal(err)
@@ -41,23 +35,48 @@ func TestExitTakenAsOOMKillFromPodCounter(t *testing.T) {
 		}
 		return st.Status.Reason
 	}
+	// A SIGKILL exit of the container's own, with no oom file from
+	// conmon.
+	killedAlone := func(id string) string {
+		t.Helper()
+		if err := f.rt.Exit(id, sigkillExit); err != nil {
+			t.Fatal(err)
+		}
+		return reason(id)
+	}
 
 	a, b, c := run("a"), run("b"), run("c")
-	if r := stopAndReason(a); r != reasonError {
+	if r := killedAlone(a); r != reasonError {
 		t.Errorf("a SIGKILL with no new OOM kill: reason %q, want %q (older kills are not attributed)", r, reasonError)
 	}
 	f.cg.setOOMKills(group, 6)
-	if r := stopAndReason(b); r != reasonOOMKilled {
+	if r := killedAlone(b); r != reasonOOMKilled {
 		t.Errorf("a SIGKILL after the pod's oom_kill rose: reason %q, want %q", r, reasonOOMKilled)
 	}
 	// Asked again, b keeps its answer; the one rise is used up, so c,
 	// killed after it, is not an OOM kill.
-	st, _ := f.srv.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: b})
-	if st.Status.Reason != reasonOOMKilled {
-		t.Errorf("b's reason changed to %q", st.Status.Reason)
+	if r := reason(b); r != reasonOOMKilled {
+		t.Errorf("b's reason changed to %q", r)
 	}
-	if r := stopAndReason(c); r != reasonError {
+	if r := killedAlone(c); r != reasonError {
 		t.Errorf("c after the rise was used: reason %q, want %q", r, reasonError)
+	}
+
+	// A stop that ends in SIGKILL (the grace period over) is the stop's,
+	// even after a rise the OOM kill of some child process in the pod
+	// made; the rise stays for an exit of the container's own.
+	d, e := run("d"), run("e")
+	f.cg.setOOMKills(group, 7)
+	killed := int32(sigkillExit)
+	f.rt.StopExitCode = &killed
+	if _, err := f.srv.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: d, Timeout: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if r := reason(d); r != reasonError {
+		t.Errorf("a stop ended by SIGKILL after a rise: reason %q, want %q", r, reasonError)
+	}
+	if r := killedAlone(e); r != reasonOOMKilled {
+		t.Errorf("a SIGKILL of its own after the stop: reason %q, want %q", r, reasonOOMKilled)
 	}
 	if _, err := f.srv.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: pod}); err != nil {
 		t.Fatal(err)
