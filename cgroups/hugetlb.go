@@ -77,8 +77,11 @@ func (r *Reader) statHugetlb(group string, bp *[]byte) ([]Hugetlb, error) {
 		}
 		h := Hugetlb{PageSize: size}
 		ok, err := readUintFile(usage, bp, &h.Usage)
-		if err != nil || !ok {
+		if err != nil {
 			return out, err
+		}
+		if !ok {
+			continue
 		}
 		if peak != "" {
 			if _, err := readUintFile(peak, bp, &h.MaxUsage); err != nil {
