@@ -83,7 +83,8 @@ func (c authFileCreds) lookup(host string) *Auth {
 
 // authHost normalises an auths key the way docker matches them: a scheme
 // and path are dropped ("https://index.docker.io/v1/" is Docker Hub), and
-// Docker Hub's aliases are one host.
+// Docker Hub's aliases are one host. Options.Registries is keyed by it
+// too (CanonicalRegistries).
 func authHost(key string) string {
 	h := strings.TrimPrefix(strings.TrimPrefix(key, "https://"), "http://")
 	h, _, _ = strings.Cut(h, "/")

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -91,11 +92,11 @@ func (s *Store) endpoints(ctx context.Context, r name.Reference, auth *Auth, fil
 		}
 		return files.lookup(registryHost(ref))
 	}
-	cfg := s.opts.Registries[registryHost(r)]
+	cfg := s.registryConfig(registryHost(r))
 	var eps []endpoint
 	for _, m := range cfg.Mirrors {
-		host, _, _ := strings.Cut(strings.Trim(m, "/"), "/")
-		mcfg := s.opts.Registries[host]
+		host, _, _ := SplitMirror(m)
+		mcfg := s.registryConfig(host)
 		mref, err := mirrorRef(r, m, nameOpts(mcfg)...)
 		if err != nil {
 			return nil, fmt.Errorf("mirror %q: %w: %w", m, err, errdefs.ErrInvalidArgument)
@@ -121,6 +122,30 @@ func (s *Store) endpoints(ctx context.Context, r name.Reference, auth *Auth, fil
 		return nil, fmt.Errorf("registry %s: skip_origin set and no mirrors: %w", registryHost(r), errdefs.ErrFailedPrecondition)
 	}
 	return eps, nil
+}
+
+// registryConfig is the configuration of a registry host, which the
+// operator may have written under any name of it: NewStore keyed them
+// all by authHost (CanonicalRegistries), as the auth file's are.
+func (s *Store) registryConfig(host string) RegistryConfig {
+	return s.opts.Registries[authHost(host)]
+}
+
+// CanonicalRegistries keys regs by host as pulls name it (authHost):
+// "index.docker.io" or "registry-1.docker.io" configure Docker Hub, which
+// pulls call docker.io, and "Quay.io" is quay.io. Of two keys naming one
+// host the one already in that form wins, else the first in sorted
+// order. The signature helper is configured from the same keys.
+func CanonicalRegistries(regs map[string]RegistryConfig) map[string]RegistryConfig {
+	out := make(map[string]RegistryConfig, len(regs))
+	for _, k := range slices.Sorted(maps.Keys(regs)) {
+		h := authHost(k)
+		if _, dup := out[h]; dup && k != h {
+			continue
+		}
+		out[h] = regs[k]
+	}
+	return out
 }
 
 // nameOpts: go-containerregistry already uses plain HTTP for localhost

@@ -95,12 +95,27 @@ func NormalizeRef(ref string) (string, error) {
 	return normalize(r), nil
 }
 
-// mirrorRef rewrites r onto a mirror "host[:port][/prefix]".
+// SplitMirror splits a mirror "host[:port][/prefix]" into its host and
+// path prefix. It may be written as a URL, as containerd's configuration
+// has mirrors ("https://mirror.gcr.io"); "http://" asks for plain HTTP.
+func SplitMirror(mirror string) (host, prefix string, plainHTTP bool) {
+	m, plainHTTP := strings.CutPrefix(mirror, "http://")
+	if !plainHTTP {
+		m = strings.TrimPrefix(m, "https://")
+	}
+	host, prefix, _ = strings.Cut(strings.Trim(m, "/"), "/")
+	return host, strings.Trim(prefix, "/"), plainHTTP
+}
+
+// mirrorRef rewrites r onto a mirror "host[:port][/prefix]" (SplitMirror).
 func mirrorRef(r name.Reference, mirror string, opts ...name.Option) (name.Reference, error) {
-	host, prefix, _ := strings.Cut(strings.Trim(mirror, "/"), "/")
+	host, prefix, plainHTTP := SplitMirror(mirror)
+	if plainHTTP {
+		opts = append(opts, name.Insecure)
+	}
 	repo := r.Context().RepositoryStr()
 	if prefix != "" {
-		repo = strings.Trim(prefix, "/") + "/" + repo
+		repo = prefix + "/" + repo
 	}
 	sep := ":"
 	if _, ok := r.(name.Digest); ok {

@@ -118,6 +118,7 @@ func NewStore(opts Options) (*Store, error) {
 		gcLock:   make(chan struct{}, 1),
 		pinned:   pinCounts{layers: map[string]int{}, blobs: map[string]int{}},
 	}
+	s.opts.Registries = CanonicalRegistries(opts.Registries)
 	if opts.Platform != nil {
 		s.platform = *opts.Platform
 	} else {

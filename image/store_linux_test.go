@@ -383,3 +383,77 @@ func TestStoreTempFiles(t *testing.T) {
 		t.Errorf("a blob write in progress, after a collection: %v", err)
 	}
 }
+
+// The registries configuration is keyed by host as an operator writes
+// it: Docker Hub under any of its names, a host in any case, as the auth
+// file's keys are matched. Under "index.docker.io" the mirrors used to be
+// ignored without a word, and every pull went to Docker Hub.
+func TestRegistryConfigKeys(t *testing.T) {
+	tests := []struct {
+		name, key, ref string
+		want           []string // the endpoints, scheme first
+	}{
+		{"docker.io", "docker.io", "busybox", []string{"http://mirror.example:5000/library/busybox:latest"}},
+		{"index.docker.io", "index.docker.io", "busybox", []string{"http://mirror.example:5000/library/busybox:latest"}},
+		{"registry-1.docker.io", "registry-1.docker.io", "docker.io/library/busybox:1", []string{"http://mirror.example:5000/library/busybox:1"}},
+		{"upper case", "Registry.Example.COM", "registry.example.com/app:1", []string{"http://mirror.example:5000/app:1"}},
+		{"other host", "quay.io", "busybox", []string{"https://index.docker.io/library/busybox:latest"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newTestStore(t, Options{Registries: map[string]RegistryConfig{
+				tt.key: {Mirrors: []string{"mirror.example:5000"}, SkipOrigin: tt.key != "quay.io"},
+				// The mirror's own entry, in another case, makes it plain HTTP.
+				"MIRROR.example:5000": {Insecure: true},
+			}})
+			r, err := parseRef(tt.ref)
+			if err != nil {
+				t.Fatal(err)
+			}
+			eps, err := s.endpoints(context.Background(), r, nil, nil, newPullProgress(), &blobChecks{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer closeIdle(eps)
+			var got []string
+			for _, ep := range eps {
+				got = append(got, ep.ref.Context().Scheme()+"://"+ep.ref.Name())
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Fatalf("endpoints %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+// Mirrors written as URLs, as containerd's configuration has them
+// ("https://mirror.gcr.io"), name the same endpoints as host[:port][/prefix];
+// "http://" is plain HTTP. Such a mirror used to fail every pull of its
+// registry with InvalidArgument, before any endpoint was tried.
+func TestMirrorURLs(t *testing.T) {
+	s := newTestStore(t, Options{Registries: map[string]RegistryConfig{
+		"docker.io": {Mirrors: []string{"https://mirror.example:5000/prefix/", "http://plain.example", "bare.example"}},
+	}})
+	r, err := parseRef("busybox:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	eps, err := s.endpoints(context.Background(), r, nil, nil, newPullProgress(), &blobChecks{})
+	if err != nil {
+		t.Fatalf("endpoints: %v", err)
+	}
+	defer closeIdle(eps)
+	var got []string
+	for _, ep := range eps {
+		got = append(got, ep.ref.Context().Scheme()+"://"+ep.ref.Name())
+	}
+	want := []string{
+		"https://mirror.example:5000/prefix/library/busybox:1",
+		"http://plain.example/library/busybox:1",
+		"https://bare.example/library/busybox:1",
+		"https://index.docker.io/library/busybox:1",
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("endpoints %v, want %v", got, want)
+	}
+}

@@ -16,7 +16,8 @@ import (
 // Docker Hub).
 type RegistryConfig struct {
 	// Mirrors are "host[:port][/path-prefix]" endpoints tried in order
-	// before the registry itself.
+	// before the registry itself. A leading "https://" changes nothing;
+	// "http://" means plain HTTP.
 	Mirrors []string `toml:"mirrors"`
 	// SkipOrigin disables the fallback to the registry itself after the
 	// mirrors failed.
@@ -80,7 +81,8 @@ func (i *Image) UIDOrUser() (uid *int64, username string) {
 type Options struct {
 	// Root is the store directory, e.g. /var/lib/pinrt/images.
 	Root string
-	// Registries is keyed by "host[:port]".
+	// Registries is keyed by "host[:port]", in any case; Docker Hub's
+	// names (docker.io, index.docker.io, registry-1.docker.io) are one.
 	Registries map[string]RegistryConfig
 	// PullTimeout bounds a whole Pull, including every mirror tried.
 	// Zero means no total bound: only the callers' contexts and

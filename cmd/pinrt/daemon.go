@@ -405,10 +405,7 @@ func newServer(ctx context.Context, cfg *conf.Config, m *metrics.Metrics) (*serv
 	if err != nil {
 		return nil, err
 	}
-	regs := map[string]image.RegistryConfig{}
-	for host, r := range cfg.Image.Registries {
-		regs[host] = image.RegistryConfig{Mirrors: r.Mirrors, SkipOrigin: r.SkipOrigin, Insecure: r.Insecure, CAFile: r.CAFile}
-	}
+	regs := imageRegistries(cfg)
 	verifier, err := newVerifier(cfg)
 	if err != nil {
 		return nil, err

@@ -7,7 +7,9 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
+	"strings"
 
 	"github.com/containerd/errdefs"
 
@@ -36,22 +38,55 @@ func newVerifier(cfg *conf.Config) (image.Verifier, error) {
 	if err != nil {
 		return nil, err
 	}
-	regs := map[string]sigpolicy.Registry{}
-	for host, r := range cfg.Image.Registries {
-		regs[host] = sigpolicy.Registry{Mirrors: r.Mirrors, SkipOrigin: r.SkipOrigin, Insecure: r.Insecure, CAFile: r.CAFile}
-	}
 	v, err := sigpolicy.New(sigpolicy.Config{
 		Helper:     helper,
 		Policy:     cfg.Image.SignaturePolicy,
 		PolicyDir:  cfg.Image.SignaturePolicyDir,
 		StateDir:   filepath.Join(cfg.RunRoot, "sigpolicy"),
-		Registries: regs,
+		Registries: signatureRegistries(cfg),
 		AuthFile:   cfg.Image.AuthFile,
 	})
 	if err != nil {
 		return nil, err
 	}
 	return verifier{v}, nil
+}
+
+// imageRegistries is the configuration's per-host registry settings as
+// the image store takes them.
+func imageRegistries(cfg *conf.Config) map[string]image.RegistryConfig {
+	regs := map[string]image.RegistryConfig{}
+	for host, r := range cfg.Image.Registries {
+		regs[host] = image.RegistryConfig{Mirrors: r.Mirrors, SkipOrigin: r.SkipOrigin, Insecure: r.Insecure, CAFile: r.CAFile}
+	}
+	return regs
+}
+
+// signatureRegistries gives the signature helper the endpoints pulls
+// use: hosts keyed as the store keys them (image.CanonicalRegistries),
+// and each mirror as host[/prefix], one given as an http:// URL
+// plain HTTP, for the helper's registries.conf takes no scheme.
+func signatureRegistries(cfg *conf.Config) map[string]sigpolicy.Registry {
+	regs := map[string]sigpolicy.Registry{}
+	var plain []string
+	for host, r := range image.CanonicalRegistries(imageRegistries(cfg)) {
+		sr := sigpolicy.Registry{SkipOrigin: r.SkipOrigin, Insecure: r.Insecure, CAFile: r.CAFile}
+		for _, m := range r.Mirrors {
+			mhost, prefix, plainHTTP := image.SplitMirror(m)
+			mhost = strings.ToLower(mhost) // as the keys are
+			sr.Mirrors = append(sr.Mirrors, path.Join(mhost, prefix))
+			if plainHTTP {
+				plain = append(plain, mhost)
+			}
+		}
+		regs[host] = sr
+	}
+	for _, h := range plain {
+		r := regs[h]
+		r.Insecure = true
+		regs[h] = r
+	}
+	return regs
 }
 
 // findHelper locates pinrt-sigpolicy beside exe first, so a daemon runs

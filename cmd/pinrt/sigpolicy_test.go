@@ -3,12 +3,14 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
 	"github.com/containerd/errdefs"
 
 	"github.com/pinrt/pinrt/conf"
+	"github.com/pinrt/pinrt/sigpolicy"
 )
 
 // The helper is the one beside pinrt, else the one on PATH; one beside
@@ -82,5 +84,26 @@ func TestNewVerifierWithoutPolicy(t *testing.T) {
 	cfg.Image.SignaturePolicy = filepath.Join(t.TempDir(), "policy.json")
 	if _, err := newVerifier(cfg); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), helperName) {
 		t.Fatalf("newVerifier with a policy and no helper: err = %v", err)
+	}
+}
+
+// The signature helper fetches signatures from the endpoints pulls use:
+// a registry configured under another name of its host (Docker Hub's
+// aliases, upper case) and mirrors written as URLs reach it as the image
+// store reads them.
+func TestSignatureRegistriesAsPulls(t *testing.T) {
+	cfg := conf.Default()
+	cfg.Image.Registries = map[string]conf.Registry{
+		"index.docker.io": {Mirrors: []string{"http://Plain.example:5000/hub/", "https://mirror.example"}, SkipOrigin: true},
+		"Quay.io":         {Insecure: true},
+	}
+	got := signatureRegistries(cfg)
+	want := map[string]sigpolicy.Registry{
+		"docker.io":          {Mirrors: []string{"plain.example:5000/hub", "mirror.example"}, SkipOrigin: true},
+		"quay.io":            {Insecure: true},
+		"plain.example:5000": {Insecure: true},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("signature helper's registries = %+v, want %+v", got, want)
 	}
 }
