@@ -3,6 +3,7 @@ package cni
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 
@@ -34,12 +35,16 @@ func announce(ctx context.Context, netns string, addrs []ifAddr) {
 		return
 	}
 	err := ns.WithNetNSPath(netns, func(ns.NetNS) error {
+		// Each address on its own: an IPv6 one still tentative (DAD)
+		// refuses the bind, and must not cost the IPv4 one after it its
+		// announcement.
+		var errs []error
 		for _, a := range addrs {
 			if err := announceAddr(a.ifName, a.ip); err != nil {
-				return fmt.Errorf("%s %s: %w", a.ifName, a.ip, err)
+				errs = append(errs, fmt.Errorf("%s %s: %w", a.ifName, a.ip, err))
 			}
 		}
-		return nil
+		return errors.Join(errs...)
 	})
 	if err != nil {
 		log.G(ctx).WithError(err).Warn("announcing the pod's addresses")

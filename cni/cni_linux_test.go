@@ -375,3 +375,58 @@ func BenchmarkAnnounce(b *testing.B) {
 		})
 	}
 }
+
+// TestAnnounceContinuesAfterAFailure: one address that cannot be
+// announced (an IPv6 address still tentative, or not held, as here)
+// must not keep the pod's other addresses from being announced. A
+// dual-stack result lists the IPv6 address first when its range comes
+// first, and its IPv4 address then went unannounced.
+func TestAnnounceContinuesAfterAFailure(t *testing.T) {
+	requireRootCNI(t)
+	netns := filepath.Join(t.TempDir(), "net")
+	pinNetNS(t, netns, false)
+	for _, args := range [][]string{
+		{"link", "add", "d0", "type", "veth", "peer", "name", "d1"},
+		{"link", "set", "d0", "up"}, {"link", "set", "d1", "up"},
+		{"addr", "add", "10.98.0.2/24", "dev", "d0"},
+	} {
+		if out, err := exec.Command("nsenter", append([]string{"--net=" + netns, "ip"}, args...)...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	// A packet socket on d1, the peer, sees what d0 sends.
+	var fd int
+	err := ns.WithNetNSPath(netns, func(ns.NetNS) error {
+		ifc, err := net.InterfaceByName("d1")
+		if err != nil {
+			return err
+		}
+		if fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_ARP))); err != nil {
+			return err
+		}
+		return unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ARP), Ifindex: ifc.Index})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 2}); err != nil {
+		t.Fatal(err)
+	}
+
+	announce(context.Background(), netns, []ifAddr{
+		{ifName: "d0", ip: net.ParseIP("fd00:98::2")}, // not on d0: refused
+		{ifName: "d0", ip: net.ParseIP("10.98.0.2").To4()},
+	})
+	want := net.ParseIP("10.98.0.2").To4()
+	buf := make([]byte, 128)
+	for {
+		n, _, err := unix.Recvfrom(fd, buf, 0)
+		if err != nil {
+			t.Fatalf("no ARP announcement of %s after the IPv6 address failed: %v", want, err)
+		}
+		if n >= 28 && bytes.Equal(buf[14:18], want) && bytes.Equal(buf[24:28], want) {
+			return
+		}
+	}
+}

@@ -471,3 +471,37 @@ func TestSetupErrors(t *testing.T) {
 		t.Fatalf("cache after canceled setup = %v", got)
 	}
 }
+
+// TestTeardownSideDirPlugins: a conflist may take plugins from
+// <conf dir>/<network name>/*.conf as well as inline ones. ADD runs them
+// all, so the cached config DEL later runs with must hold them all too,
+// or the side plugin (a portmap: its DNAT rules and the host port) is
+// never deleted once the config has changed.
+func TestTeardownSideDirPlugins(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, "fakenet", "fakeport")
+	writeFile(t, filepath.Join(e.conf, "10-net.conflist"), conflist("net", "fakenet"), 0o644)
+	if err := os.Mkdir(filepath.Join(e.conf, "net"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(e.conf, "net", "50-port.conf"), `{"type":"fakeport","capabilities":{"portMappings":true}}`, 0o644)
+	m := e.manager(t)
+	pod := Pod{ID: "sb1", Name: "web", Namespace: "ns", UID: "uid", NetNS: "/some/netns"}
+	if _, err := m.Setup(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	wantAdd := []string{"fakenet ADD sb1 netns=/some/netns eth0 " + cniArgs, "fakeport ADD sb1 netns=/some/netns eth0 " + cniArgs}
+	if got := e.calls(t); !reflect.DeepEqual(got, wantAdd) {
+		t.Fatalf("calls = %q\nwant %q", got, wantAdd)
+	}
+	if err := os.RemoveAll(filepath.Join(e.conf, "net")); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Teardown(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	wantDel := []string{"fakeport DEL sb1 netns= eth0 " + cniArgs, "fakenet DEL sb1 netns= eth0 " + cniArgs}
+	if got := e.calls(t); !reflect.DeepEqual(got, wantDel) {
+		t.Fatalf("calls = %q\nwant %q", got, wantDel)
+	}
+}

@@ -107,7 +107,9 @@ func parseConfFile(path string) (*libcni.NetworkConfigList, error) {
 			if err != nil {
 				return nil, err
 			}
-			list.Plugins = append(list.Plugins, more...)
+			if list, err = withSidePlugins(list, more); err != nil {
+				return nil, err
+			}
 		}
 		return withoutLoopback(list)
 	}
@@ -121,6 +123,42 @@ func parseConfFile(path string) (*libcni.NetworkConfigList, error) {
 		return nil, err
 	}
 	return withoutLoopback(list)
+}
+
+// withSidePlugins appends the plugins read from the network's side
+// directory to list, in list.Bytes too, marked as all inline: Bytes is
+// what libcni caches with the ADD result and what Teardown runs DEL with,
+// after the side directory may have changed or gone.
+func withSidePlugins(list *libcni.NetworkConfigList, more []*libcni.PluginConfig) (*libcni.NetworkConfigList, error) {
+	if len(more) == 0 {
+		return list, nil
+	}
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(list.Bytes, &raw); err != nil {
+		return nil, fmt.Errorf("network %q: %w", list.Name, err)
+	}
+	var plugins []json.RawMessage
+	if p, ok := raw["plugins"]; ok {
+		if err := json.Unmarshal(p, &plugins); err != nil {
+			return nil, fmt.Errorf("network %q: plugins: %w", list.Name, err)
+		}
+	}
+	for _, p := range more {
+		plugins = append(plugins, p.Bytes)
+	}
+	b, err := json.Marshal(plugins)
+	if err != nil {
+		return nil, fmt.Errorf("network %q: plugins: %w", list.Name, err)
+	}
+	raw["plugins"] = b
+	raw["loadOnlyInlinedPlugins"] = json.RawMessage("true")
+	out := *list
+	out.Plugins = append(slices.Clone(list.Plugins), more...)
+	out.LoadOnlyInlinedPlugins = true
+	if out.Bytes, err = json.Marshal(raw); err != nil {
+		return nil, err
+	}
+	return &out, nil
 }
 
 // loopbackType is the CNI plugin that brings up lo. pinrt's namespace

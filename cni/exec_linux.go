@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -42,6 +43,10 @@ func newPluginExec() invoke.Exec {
 // busy") is tried again, a second apart, as libcni does.
 const textBusyRetries = 5
 
+// pluginWaitDelay bounds how long a plugin's output pipes are drained
+// after it exited or was killed.
+const pluginWaitDelay = 2 * time.Second
+
 func (e *pluginExec) ExecPlugin(ctx context.Context, pluginPath string, stdinData []byte, environ []string) ([]byte, error) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -54,8 +59,15 @@ func (e *pluginExec) ExecPlugin(ctx context.Context, pluginPath string, stdinDat
 		c.Stdin = bytes.NewReader(stdinData)
 		c.Stdout, c.Stderr = &stdout, &stderr
 		c.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		// A process the plugin left behind with its stdout or stderr (a
+		// helper it daemonized, a child a killed plugin leaves) would
+		// otherwise hold Run until it exits, past the plugin's exit and
+		// past ctx.
+		c.WaitDelay = pluginWaitDelay
 		err := c.Run()
-		if err == nil {
+		if err == nil || errors.Is(err, exec.ErrWaitDelay) {
+			// ErrWaitDelay: the plugin exited 0 and its output was read;
+			// only its leftover child's pipes were closed.
 			break
 		}
 		if i < textBusyRetries && strings.Contains(err.Error(), "text file busy") {

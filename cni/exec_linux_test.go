@@ -121,3 +121,52 @@ func TestPluginOutlivesEndedThreads(t *testing.T) {
 		return true
 	})
 }
+
+// TestPluginChildHoldingOutput: a process a plugin leaves behind with
+// its stdout and stderr (a helper it daemonized, an IPAM plugin it ran
+// with its own stdio) must not hold the ADD once the plugin has exited
+// or its context is done: the pipes are closed after a bounded wait.
+func TestPluginChildHoldingOutput(t *testing.T) {
+	tests := []struct {
+		name    string
+		script  string // after the child is started
+		timeout time.Duration
+		want    string // stdout; "" means an error
+	}{
+		{name: "plugin exits", script: "echo '{\"cniVersion\":\"1.0.0\"}'\n", timeout: time.Minute, want: "{\"cniVersion\":\"1.0.0\"}\n"},
+		{name: "context done", script: "exec sleep 120\n", timeout: 200 * time.Millisecond},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			plugin, pidFile := filepath.Join(dir, "plugin"), filepath.Join(dir, "child.pid")
+			script := "#!/bin/sh\nsleep 40 &\necho $! > " + pidFile + "\n" + tc.script
+			if err := os.WriteFile(plugin, []byte(script), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				if b, err := os.ReadFile(pidFile); err == nil {
+					if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+						_ = syscall.Kill(pid, syscall.SIGKILL)
+					}
+				}
+			})
+			ctx, cancel := context.WithTimeout(context.Background(), tc.timeout)
+			defer cancel()
+			start := time.Now()
+			out, err := newPluginExec().ExecPlugin(ctx, plugin, nil, os.Environ())
+			if d := time.Since(start); d > 20*time.Second {
+				t.Fatalf("ExecPlugin returned after %v: held by the plugin's child", d)
+			}
+			if tc.want == "" {
+				if err == nil {
+					t.Fatalf("ExecPlugin() = %q, nil; want an error", out)
+				}
+				return
+			}
+			if err != nil || string(out) != tc.want {
+				t.Fatalf("ExecPlugin() = %q, %v; want %q", out, err, tc.want)
+			}
+		})
+	}
+}
