@@ -198,8 +198,10 @@ func (s *Server) podCIDRs() []string {
 	return out
 }
 
-// cidrNetwork hands the pod CIDR to every CNI ADD, so the pod paths need
-// not know about it.
+// cidrNetwork hands the pod CIDR to every CNI ADD and DEL, so the pod
+// paths need not know about it. A DEL without the ADD's cached
+// configuration (a crash cut the ADD short) needs it as much as the ADD:
+// an IPAM that takes its ranges from it alone refuses a DEL without.
 type cidrNetwork struct {
 	Network
 	cidrs func() []string
@@ -208,4 +210,9 @@ type cidrNetwork struct {
 func (n cidrNetwork) Setup(ctx context.Context, pod cni.Pod) (*cni.Result, error) {
 	pod.IPRanges = n.cidrs()
 	return n.Network.Setup(ctx, pod)
+}
+
+func (n cidrNetwork) Teardown(ctx context.Context, pod cni.Pod) error {
+	pod.IPRanges = n.cidrs()
+	return n.Network.Teardown(ctx, pod)
 }

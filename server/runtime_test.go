@@ -48,14 +48,22 @@ func TestUpdateRuntimeConfig(t *testing.T) {
 			if got := st.Info["podCIDR"]; got != tc.want {
 				t.Errorf("verbose Status podCIDR = %q, want %q", got, tc.want)
 			}
-			// The next CNI ADD gets it as ipRanges.
-			if _, err := f.srv.RunPodSandbox(ctx, unitPod("cidr", false)); err != nil {
+			// The next CNI ADD gets it as ipRanges, and so does its DEL,
+			// which may run without the ADD's cached configuration
+			// (after a crash in the ADD) and with an IPAM that takes its
+			// ranges from it alone.
+			pod, err := f.srv.RunPodSandbox(ctx, unitPod("cidr", false))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.srv.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: pod.PodSandboxId}); err != nil {
 				t.Fatal(err)
 			}
 			calls := f.net.Calls()
-			got := strings.Join(calls[len(calls)-1].Pod.IPRanges, ",")
-			if got != tc.want {
-				t.Errorf("CNI ADD ipRanges = %q, want %q", got, tc.want)
+			for _, c := range calls[len(calls)-2:] {
+				if got := strings.Join(c.Pod.IPRanges, ","); got != tc.want {
+					t.Errorf("CNI %s ipRanges = %q, want %q", c.Op, got, tc.want)
+				}
 			}
 		})
 	}
