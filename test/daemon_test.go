@@ -1,6 +1,7 @@
 package test
 
 import (
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -66,14 +67,31 @@ func TestSocketMode(t *testing.T) {
 	}
 }
 
+// The socket a SIGKILLed daemon left is replaced; a file that is no
+// socket (a mistyped listen path) is refused and kept.
 func TestStaleSocketReplaced(t *testing.T) {
 	d := NewDaemon(t, Options{})
 	if err := os.MkdirAll(d.RunRoot, 0o711); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(d.Socket, []byte("stale"), 0o600); err != nil {
+	if err := os.WriteFile(d.Socket, []byte("kept"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	if err := d.Start(); err == nil || !strings.Contains(err.Error(), "not a socket") {
+		t.Fatalf("start with a regular file at the socket path: %v, want a refusal", err)
+	}
+	if b, err := os.ReadFile(d.Socket); err != nil || string(b) != "kept" {
+		t.Fatalf("the file at the socket path after the refusal: %q, %v", b, err)
+	}
+	if err := os.Remove(d.Socket); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: d.Socket, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.SetUnlinkOnClose(false)
+	l.Close()
 	if err := d.Start(); err != nil {
 		t.Fatalf("a stale socket file must be replaced: %v", err)
 	}
