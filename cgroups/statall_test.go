@@ -255,7 +255,9 @@ func TestStatAll(t *testing.T) {
 			// A size whose file is missing is left out, not the sizes
 			// after it.
 			"v2 without the first size's file", without(v2TreeAll(group), group+"/hugetlb.1GB.current"),
-			func(t *testing.T, st *Stats) { expect(t, "Hugetlb", st.Hugetlb, []Hugetlb{{PageSize: "2MB", Usage: 2097152}}) },
+			func(t *testing.T, st *Stats) {
+				expect(t, "Hugetlb", st.Hugetlb, []Hugetlb{{PageSize: "2MB", Usage: 2097152}})
+			},
 		},
 		{
 			"empty cgroup", with(v2TreeAll(group), group+"/cgroup.procs", ""),
