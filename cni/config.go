@@ -125,6 +125,21 @@ func parseConfFile(path string) (*libcni.NetworkConfigList, error) {
 	return withoutLoopback(list)
 }
 
+// rawPlugins decodes list's bytes: the whole object, and its plugins.
+func rawPlugins(list *libcni.NetworkConfigList) (map[string]json.RawMessage, []json.RawMessage, error) {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(list.Bytes, &raw); err != nil {
+		return nil, nil, fmt.Errorf("network %q: %w", list.Name, err)
+	}
+	var plugins []json.RawMessage
+	if p, ok := raw["plugins"]; ok {
+		if err := json.Unmarshal(p, &plugins); err != nil {
+			return nil, nil, fmt.Errorf("network %q: plugins: %w", list.Name, err)
+		}
+	}
+	return raw, plugins, nil
+}
+
 // withSidePlugins appends the plugins read from the network's side
 // directory to list, in list.Bytes too, marked as all inline: Bytes is
 // what libcni caches with the ADD result and what Teardown runs DEL with,
@@ -133,15 +148,9 @@ func withSidePlugins(list *libcni.NetworkConfigList, more []*libcni.PluginConfig
 	if len(more) == 0 {
 		return list, nil
 	}
-	var raw map[string]json.RawMessage
-	if err := json.Unmarshal(list.Bytes, &raw); err != nil {
-		return nil, fmt.Errorf("network %q: %w", list.Name, err)
-	}
-	var plugins []json.RawMessage
-	if p, ok := raw["plugins"]; ok {
-		if err := json.Unmarshal(p, &plugins); err != nil {
-			return nil, fmt.Errorf("network %q: plugins: %w", list.Name, err)
-		}
+	raw, plugins, err := rawPlugins(list)
+	if err != nil {
+		return nil, err
 	}
 	for _, p := range more {
 		plugins = append(plugins, p.Bytes)
@@ -175,15 +184,9 @@ func withoutLoopback(list *libcni.NetworkConfigList) (*libcni.NetworkConfigList,
 	}
 	out := *list
 	out.Plugins = slices.DeleteFunc(slices.Clone(list.Plugins), isLoopback)
-	var raw map[string]json.RawMessage
-	if err := json.Unmarshal(list.Bytes, &raw); err != nil {
-		return nil, fmt.Errorf("network %q: %w", list.Name, err)
-	}
-	var plugins []json.RawMessage
-	if p, ok := raw["plugins"]; ok {
-		if err := json.Unmarshal(p, &plugins); err != nil {
-			return nil, fmt.Errorf("network %q: plugins: %w", list.Name, err)
-		}
+	raw, plugins, err := rawPlugins(list)
+	if err != nil {
+		return nil, err
 	}
 	kept := plugins[:0]
 	for _, p := range plugins {
