@@ -54,8 +54,8 @@ test:
 	$(MAKE) test-unit test-e2e test-node-e2e test-vm
 
 test-unit:
-	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /test)
-	cd $(SIGPOLICY_DIR) && $(GO) test -race -count=1 -tags $(SIGPOLICY_TAGS) ./...
+	GO=$(GO) bash hack/gotest.sh -race -count=1 $$($(GO) list ./... | grep -v /test)
+	cd $(SIGPOLICY_DIR) && GO=$(GO) bash $(CURDIR)/hack/gotest.sh -race -count=1 -tags $(SIGPOLICY_TAGS) ./...
 
 # test-e2e runs the root end-to-end tests of test/ on this host, among
 # them TestCritest: critest, the CRI conformance suite, in full, which
@@ -63,7 +63,7 @@ test-unit:
 # test/critest/skip.txt. Its first run builds critest and the stand-in
 # images into /var/cache/pinrt-vm (minutes).
 test-e2e: build
-	$(GO) test -count=1 -timeout 40m -p 1 ./test/...
+	GO=$(GO) bash hack/gotest.sh -count=1 -timeout 40m -p 1 ./test/...
 
 # chaos SIGKILLs the daemon CHAOS_ITERATIONS times during concurrent pod
 # lifecycles and counts leaks (test/chaos_test.go). `make test` runs a
