@@ -114,14 +114,23 @@ func (r *record[M, S]) Lock() func() {
 	return r.opMu.Unlock
 }
 
+// RemoveCrashTemps deletes the temp files of writes into dir that a
+// killed daemon left. A write in flight has one too, so it runs only
+// where nothing writes dir: restore, before requests are served. Loads
+// once did it, and StopPodSandbox, which loads the containers on disk
+// that are not in the store, deleted the temp of another pod's
+// CreateContainer between its write and its rename: the creation failed
+// ("recording creating intent: rename ...: no such file or directory").
+func RemoveCrashTemps(dir string) { atomicfile.RemoveTemps(dir) }
+
 // loadRecord reads dir's state.json, checks its version and that idOf
 // names the directory. A directory in the version 1 layout (meta.json and
 // status.json) is read too; its status must be there, since a missing one
 // cannot be told from a crash between the two writes: the record is then
 // refused with ErrDataLoss rather than read as a state it never had.
+// A load only reads: see RemoveCrashTemps.
 func loadRecord[M any, S comparable](dir string, idOf func(*M) string) (*M, S, error) {
 	var zero S
-	atomicfile.RemoveTemps(dir)
 	var rec versioned[M, S]
 	err := readJSON(filepath.Join(dir, stateFile), &rec)
 	if errdefs.IsNotFound(err) {

@@ -97,6 +97,7 @@ func (s *Server) restorePods(ctx context.Context) []*sandbox.Metadata {
 // missing or unreadable.
 func (s *Server) loadPod(ctx context.Context, id string) (*sandbox.Sandbox, *sandbox.Metadata) {
 	dir := s.sandboxDir(id)
+	sandbox.RemoveCrashTemps(dir)
 	ctx = log.WithLogger(ctx, log.G(ctx).WithField("sandbox", id))
 	md := &sandbox.Metadata{}
 	if intent, err := sandbox.ReadIntent(dir, md); intent != "" {
@@ -243,6 +244,7 @@ func (s *Server) restoreContainers(ctx context.Context, doomedPods []*sandbox.Me
 // one to tear down and why.
 func (s *Server) loadContainer(id string, doomedPods map[string]bool) (*sandbox.Container, *sandbox.ContainerMetadata, string) {
 	dir := s.containerDir(id)
+	sandbox.RemoveCrashTemps(dir)
 	md := &sandbox.ContainerMetadata{}
 	if intent, err := sandbox.ReadIntent(dir, md); intent != "" {
 		if err != nil || md.ID != id {

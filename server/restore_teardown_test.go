@@ -298,6 +298,37 @@ func TestStrayContainerHoldsItsPod(t *testing.T) {
 	r.podGone(t, pod)
 }
 
+// StopPodSandbox looks at the containers on disk that are not in the
+// store, another pod's creations in flight among them. It once loaded
+// them as left by a restart, and the load deleted temp files: the one
+// another pod's CreateContainer had written its intent record to and was
+// about to rename, which then failed ("recording creating intent: rename
+// ...: no such file or directory", caught by critest run in parallel).
+// Only a restart removes a killed write's temp, with the container.
+func TestStopPodLeavesAnotherPodsCreationAlone(t *testing.T) {
+	r := newRestartRig(t)
+	ctx := context.Background()
+	other := r.pod(t, false)
+	pod, _ := r.runPod(t, unitPod("q", true))
+	inFlight := filepath.Join(r.srv.containerDir(strings.Repeat("ef", 32)), ".creating.tmp123")
+	if err := os.MkdirAll(filepath.Dir(inFlight), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	writeTestFile(t, inFlight, []byte(`{"id":"`+strings.Repeat("ef", 32)+`","sandboxId":"`+other+`"}`))
+	if _, err := r.srv.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: pod}); err != nil {
+		t.Fatal(err)
+	}
+	r.removePod(t, pod)
+	if _, err := os.Stat(inFlight); err != nil {
+		t.Fatalf("another pod's stop and removal deleted a creation's record in flight: %v", err)
+	}
+	r.restart(t)
+	if _, err := os.Stat(filepath.Dir(inFlight)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a restart kept the directory of a creation killed before its intent record (%v)", err)
+	}
+	r.podStays(t, other)
+}
+
 // A RunPodSandbox whose rollback failed to undo a step removed the pod's
 // intent record and released its ID range all the same: nothing ever
 // retried the undo (an IP stayed reserved, a pause process ran on), and
