@@ -22,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/portforward"
@@ -365,7 +366,7 @@ func (s *streamEnv) testWebSocketV5ClientGone(t *testing.T) {
 	u := s.execURL(t, s.server, []string{"sleep", "1000"}, false, false)
 	go func() { done <- wsStream(ctx, u, streamOpts{stdout: io.Discard, stderr: io.Discard}) }()
 	waitFor(t, 30*time.Second, "the exec'd sleep and its stream", func() bool {
-		return len(runcExecs(s.server)) == 1 && s.streamsOpen() == before+1
+		return execStarted(s.server) && s.streamsOpen() == before+1
 	})
 	cancel()
 	select {
@@ -898,13 +899,9 @@ func (s *streamEnv) testClientGone(t *testing.T) {
 	}
 	au, _ := url.Parse(resp.Url)
 	go func() { done <- spdyStream(ctx, au, streamOpts{stdout: io.Discard, stderr: io.Discard}) }()
-	waitFor(t, 15*time.Second, "the exec'd sleep and both streams", func() bool {
-		return len(runcExecs(id)) == 1 && s.streamsOpen() == before+2
+	waitFor(t, 15*time.Second, "the exec'd sleep, under pinrt-exec alone, and both streams", func() bool {
+		return execStarted(id) && s.streamsOpen() == before+2
 	})
-	// The helper is its own small binary, beside the daemon's.
-	if helper := runcExecs(id); len(helper) != 1 || filepath.Base(strings.Fields(helper[0])[0]) != "pinrt-exec" {
-		t.Errorf("the exec helper runs as %q, want pinrt-exec", helper)
-	}
 	// Let the attach reach conmon's socket: only its stream start shows.
 	time.Sleep(time.Second)
 
@@ -943,7 +940,7 @@ func (s *streamEnv) testContainerExit(t *testing.T) {
 	attachDone := make(chan error, 1)
 	go func() { attachDone <- spdyStream(Ctx(t), au, streamOpts{stdout: &out, stderr: io.Discard}) }()
 	waitFor(t, 10*time.Second, "attached output", func() bool { return strings.Contains(out.String(), "tick") })
-	waitFor(t, 10*time.Second, "the exec'd sleep", func() bool { return len(runcExecs(id)) == 1 })
+	waitFor(t, 10*time.Second, "the exec'd sleep", func() bool { return execStarted(id) })
 
 	if _, err := s.d.Runtime.StopContainer(Ctx(t), &runtimeapi.StopContainerRequest{ContainerId: id, Timeout: 0}); err != nil {
 		t.Fatalf("StopContainer: %v", err)
@@ -1041,6 +1038,28 @@ func (s *streamEnv) testNoLeaks(t *testing.T) {
 
 // runcExecs lists the command lines of running `runc exec` processes, and
 // of pinrt's exec helpers that wait for them, in the containers ids.
+// execStarted reports whether the one exec in ids' containers is past its
+// start: only its helper, pinrt-exec (its own small binary, beside the
+// daemon's), is left, and the pid file runc wrote names a live process.
+// A count of exec processes alone caught the start too, and under load
+// saw the helper before runc, then both.
+func execStarted(ids ...string) bool {
+	execs := runcExecs(ids...)
+	if len(execs) != 1 {
+		return false
+	}
+	args := strings.Fields(execs[0]) // helper, its command, the pid file, runc...
+	if len(args) < 3 || filepath.Base(args[0]) != "pinrt-exec" || args[1] != exechelper.Command {
+		return false
+	}
+	b, err := os.ReadFile(args[2])
+	if err != nil {
+		return false
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	return err == nil && pid > 0 && unix.Kill(pid, 0) == nil
+}
+
 func runcExecs(ids ...string) []string {
 	var out []string
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
