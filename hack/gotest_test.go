@@ -1,6 +1,7 @@
 package hack
 
 import (
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -55,7 +56,8 @@ func TestNoisyAfter(t *testing.T) {
 		cmd.Env = append(os.Environ(), "GO="+goBin, "GOFLAGS=-mod=mod")
 		out, err := cmd.CombinedOutput()
 		code := 0
-		if ee, ok := err.(*exec.ExitError); ok {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
 			code = ee.ExitCode()
 		} else if err != nil {
 			t.Fatal(err)
