@@ -329,6 +329,32 @@ func TestStopPodLeavesAnotherPodsCreationAlone(t *testing.T) {
 	r.podStays(t, other)
 }
 
+// A daemon killed in the middle of a write leaves its temp file in the
+// object's directory; loads no longer remove it, so restore does, for a
+// pod and a container it keeps as for one it tears down.
+func TestRestoreRemovesCrashTemps(t *testing.T) {
+	r := newRestartRig(t)
+	pod := r.pod(t, false)
+	cid := r.started(t, pod, "c")
+	temps := []string{
+		filepath.Join(r.srv.sandboxDir(pod), ".state.json.tmp42"),
+		filepath.Join(r.srv.containerDir(cid), ".state.json.tmp43"),
+	}
+	for _, p := range temps {
+		writeTestFile(t, p, []byte(`{"vers`))
+	}
+	r.restart(t)
+	if !r.inRuntime(cid) {
+		t.Fatal("the container was not kept")
+	}
+	for _, p := range temps {
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s survived the restart (%v)", p, err)
+		}
+	}
+	r.podStays(t, pod)
+}
+
 // A RunPodSandbox whose rollback failed to undo a step removed the pod's
 // intent record and released its ID range all the same: nothing ever
 // retried the undo (an IP stayed reserved, a pause process ran on), and
