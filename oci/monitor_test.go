@@ -223,8 +223,15 @@ func standInConmon(t *testing.T, rec *record) *exec.Cmd {
 	if err := os.WriteFile(filepath.Join(rec.Bundle, "conmon.pid"), []byte(strconv.Itoa(cmd.Process.Pid)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if !monitorAlive(rec.Bundle, rec.ID) {
-		t.Fatal("the stand-in conmon is not taken for one")
+	// Start returns once the child's exec has begun, but its command
+	// line reads empty until the kernel has laid out the new arguments:
+	// wait for it, as conmon's own pid file is written only after its
+	// exec has finished.
+	for deadline := time.Now().Add(10 * time.Second); !monitorAlive(rec.Bundle, rec.ID); {
+		if time.Now().After(deadline) {
+			t.Fatal("the stand-in conmon is not taken for one")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 	return cmd
 }
