@@ -137,8 +137,9 @@ func TestStatAllHost(t *testing.T) {
 	// stdin, stdout, stderr on /dev/null, the socket, and whatever the
 	// test binary inherited without close-on-exec: counted here the
 	// slow way, before and after the read. sleep opens and closes its
-	// locale files as it starts, so the counts are compared once two of
-	// them agree around one StatAll.
+	// locale files as it starts, so the counts are compared once all
+	// three agree: a read in the middle of such a change is retried, and
+	// a read that is always wrong fails after the hundredth.
 	var st *Stats
 	var fds, sockets uint64
 	for range 100 {
@@ -147,7 +148,7 @@ func TestStatAllHost(t *testing.T) {
 		if st, err = r.StatAll(group); err != nil {
 			t.Fatal(err)
 		}
-		if fds, sockets = countFDs(t, pid); fds == before {
+		if fds, sockets = countFDs(t, pid); fds == before && st.Processes.FDs == fds {
 			break
 		}
 		time.Sleep(10 * time.Millisecond)

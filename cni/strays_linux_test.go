@@ -1,7 +1,9 @@
 package cni
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"syscall"
@@ -23,7 +25,17 @@ func startWithEnv(t *testing.T, env ...string) *exec.Cmd {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 	})
-	return cmd
+	// Start returns once the exec has begun; the environment reads empty
+	// until the kernel has laid it out.
+	last := []byte(cmd.Env[len(cmd.Env)-1] + "\x00")
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/environ", cmd.Process.Pid)); bytes.Contains(b, last) {
+			return cmd
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("process %d shows no %q in its environment", cmd.Process.Pid, last)
+		}
+	}
 }
 
 func TestKillStrays(t *testing.T) {

@@ -58,7 +58,10 @@ func (p *testPlugin) CreateContainer(ctx context.Context, _ *api.PodSandbox, c *
 	return adj, nil, nil
 }
 
-func startNRI(t *testing.T, rt Runtime) (*NRI, Config) {
+// startNRI starts NRI with the given request timeout: a short one only
+// where the test is about a plugin that does not answer, since a
+// loaded machine's round trip may take longer than that.
+func startNRI(t *testing.T, rt Runtime, requestTimeout time.Duration) (*NRI, Config) {
 	t.Helper()
 	// A short dir: unix socket paths are limited to 107 bytes.
 	dir, err := os.MkdirTemp("", "nri-")
@@ -68,7 +71,7 @@ func startNRI(t *testing.T, rt Runtime) (*NRI, Config) {
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	cfg := Config{
 		SocketPath: filepath.Join(dir, "run", "nri.sock"), PluginPath: filepath.Join(dir, "plugins"),
-		PluginConfigPath: filepath.Join(dir, "conf.d"), RegistrationTimeout: 2 * time.Second, RequestTimeout: 500 * time.Millisecond,
+		PluginConfigPath: filepath.Join(dir, "conf.d"), RegistrationTimeout: 10 * time.Second, RequestTimeout: requestTimeout,
 	}
 	n, err := New(cfg, rt)
 	if err != nil {
@@ -103,7 +106,7 @@ func connect(t *testing.T, cfg Config, p *testPlugin, name string) stub.Stub {
 
 func TestSyncAndAdjust(t *testing.T) {
 	rt := &fakeRuntime{pods: []*api.PodSandbox{{Id: "p1", Name: "one"}, {Id: "p2", Name: "two"}}}
-	n, cfg := startNRI(t, rt)
+	n, cfg := startNRI(t, rt, 10*time.Second)
 	p := &testPlugin{synced: make(chan []*api.PodSandbox, 1)}
 	connect(t, cfg, p, "adder")
 	select {
@@ -146,7 +149,7 @@ func TestSyncAndAdjust(t *testing.T) {
 // A plugin that does not answer holds a creation for the request timeout
 // at most, and is then dropped.
 func TestHungPluginBounded(t *testing.T) {
-	n, cfg := startNRI(t, &fakeRuntime{})
+	n, cfg := startNRI(t, &fakeRuntime{}, 500*time.Millisecond)
 	hang := make(chan struct{})
 	defer close(hang)
 	p := &testPlugin{synced: make(chan []*api.PodSandbox, 1), hang: hang}
@@ -271,7 +274,7 @@ func (p *podUpdater) PostUpdatePodSandbox(_ context.Context, pod *api.PodSandbox
 }
 
 func TestUpdatePodSandbox(t *testing.T) {
-	n, cfg := startNRI(t, &fakeRuntime{})
+	n, cfg := startNRI(t, &fakeRuntime{}, 10*time.Second)
 	p := &podUpdater{testPlugin: testPlugin{synced: make(chan []*api.PodSandbox, 1)}}
 	s, err := stub.New(p, stub.WithSocketPath(cfg.SocketPath), stub.WithPluginName("pods"), stub.WithPluginIdx("10"))
 	if err != nil {

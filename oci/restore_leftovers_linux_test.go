@@ -106,8 +106,10 @@ esac
 		<-ended
 		_ = unix.Unmount(criuRoot, unix.MNT_DETACH)
 	})
-	if !restoreRunning("c2") || restoreRunning("c3") {
-		t.Fatalf("restoreRunning(c2) = %v, (c3) = %v: want true, false", restoreRunning("c2"), restoreRunning("c3"))
+	// Its command line reads empty until its exec has laid it out.
+	waitFor(t, func() bool { return restoreRunning("c2") })
+	if restoreRunning("c3") {
+		t.Fatal("restoreRunning(c3) = true with only c2's restore running")
 	}
 	if err := rt.Delete(context.Background(), "c2", true); err != nil {
 		t.Fatal(err)
@@ -184,16 +186,8 @@ esac
 		}
 		return bundle
 	}
-	// A stand-in conmon: a process whose command line names the container.
-	conmon := exec.Command("sh", "-c", "sleep 60", "c1")
-	if err := conmon.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conmon.Process.Kill(); _ = conmon.Wait() })
 	bundle := prepare("c1", true)
-	if err := os.WriteFile(filepath.Join(bundle, "conmon.pid"), []byte(fmt.Sprint(conmon.Process.Pid)), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	conmon := standInConmon(t, &record{ID: "c1", Bundle: bundle})
 	// runc says running before its restore is over; the pid file
 	// comes last.
 	if err := os.WriteFile(flag, nil, 0o644); err != nil {

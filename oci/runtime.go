@@ -411,8 +411,9 @@ func ownPidNS(rec *record) bool {
 }
 
 // startupWindow is how long after StartContainer a container's init may
-// keep a stop signal waiting for a handler (awaitStopHandler).
-const startupWindow = time.Second
+// keep a stop signal waiting for a handler (awaitStopHandler); a variable
+// for the tests, whose loaded machines may take longer to start a shell.
+var startupWindow = time.Second
 
 // handlerPoll is how often awaitStopHandler looks at the init's signals.
 const handlerPoll = 2 * time.Millisecond

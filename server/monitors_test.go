@@ -27,7 +27,17 @@ func fakeMonitor(t *testing.T, dir, id string) *exec.Cmd {
 	if err := os.WriteFile(filepath.Join(dir, "conmon.pid"), fmt.Append(nil, cmd.Process.Pid), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return cmd
+	// Start returns once the exec has begun; the command line reads
+	// empty until the kernel has laid it out. conmon writes its pid file
+	// only after that.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if _, alive, _ := monitorPid(dir, id); alive {
+			return cmd
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the fake monitor of %s is not taken for one", id)
+		}
+	}
 }
 
 // startWatched creates and starts a container whose monitor is a fake
