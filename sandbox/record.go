@@ -42,6 +42,9 @@ type record[M any, S comparable] struct {
 	loaded bool
 	// opMu serialises lifecycle operations (Start, Stop, Remove).
 	opMu sync.Mutex
+	// evMu orders a status change with the events that announce it
+	// (LockEvents).
+	evMu sync.Mutex
 }
 
 // Status returns a copy of the current status.
@@ -112,6 +115,24 @@ func (r *record[M, S]) write(st S) error {
 func (r *record[M, S]) Lock() func() {
 	r.opMu.Lock()
 	return r.opMu.Unlock
+}
+
+// LockEvents is held from a status change until the events announcing
+// it are sent, by a change made without Lock: an exit noticed by a
+// watcher or a status read. AwaitEvents waits until such a change's
+// events are out, so that an operation that saw the new status sends
+// its own after them: a plugin hears StopContainer before
+// RemoveContainer, kubelet gets STOPPED before DELETED.
+func (r *record[M, S]) LockEvents() func() {
+	r.evMu.Lock()
+	return r.evMu.Unlock
+}
+
+// AwaitEvents waits for the events of a status change made under
+// LockEvents.
+func (r *record[M, S]) AwaitEvents() {
+	r.evMu.Lock()
+	r.evMu.Unlock() //nolint:staticcheck // an empty critical section: a barrier
 }
 
 // RemoveCrashTemps deletes the temp files of writes into dir that a

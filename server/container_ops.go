@@ -127,6 +127,9 @@ func (s *Server) stopContainer(ctx context.Context, c *sandbox.Container, timeou
 }
 
 func (s *Server) stopLocked(ctx context.Context, c *sandbox.Container, timeout time.Duration) error {
+	// An exit the watcher recorded may still be being told: the stop,
+	// and a removal after it, are told after it (LockEvents).
+	defer c.AwaitEvents()
 	// The recorded state is current (see observeContainer); a container
 	// that died unnoticed makes the kill moot, which the runtime tells.
 	s.observeContainer(ctx, c, true)

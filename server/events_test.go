@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -295,5 +296,67 @@ func TestPauseExitMakesPodNotReady(t *testing.T) {
 		if _, err := f.srv.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
 			t.Errorf("StopPodSandbox %s: %v", id, err)
 		}
+	}
+}
+
+// An exit the watcher noticed is told before a stop or removal that saw
+// it: while a plugin has not yet answered the watcher's StopContainer,
+// StopContainer and RemoveContainer wait, and the plugin hears
+// StopContainer before RemoveContainer, kubelet STOPPED before DELETED.
+// They went out in either order when the removal came first.
+func TestWatchedExitToldBeforeRemoval(t *testing.T) {
+	f, fake := newNRIFixture(t)
+	ctx := context.Background()
+	pod, _ := f.pod(t, false)
+	id := f.started(t, pod, "c")
+	entered, held := make(chan struct{}), make(chan struct{})
+	release := sync.OnceFunc(func() { close(held) })
+	t.Cleanup(release)
+	enter := sync.OnceFunc(func() { close(entered) })
+	fake.BeforeStop = func() {
+		enter()
+		<-held
+	}
+	sub := f.srv.events.subscribe()
+	defer f.srv.events.unsubscribe(sub)
+	if err := f.rt.Exit(id, 3); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no StopContainer for plugins 10s after the container's exit file appeared")
+	}
+	removed := make(chan error, 1)
+	go func() {
+		if _, err := f.srv.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: id}); err != nil {
+			removed <- err
+			return
+		}
+		_, err := f.srv.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: id})
+		removed <- err
+	}()
+	// Nothing may come of the stop and removal while the exit is untold;
+	// a wait this short can only miss an early return, never invent one.
+	select {
+	case err := <-removed:
+		t.Fatalf("the removal returned (%v) before the plugin heard of the exit", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	release()
+	select {
+	case err := <-removed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the removal still waits 10s after the plugin answered")
+	}
+	if got, want := fake.Events()[len(fake.Events())-2:], []string{"StopContainer c", "RemoveContainer c"}; !slices.Equal(got, want) {
+		t.Errorf("the plugin's last events %q, want %q", got, want)
+	}
+	want := []runtimeapi.ContainerEventType{runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT, runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT}
+	if got := drainEvents(sub); !slices.Equal(got, want) {
+		t.Errorf("events %v, want %v", got, want)
 	}
 }

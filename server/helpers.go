@@ -305,10 +305,17 @@ func (s *Server) refreshContainer(ctx context.Context, c *sandbox.Container, che
 		log.G(ctx).WithError(err).WithField("container", c.ID).Warn("refreshing container state")
 		return
 	}
+	// An exit is recorded and told under LockEvents: this may be the exit
+	// watcher, and a stop or removal that sees the exit waits for its
+	// events before it goes on with its own (stopLocked).
 	if err == nil && rs.Status != oci.StatusStopped {
+		unlockEvents := c.LockEvents()
 		gone, fresh, ferr := s.monitorGone(ctx, rt, c)
 		if gone {
 			s.containerEvent(ctx, c, runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT)
+		}
+		unlockEvents()
+		if gone {
 			return
 		}
 		if fresh != nil || ferr != nil {
@@ -325,6 +332,8 @@ func (s *Server) refreshContainer(ctx context.Context, c *sandbox.Container, che
 		rs = &oom
 	}
 	exited := false
+	unlockEvents := c.LockEvents()
+	defer unlockEvents()
 	if err := s.spare(ctx, func() error {
 		return c.UpdateStatus(func(st *sandbox.ContainerStatus) {
 			was := st.State

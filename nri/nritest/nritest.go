@@ -31,7 +31,10 @@ type Fake struct {
 	CreateErr, RunPodErr, StartErr, UpdatePodErr error
 	// PodResources are the resources UpdatePodSandbox was told, last.
 	PodResources, PodOverhead *api.LinuxResources
-	blocked                   int
+	// BeforeStop runs as StopContainer begins, before it records the
+	// event: a test holds a plugin's answer there.
+	BeforeStop func()
+	blocked    int
 }
 
 // Events returns the events seen so far.
@@ -135,6 +138,9 @@ func (f *Fake) PostUpdateContainer(_ context.Context, _ *api.PodSandbox, c *api.
 }
 
 func (f *Fake) StopContainer(_ context.Context, _ *api.PodSandbox, c *api.Container) ([]*api.ContainerUpdate, error) {
+	if f.BeforeStop != nil {
+		f.BeforeStop()
+	}
 	f.record("StopContainer", c.GetName())
 	return nil, nil
 }
