@@ -95,6 +95,9 @@ func TestCheckpointContainer(t *testing.T) {
 			if tc.tcp {
 				waitEstablished(t, e, id)
 			}
+			// The counter runs: the files the workload changes first are
+			// changed.
+			counter(t, e, id)
 			out := filepath.Join(t.TempDir(), "worker.tar")
 			c.run(t, "checkpoint", "--export="+out, id)
 
@@ -243,14 +246,19 @@ func TestCheckpointKilled(t *testing.T) {
 	}
 }
 
-// counter reads the workload's counter.
+// counter reads the workload's counter, once the workload has written
+// it: a read may come before its first write, or between the shell's
+// truncation of the file and its write.
 func counter(t *testing.T, e *ctrEnv, id string) int {
 	t.Helper()
-	n, err := strconv.Atoi(strings.TrimSpace(e.mustExec(t, id, "cat", "/tmp/count")))
-	if err != nil {
-		t.Fatal(err)
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if n, ok := tryCounter(e, id); ok {
+			return n
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("container %s: no counter to read in /tmp/count after 30s", id)
+		}
 	}
-	return n
 }
 
 // tryCounter reads the workload's counter; ok is false while it cannot

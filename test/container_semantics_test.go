@@ -186,13 +186,15 @@ func (e *ctrEnv) testStartMeansRunning(t *testing.T) {
 // testStopRightAfterStart: kubelet deleting a pod it has just started
 // stops its container with SIGTERM right after StartContainer. A process
 // that sets up its handler a moment later (a shell whose trap comes after
-// 200 ms) must still get the signal: the kernel drops a signal to a PID
+// 50 ms) must still get the signal: the kernel drops a signal to a PID
 // namespace's init that has no handler for it, and the container ran
-// until the grace period's SIGKILL.
+// until the grace period's SIGKILL. pinrt waits for the handler up to
+// 1 s after the start; the short sleep leaves a loaded machine most of
+// that second to start the shell.
 func (e *ctrEnv) testStopRightAfterStart(t *testing.T) {
 	pod, podCfg := e.pod(t, PodConfig("stopearly"))
 	for i := range 3 {
-		id := e.run(t, pod, podCfg, e.ctr("c"+strconv.Itoa(i), "sh", "-c", "sleep 0.2; trap 'exit 42' TERM; sleep 1000 & wait"))
+		id := e.run(t, pod, podCfg, e.ctr("c"+strconv.Itoa(i), "sh", "-c", "sleep 0.05; trap 'exit 42' TERM; sleep 1000 & wait"))
 		if _, err := e.d.Runtime.StopContainer(Ctx(t), &runtimeapi.StopContainerRequest{ContainerId: id, Timeout: 20}); err != nil {
 			t.Fatalf("StopContainer: %v", err)
 		}
@@ -221,14 +223,16 @@ func (e *ctrEnv) execWithin(t *testing.T, d time.Duration, req *runtimeapi.ExecS
 func (e *ctrEnv) testExecSyncBackgroundChild(t *testing.T) {
 	pod, podCfg := e.pod(t, PodConfig("execbg"))
 	id := e.run(t, pod, podCfg, e.ctr("c", "sleep", "1000"))
-	for _, timeout := range []int64{1, 0} {
-		resp, err := e.execWithin(t, 4*time.Second, &runtimeapi.ExecSyncRequest{ContainerId: id, Cmd: []string{"sh", "-c", "sleep 101 & echo hi"}, Timeout: timeout})
+	// The bounds leave a loaded machine time to start runc; a child held
+	// to the timeout would take 10 s, or for ever without one.
+	for _, timeout := range []int64{10, 0} {
+		resp, err := e.execWithin(t, 8*time.Second, &runtimeapi.ExecSyncRequest{ContainerId: id, Cmd: []string{"sh", "-c", "sleep 101 & echo hi"}, Timeout: timeout})
 		if err != nil || string(resp.Stdout) != "hi\n" || resp.ExitCode != 0 {
 			t.Errorf("timeout %d: ExecSync = %v, %v; want hi and exit 0", timeout, resp, err)
 		}
 	}
-	_, err := e.execWithin(t, 4*time.Second, &runtimeapi.ExecSyncRequest{ContainerId: id, Cmd: []string{"sh", "-c", "sleep 102 & sleep 103 >/dev/null & echo started; sleep 60"}, Timeout: 1})
-	wantCode(t, err, codes.DeadlineExceeded, "timed out after 1s")
+	_, err := e.execWithin(t, 10*time.Second, &runtimeapi.ExecSyncRequest{ContainerId: id, Cmd: []string{"sh", "-c", "sleep 102 & sleep 103 >/dev/null & echo started; sleep 60"}, Timeout: 3})
+	wantCode(t, err, codes.DeadlineExceeded, "timed out after 3s")
 	if !strings.Contains(status.Convert(err).Message(), `stdout "started\n"`) {
 		t.Errorf("timed-out ExecSync %v does not return what the command wrote before the timeout", err)
 	}

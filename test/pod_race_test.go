@@ -37,10 +37,12 @@ func podCgroupDirs(id string) []string {
 func TestCreateContainerRacesPodRemoval(t *testing.T) {
 	e := newCtrEnv(t)
 	d := e.d
-	ctx := Ctx(t)
 	const tries = 100
 	var pods []string
 	for i := range tries {
+		// A deadline per try: 100 of them may take longer than one
+		// call's on a loaded machine.
+		ctx := Ctx(t)
 		cfg := PodConfig(fmt.Sprintf("race-%d", i))
 		cfg.LogDirectory = filepath.Join(d.Dir, "logs", cfg.Metadata.Name)
 		pod := d.RunPod(t, cfg)
@@ -73,7 +75,7 @@ func TestCreateContainerRacesPodRemoval(t *testing.T) {
 			t.Errorf("try %d: RemovePodSandbox: %v", i, err)
 		}
 	}
-	resp, err := d.Runtime.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
+	resp, err := d.Runtime.ListContainers(Ctx(t), &runtimeapi.ListContainersRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -99,6 +99,17 @@ func TestStopFinishedAfterCrash(t *testing.T) {
 		_, err := os.Stat(gate + ".entered")
 		return err == nil
 	})
+	// Both stops are under way: each has recorded NotReady, which is
+	// what a restart finishes. On a loaded machine the second may not
+	// have got there when the first reached the gate.
+	waitFor(t, 30*time.Second, "both pods NotReady", func() bool {
+		for _, id := range pods {
+			if st, _ := d.PodStatus(t, id); st.State != runtimeapi.PodSandboxState_SANDBOX_NOTREADY {
+				return false
+			}
+		}
+		return true
+	})
 	d.Kill()
 	wg.Wait()
 	// The plugin the killed daemon started returns; the restarted daemon's

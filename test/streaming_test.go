@@ -359,14 +359,14 @@ func (s *streamEnv) testWebSocketV5(t *testing.T) {
 // testWebSocketV5ClientGone: a v5 exec whose client goes away ends, as
 // its SPDY twin does (testClientGone).
 func (s *streamEnv) testWebSocketV5ClientGone(t *testing.T) {
-	before := s.streamsOpen()
+	s.settleStreams(t)
 	ctx, cancel := context.WithCancel(Ctx(t))
 	defer cancel()
 	done := make(chan error, 1)
 	u := s.execURL(t, s.server, []string{"sleep", "1000"}, false, false)
 	go func() { done <- wsStream(ctx, u, streamOpts{stdout: io.Discard, stderr: io.Discard}) }()
 	waitFor(t, 30*time.Second, "the exec'd sleep and its stream", func() bool {
-		return execStarted(s.server) && s.streamsOpen() == before+1
+		return execStarted(s.server) && s.streamsOpen() == 1
 	})
 	cancel()
 	select {
@@ -375,7 +375,7 @@ func (s *streamEnv) testWebSocketV5ClientGone(t *testing.T) {
 		t.Fatal("the client did not return after its context ended")
 	}
 	waitFor(t, 20*time.Second, "the daemon's stream ended after its client went away", func() bool {
-		return s.streamsOpen() == before
+		return s.streamsOpen() == 0
 	})
 	waitFor(t, 15*time.Second, "no runc exec left after the client went away", func() bool {
 		return len(runcExecs(s.server)) == 0
@@ -887,7 +887,7 @@ func (s *streamEnv) testTokenSingleUse(t *testing.T) {
 // tell the daemon.
 func (s *streamEnv) testClientGone(t *testing.T) {
 	id := s.runCtr(t, s.ctr("silent", "sleep", "100000"))
-	before := s.streamsOpen()
+	s.settleStreams(t)
 	ctx, cancel := context.WithCancel(Ctx(t))
 	defer cancel()
 	done := make(chan error, 2)
@@ -900,7 +900,7 @@ func (s *streamEnv) testClientGone(t *testing.T) {
 	au, _ := url.Parse(resp.Url)
 	go func() { done <- spdyStream(ctx, au, streamOpts{stdout: io.Discard, stderr: io.Discard}) }()
 	waitFor(t, 15*time.Second, "the exec'd sleep, under pinrt-exec alone, and both streams", func() bool {
-		return execStarted(id) && s.streamsOpen() == before+2
+		return execStarted(id) && s.streamsOpen() == 2
 	})
 	// Let the attach reach conmon's socket: only its stream start shows.
 	time.Sleep(time.Second)
@@ -914,7 +914,7 @@ func (s *streamEnv) testClientGone(t *testing.T) {
 		}
 	}
 	waitFor(t, 20*time.Second, "the daemon's streams ended after their client went away", func() bool {
-		return s.streamsOpen() == before
+		return s.streamsOpen() == 0
 	})
 	waitFor(t, 15*time.Second, "no runc exec left after the exec's client went away", func() bool {
 		return len(runcExecs(id)) == 0
@@ -1020,6 +1020,14 @@ func (s *streamEnv) testAttachTTY(t *testing.T, img string) {
 // reading the last count logged, holds when two streams end together and
 // log out of order, and when a stream that never ended follows one that
 // did.
+// settleStreams waits until the streams of earlier tests have ended:
+// their "stream finished" lines come a little after their clients
+// return. The daemon's stream count is then 0.
+func (s *streamEnv) settleStreams(t *testing.T) {
+	t.Helper()
+	waitFor(t, 20*time.Second, "the earlier tests' streams to end", func() bool { return s.streamsOpen() == 0 })
+}
+
 func (s *streamEnv) streamsOpen() int {
 	log := s.d.Log()
 	return strings.Count(log, `msg="stream started"`) - strings.Count(log, `msg="stream finished"`)

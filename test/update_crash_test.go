@@ -103,8 +103,10 @@ func TestUpdateFinishedAfterCrash(t *testing.T) {
 			if err := os.WriteFile(gate+".open", nil, 0o644); err != nil {
 				t.Fatal(err)
 			}
+			// Ended, or a zombie its new parent has yet to reap.
 			waitFor(t, 20*time.Second, "the held runc update to end", func() bool {
-				return syscall.Kill(held, 0) != nil
+				st, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(held), "stat"))
+				return err != nil || strings.Contains(string(st), ") Z ")
 			})
 			// The held update that outlives the daemon changes the cgroup
 			// and not config.json. The harness closes its connection
