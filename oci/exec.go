@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -38,10 +39,17 @@ const execDrain = time.Second
 // started was killed.
 const execKillWait = 5 * time.Second
 
+// execStartGrace bounds the start of an exec that has a timeout, on top
+// of that timeout, which runs from the command's start (see wait). A
+// variable for the tests.
+var execStartGrace = 10 * time.Second
+
 // ExecSync runs cmd in the container and collects its output. Past timeout
-// (0 = none) the exec'd process and its children are killed, not just
-// `runc exec`, and the error wraps context.DeadlineExceeded; the output
-// written until then is returned with it. Once the exec'd process exited,
+// (0 = none), counted from the command's start in the container, or
+// execStartGrace past it for a command that never started, the exec'd
+// process and its children are killed, not just `runc exec`, and the
+// error wraps context.DeadlineExceeded; the output written until then is
+// returned with it. Once the exec'd process exited,
 // output is read for at most execDrain more.
 func (r *Runtime) ExecSync(ctx context.Context, id string, cmd []string, timeout time.Duration) (stdout, stderr []byte, exitCode int32, err error) {
 	if err := validateID(id); err != nil {
@@ -74,11 +82,11 @@ func (r *Runtime) ExecSync(ctx context.Context, id string, cmd []string, timeout
 	// then, so a later kill can tell it from a process that reused the
 	// PID, and learn when it exits.
 	stopWatch := make(chan struct{})
-	mainExited := make(chan struct{})
-	go run.ex.watch(stopWatch, mainExited)
+	mainStarted, mainExited := make(chan struct{}), make(chan struct{})
+	go run.ex.watch(stopWatch, mainStarted, mainExited)
 	defer close(stopWatch)
 
-	err, killedBy := run.wait(ctx, id, cmd, timeout, done, mainExited)
+	err, killedBy := run.wait(ctx, id, cmd, timeout, done, mainStarted, mainExited)
 	if killedBy != nil {
 		// runc exec only relays signals; killing it would orphan the
 		// process inside the container, so kill the process it started
@@ -162,29 +170,51 @@ func (r *Runtime) startExec(ctx context.Context, id string, cmd []string, pidDir
 // must be killed now. Once the exec'd process exited, background
 // processes holding its output are killed after execDrain, since runc
 // exits only when they are gone.
-func (run *execRun) wait(ctx context.Context, id string, cmd []string, timeout time.Duration, done <-chan error, mainExited <-chan struct{}) (err, killedBy error) {
-	var timer <-chan time.Time
+//
+// The timeout is the command's own: it runs from the moment runc has
+// started the command in the container (mainStarted). runc's start alone
+// can take longer than an exec probe's usual 1 s on a loaded node, and a
+// probe that times out for it restarts a healthy container: kubelet's
+// node conformance saw both probes of one container time out so while
+// eight test processes shared two CPUs. The start has a bound of its
+// own, execStartGrace past the timeout; kubelet gives the call two
+// minutes past the timeout.
+func (run *execRun) wait(ctx context.Context, id string, cmd []string, timeout time.Duration, done <-chan error, mainStarted, mainExited <-chan struct{}) (err, killedBy error) {
+	var timer *time.Timer
+	var fired <-chan time.Time
 	if timeout > 0 {
-		t := time.NewTimer(timeout)
-		defer t.Stop()
-		timer = t.C
+		timer = time.NewTimer(timeout + execStartGrace)
+		defer timer.Stop()
+		fired = timer.C
+	} else {
+		mainStarted = nil
 	}
-	select {
-	case err = <-done:
-	case <-mainExited:
+	for {
 		select {
+		case <-mainStarted:
+			mainStarted = nil
+			timer.Reset(timeout)
+			continue
 		case err = <-done:
-		case <-time.After(execDrain):
-			log.G(ctx).WithField("container", id).Debugf("exec %q exited but background processes hold its output after %s; killing them", strings.Join(cmd, " "), execDrain)
-			run.ex.killAll(ctx)
-			err = run.ex.waitRunc(ctx, run.c, done)
+		case <-mainExited:
+			select {
+			case err = <-done:
+			case <-time.After(execDrain):
+				log.G(ctx).WithField("container", id).Debugf("exec %q exited but background processes hold its output after %s; killing them", strings.Join(cmd, " "), execDrain)
+				run.ex.killAll(ctx)
+				err = run.ex.waitRunc(ctx, run.c, done)
+			}
+		case <-fired:
+			if mainStarted != nil {
+				killedBy = fmt.Errorf("command %q in container %s did not start within %s: %w", strings.Join(cmd, " "), id, timeout+execStartGrace, context.DeadlineExceeded)
+			} else {
+				killedBy = fmt.Errorf("command %q in container %s timed out after %s: %w", strings.Join(cmd, " "), id, timeout, context.DeadlineExceeded)
+			}
+		case <-ctx.Done():
+			killedBy = fmt.Errorf("exec in container %s: %w", id, ctx.Err())
 		}
-	case <-timer:
-		killedBy = fmt.Errorf("command %q in container %s timed out after %s: %w", strings.Join(cmd, " "), id, timeout, context.DeadlineExceeded)
-	case <-ctx.Done():
-		killedBy = fmt.Errorf("exec in container %s: %w", id, ctx.Err())
+		return err, killedBy
 	}
-	return err, killedBy
 }
 
 // execOutput copies one exec's stdout and stderr into bounded buffers.
@@ -255,9 +285,9 @@ type procID struct {
 	start uint64
 }
 
-// watch learns the exec'd process from the pid file and closes exited
-// when it has exited (its pidfd polls readable).
-func (e *execProcs) watch(stop <-chan struct{}, exited chan<- struct{}) {
+// watch learns the exec'd process from the pid file, closing started
+// then, and closes exited when it has exited (its pidfd polls readable).
+func (e *execProcs) watch(stop <-chan struct{}, started, exited chan<- struct{}) {
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
 	for !e.readPid() {
@@ -267,6 +297,7 @@ func (e *execProcs) watch(stop <-chan struct{}, exited chan<- struct{}) {
 		case <-tick.C:
 		}
 	}
+	close(started)
 	e.mu.Lock()
 	main := e.main
 	e.mu.Unlock()
@@ -493,13 +524,17 @@ func killIfSame(p procID) error {
 }
 
 // pipeInodes are the inodes of the exec's pipes; /proc/<pid>/fd links of
-// their holders read "pipe:[<inode>]".
+// their holders read "pipe:[<inode>]". It stats them through
+// os.File.Stat: Fd would put them in blocking mode, and a Close could
+// then no longer end a read blocked in them (drain's), which waited for
+// ever on a pipe a process outside the container held.
 func pipeInodes(files ...*os.File) []uint64 {
 	var out []uint64
 	for _, f := range files {
-		var st unix.Stat_t
-		if err := unix.Fstat(int(f.Fd()), &st); err == nil {
-			out = append(out, st.Ino)
+		if fi, err := f.Stat(); err == nil {
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+				out = append(out, st.Ino)
+			}
 		}
 	}
 	return out

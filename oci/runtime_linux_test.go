@@ -1091,3 +1091,76 @@ func cgroupMemoryLimit(t *testing.T, pid int) int64 {
 	}
 	return n
 }
+
+// TestExecSyncTimeoutFromStart: an exec's timeout runs from the command's
+// start in the container, not from runc's: a runtime slow to start (a
+// loaded node) fails no quick command, as it failed kubelet's 1 s exec
+// probes. A command that hangs still times out, and one that never
+// starts is given up execStartGrace past its timeout.
+func TestExecSyncTimeoutFromStart(t *testing.T) {
+	e := newTestEnv(t)
+	id := "execslow-" + randID(t)
+	e.create(id, true, "sleep", "1000")
+	// The wrapper's sleep is a process outside the container that holds
+	// the exec's output pipes, as a stuck runc could: killed by the test
+	// only.
+	delay, sleeper := filepath.Join(e.dir, "exec-delay"), filepath.Join(e.dir, "exec-sleeper")
+	e.wrapRuntime(filepath.Join(e.dir, "slow-exec"), fmt.Sprintf(`#!/bin/sh
+for a; do
+	if [ "$a" = exec ]; then sleep "$(cat %s)" & echo $! >%s; wait; break; fi
+done
+exec %s "$@"
+`, delay, sleeper, testRunc))
+	t.Cleanup(func() {
+		if b, err := os.ReadFile(sleeper); err == nil {
+			if pid, _ := strconv.Atoi(strings.TrimSpace(string(b))); pid > 0 {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	})
+	ctx := context.Background()
+	setDelay := func(d string) {
+		if err := os.WriteFile(delay, []byte(d), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	setDelay("1.5")
+	out, _, code, err := e.rt.ExecSync(ctx, id, []string{"sh", "-c", "sleep 0.2; echo hi"}, time.Second)
+	if err != nil || code != 0 || string(out) != "hi\n" {
+		t.Errorf("a quick command behind a 1.5s runtime start, 1s timeout: %q %d %v; want hi, 0", out, code, err)
+	}
+	start := time.Now()
+	_, _, _, err = e.rt.ExecSync(ctx, id, []string{"sleep", "100"}, time.Second)
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "timed out after 1s") {
+		t.Errorf("a hanging command behind a slow start: %v, want DeadlineExceeded saying it timed out", err)
+	}
+	if took := time.Since(start); took > 1500*time.Millisecond+time.Second+execKillWait+execDrain {
+		t.Errorf("a hanging command's exec took %v", took)
+	}
+
+	old := execStartGrace
+	execStartGrace = time.Second
+	t.Cleanup(func() { execStartGrace = old })
+	setDelay("1000")
+	start = time.Now()
+	_, _, _, err = e.rt.ExecSync(ctx, id, []string{"true"}, time.Second)
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "did not start within 2s") {
+		t.Errorf("a command that never starts: %v, want DeadlineExceeded saying it did not start", err)
+	}
+	// runc, the wrapper, is killed after execKillWait; the output is not
+	// waited for past execDrain, although the sleep still holds it.
+	if took := time.Since(start); took > 2*time.Second+execKillWait+2*execDrain+2*time.Second {
+		t.Errorf("an exec that never started took %v", took)
+	}
+	// Only the container's init is left in its cgroup, and nothing of the
+	// stuck start outside it.
+	procs := filepath.Join("/sys/fs/cgroup/pids", e.cgroup, "pinrt-"+id, "cgroup.procs")
+	waitFor(t, func() bool {
+		b, err := os.ReadFile(procs)
+		return err == nil && len(strings.Fields(string(b))) == 1
+	})
+	if err := e.rt.Stop(ctx, id, syscall.SIGKILL, 0); err != nil {
+		t.Fatal(err)
+	}
+}
