@@ -318,13 +318,8 @@ func TestRuntimeExecSync(t *testing.T) {
 	if took := time.Since(start); took > 5*time.Second {
 		t.Errorf("timed-out exec took %s", took)
 	}
-	// The timed-out process must be gone, not orphaned in the container:
-	// only init stays in the container's cgroup.
-	procs := filepath.Join("/sys/fs/cgroup/pids", e.cgroup, "pinrt-"+id, "cgroup.procs")
-	waitFor(t, func() bool {
-		b, err := os.ReadFile(procs)
-		return err == nil && len(strings.Fields(string(b))) == 1
-	})
+	// The timed-out process must be gone, not orphaned in the container.
+	e.waitOnlyInit(t, id)
 	if err := e.rt.Stop(ctx, id, syscall.SIGKILL, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -338,7 +333,6 @@ func TestRuntimeExecSyncBackgroundChild(t *testing.T) {
 	id := "execbg-" + randID(t)
 	e.create(id, true, "sleep", "1000")
 	ctx := context.Background()
-	procs := filepath.Join("/sys/fs/cgroup/pids", e.cgroup, "pinrt-"+id, "cgroup.procs")
 	tests := []struct {
 		name     string
 		cmd      string
@@ -368,10 +362,7 @@ func TestRuntimeExecSyncBackgroundChild(t *testing.T) {
 			// The children holding the output are gone (runc exec reports
 			// the exit code only once they are), and so are those of the
 			// timed-out exec: only init stays.
-			waitFor(t, func() bool {
-				b, err := os.ReadFile(procs)
-				return err == nil && len(strings.Fields(string(b))) == 1
-			})
+			e.waitOnlyInit(t, id)
 		})
 	}
 	if err := e.rt.Stop(ctx, id, syscall.SIGKILL, 0); err != nil {
@@ -424,6 +415,17 @@ func TestRuntimeReopenLog(t *testing.T) {
 	if !strings.Contains(string(old), " stdout F one") || strings.Contains(string(old), "two") {
 		t.Errorf("rotated log = %q, want only the first line", old)
 	}
+}
+
+// waitOnlyInit waits until container id's init is the only process in
+// its cgroup: what an exec started is gone.
+func (e *testEnv) waitOnlyInit(t *testing.T, id string) {
+	t.Helper()
+	procs := filepath.Join("/sys/fs/cgroup/pids", e.cgroup, "pinrt-"+id, "cgroup.procs")
+	waitFor(t, func() bool {
+		b, err := os.ReadFile(procs)
+		return err == nil && len(strings.Fields(string(b))) == 1
+	})
 }
 
 func waitFor(t *testing.T, cond func() bool) {
@@ -1153,13 +1155,7 @@ exec %s "$@"
 	if took := time.Since(start); took > 2*time.Second+execKillWait+2*execDrain+2*time.Second {
 		t.Errorf("an exec that never started took %v", took)
 	}
-	// Only the container's init is left in its cgroup, and nothing of the
-	// stuck start outside it.
-	procs := filepath.Join("/sys/fs/cgroup/pids", e.cgroup, "pinrt-"+id, "cgroup.procs")
-	waitFor(t, func() bool {
-		b, err := os.ReadFile(procs)
-		return err == nil && len(strings.Fields(string(b))) == 1
-	})
+	e.waitOnlyInit(t, id)
 	if err := e.rt.Stop(ctx, id, syscall.SIGKILL, 0); err != nil {
 		t.Fatal(err)
 	}
