@@ -12,7 +12,9 @@ import (
 // TestGotestSummary runs gotest.sh, as make test-e2e does, on a scratch
 // module whose failing test is followed by a flood of output: the
 // failure must come again at the very end, where CI's tail shows it, and
-// the exit status must stay go test's.
+// the exit status must stay go test's. A failed test runs once more: one
+// that then passes is named as flaked and the run passes; one that fails
+// again, or a run a panic cut short, fails.
 func TestGotestSummary(t *testing.T) {
 	goBin, err := exec.LookPath("go")
 	if err != nil {
@@ -42,9 +44,8 @@ func TestNoisyAfter(t *testing.T) {
 	}
 }
 `
-	run := func(t *testing.T, files map[string]string, args ...string) (string, int) {
+	runIn := func(t *testing.T, dir string, files map[string]string, args ...string) (string, int) {
 		t.Helper()
-		dir := t.TempDir()
 		files["go.mod"] = "module scratch\n\ngo 1.22\n"
 		for name, data := range files {
 			if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
@@ -64,6 +65,10 @@ func TestNoisyAfter(t *testing.T) {
 		}
 		return string(out), code
 	}
+	run := func(t *testing.T, files map[string]string, args ...string) (string, int) {
+		t.Helper()
+		return runIn(t, t.TempDir(), files, args...)
+	}
 
 	t.Run("failure", func(t *testing.T) {
 		out, code := run(t, map[string]string{"a_test.go": src}, ".")
@@ -71,8 +76,8 @@ func TestNoisyAfter(t *testing.T) {
 			t.Fatalf("exit %d, want go test's 1:\n%s", code, out)
 		}
 		lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
-		tail := strings.Join(lines[max(0, len(lines)-12):], "\n")
-		for _, want := range []string{"--- FAIL: TestFails/inner", "the reason", "boom", "  TestFails ("} {
+		tail := strings.Join(lines[max(0, len(lines)-16):], "\n")
+		for _, want := range []string{"--- FAIL: TestFails/inner", "the reason", "boom", "  TestFails (", "failed again on a retry: TestFails"} {
 			if !strings.Contains(tail, want) {
 				t.Errorf("the last lines lack %q:\n%s", want, tail)
 			}
@@ -88,6 +93,33 @@ func TestNoisyAfter(t *testing.T) {
 		}
 		if i := strings.LastIndex(out, "=== gotest.sh: failed tests:"); i < 0 || !strings.Contains(out[i:], "FAIL\tscratch") {
 			t.Errorf("the summary does not name the package that did not build:\n%s", out)
+		}
+	})
+	t.Run("flake", func(t *testing.T) {
+		dir := t.TempDir()
+		flaked := filepath.Join(t.TempDir(), "flaked")
+		t.Setenv("GOTEST_FLAKED", flaked)
+		// Fails while the marker is absent, and makes it.
+		flaky := "package scratch\n\nimport (\n\t\"os\"\n\t\"testing\"\n)\n\n" +
+			"func TestFlaky(t *testing.T) {\n\tif _, err := os.Stat(\"marker\"); err != nil {\n" +
+			"\t\tos.WriteFile(\"marker\", nil, 0o644)\n\t\tt.Fatal(\"first run\")\n\t}\n}\n\n" +
+			"func TestOther(t *testing.T) {}\n"
+		out, code := runIn(t, dir, map[string]string{"a_test.go": flaky}, ".")
+		if code != 0 {
+			t.Fatalf("exit %d for a test that passed on its retry:\n%s", code, out)
+		}
+		if !strings.Contains(out, "FLAKED (failed, then passed on a retry): TestFlaky") || !strings.Contains(out, "once more: ^(TestFlaky)$") {
+			t.Errorf("the flake is not named, or more than it was retried:\n%s", out)
+		}
+		if got, err := os.ReadFile(flaked); err != nil || !strings.HasPrefix(string(got), "TestFlaky ") {
+			t.Errorf("GOTEST_FLAKED holds %q (%v), want TestFlaky", got, err)
+		}
+	})
+	t.Run("panic is not retried", func(t *testing.T) {
+		src := "package scratch\n\nimport \"testing\"\n\nfunc TestPanics(t *testing.T) { panic(\"boom\") }\n\nfunc TestAfter(t *testing.T) {}\n"
+		out, code := run(t, map[string]string{"a_test.go": src}, ".")
+		if code == 0 || !strings.Contains(out, "not retried") {
+			t.Errorf("exit %d, or a retry after a panic (which keeps later tests from running):\n%s", code, out)
 		}
 	})
 	t.Run("success", func(t *testing.T) {
