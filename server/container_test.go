@@ -410,6 +410,13 @@ func TestApplyState(t *testing.T) {
 			if st.State == sandbox.ContainerExited && st.FinishedAt.IsZero() {
 				t.Errorf("exited without a finish time")
 			}
+			// An exit is final: no later answer changes it.
+			done := sandbox.ContainerStatus{State: sandbox.ContainerExited, ExitCode: 7, Reason: reasonError, FinishedAt: time.Unix(1, 0)}
+			st = done
+			applyState(&st, tc.st, tc.err)
+			if st != done {
+				t.Errorf("applied to an exited container: %+v, want it unchanged", st)
+			}
 		})
 	}
 }

@@ -399,6 +399,65 @@ func TestMonitorExitedWithItsContainer(t *testing.T) {
 	}
 }
 
+// An exit another path records (a stop, the exit watcher) while a
+// refresh is asking the runtime stays as recorded: the refresh's older
+// answer, running, does not bring the container back, and a monitor found
+// dead afterwards does not turn the exit into MonitorGone.
+func TestExitRecordedDuringRefreshStays(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		monitorDead bool
+		atRead      int // the runtime read after which the exit is recorded
+	}{
+		{"runtime said running", false, 1},
+		{"monitor found dead", true, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newCtrFixture(t)
+			ctx := context.Background()
+			pod, podCfg := f.pod(t, false)
+			resp, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr("c"), SandboxConfig: podCfg})
+			if err != nil {
+				t.Fatal(err)
+			}
+			id := resp.ContainerId
+			if _, err := f.srv.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: id}); err != nil {
+				t.Fatal(err)
+			}
+			c, err := f.srv.containers.Get(id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.monitorDead {
+				f.rt.NoExitFiles = true
+				if err := os.WriteFile(filepath.Join(f.cfg.Root, "containers", id, "conmon.pid"), []byte(fmt.Sprint(os.Getpid())), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			reads := 0
+			f.rt.AfterState = func(cid string, _ *oci.State) {
+				if cid != id {
+					return
+				}
+				if reads++; reads == tc.atRead {
+					if err := c.UpdateStatus(func(st *sandbox.ContainerStatus) {
+						st.State, st.ExitCode, st.Reason, st.FinishedAt = sandbox.ContainerExited, 0, reasonCompleted, time.Now()
+					}); err != nil {
+						t.Error(err)
+					}
+				}
+			}
+			f.srv.refreshContainer(ctx, c, false)
+			if reads < tc.atRead {
+				t.Fatalf("the runtime was read %d times, want at least %d: the test checks nothing", reads, tc.atRead)
+			}
+			if st := c.Status(); st.State != sandbox.ContainerExited || st.ExitCode != 0 || st.Reason != reasonCompleted {
+				t.Errorf("after the refresh: %v exit %d %q, want the exit recorded meanwhile (Exited 0 %s)", st.State, st.ExitCode, st.Reason, reasonCompleted)
+			}
+		})
+	}
+}
+
 // A container whose conmon is gone (conmon.pid names a process that is not
 // its monitor) cannot be started, and a live one is reported Exited with
 // reason MonitorGone and killed, so its stop does not wait for an exit

@@ -311,9 +311,6 @@ func (s *Server) refreshContainer(ctx context.Context, c *sandbox.Container, che
 	if err == nil && rs.Status != oci.StatusStopped {
 		unlockEvents := c.LockEvents()
 		gone, fresh, ferr := s.monitorGone(ctx, rt, c)
-		if gone {
-			s.containerEvent(ctx, c, runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT)
-		}
 		unlockEvents()
 		if gone {
 			return
@@ -349,7 +346,14 @@ func (s *Server) refreshContainer(ctx context.Context, c *sandbox.Container, che
 
 // applyState folds the runtime's view into st. A container the runtime no
 // longer knows (after a reboot) is exited with an unknown code.
+//
+// An exit is final: a status another path recorded Exited while the
+// runtime was being asked (a stop, the exit watcher) keeps its exit, and
+// does not go back to running on the older answer.
 func applyState(st *sandbox.ContainerStatus, rs *oci.State, err error) {
+	if st.State == sandbox.ContainerExited {
+		return
+	}
 	// Whatever the runtime says of it, the container is past its
 	// creation there (or gone).
 	st.RuntimePending = false

@@ -18,6 +18,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pinrt/pinrt/cgroups"
 	"github.com/pinrt/pinrt/nsmgr"
@@ -722,7 +723,9 @@ func killMonitor(dir, id string) {
 
 // monitorGone handles a live container whose conmon is dead: nothing will
 // ever write its exit file, so its processes are killed and it is
-// recorded Exited with reason MonitorGone. It reports whether it did so.
+// recorded Exited with reason MonitorGone, and told (the caller holds
+// LockEvents). It reports whether the monitor was gone; an exit another
+// path recorded meanwhile stays, and is not told twice.
 func (s *Server) monitorGone(ctx context.Context, rt ContainerRuntime, c *sandbox.Container) (bool, *oci.State, error) {
 	if _, alive, recorded := monitorPid(c.Dir, c.ID); !recorded || alive {
 		return false, nil, nil
@@ -738,8 +741,12 @@ func (s *Server) monitorGone(ctx context.Context, rt ContainerRuntime, c *sandbo
 	if err := rt.Kill(ctx, c.ID, syscall.SIGKILL, true); err != nil && !errdefs.IsNotFound(err) {
 		log.G(ctx).WithError(err).WithField("container", c.ID).Warn("killing a container without its monitor")
 	}
+	exited := false
 	if err := s.spare(ctx, func() error {
 		return c.UpdateStatus(func(st *sandbox.ContainerStatus) {
+			if exited = st.State != sandbox.ContainerExited; !exited {
+				return
+			}
 			st.State, st.ExitCode, st.Reason = sandbox.ContainerExited, -1, reasonMonitorGone
 			st.Message = "conmon died: the exit code is unknown"
 			if st.FinishedAt.IsZero() {
@@ -748,6 +755,8 @@ func (s *Server) monitorGone(ctx context.Context, rt ContainerRuntime, c *sandbo
 		})
 	}); err != nil {
 		log.G(ctx).WithError(err).WithField("container", c.ID).Warn("saving container state")
+	} else if exited {
+		s.containerEvent(ctx, c, runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT)
 	}
 	return true, nil, nil
 }
