@@ -414,16 +414,8 @@ func TestExitRecordedDuringRefreshStays(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newCtrFixture(t)
-			ctx := context.Background()
-			pod, podCfg := f.pod(t, false)
-			resp, err := f.srv.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: unitCtr("c"), SandboxConfig: podCfg})
-			if err != nil {
-				t.Fatal(err)
-			}
-			id := resp.ContainerId
-			if _, err := f.srv.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: id}); err != nil {
-				t.Fatal(err)
-			}
+			pod, _ := f.pod(t, false)
+			id := f.started(t, pod, "c")
 			c, err := f.srv.containers.Get(id)
 			if err != nil {
 				t.Fatal(err)
@@ -447,7 +439,7 @@ func TestExitRecordedDuringRefreshStays(t *testing.T) {
 					}
 				}
 			}
-			f.srv.refreshContainer(ctx, c, false)
+			f.srv.refreshContainer(context.Background(), c, false)
 			if reads < tc.atRead {
 				t.Fatalf("the runtime was read %d times, want at least %d: the test checks nothing", reads, tc.atRead)
 			}
