@@ -160,10 +160,11 @@ func (r crashRuntime) Delete(ctx context.Context, id string, force bool) error {
 	return err
 }
 
-// crashLifecycle is a pod's whole life, as kubelet drives it.
-func crashLifecycle(ctx context.Context, s *Server) error {
+// crashLifecycle is a pod's whole life, as kubelet drives it, with its
+// logs under logDir.
+func crashLifecycle(ctx context.Context, s *Server, logDir string) error {
 	req := unitPod("crash", true)
-	req.Config.LogDirectory = filepath.Join(os.TempDir(), "pinrt-crash-logs")
+	req.Config.LogDirectory = logDir
 	pod, err := s.RunPodSandbox(ctx, req)
 	if err != nil {
 		return fmt.Errorf("RunPodSandbox: %w", err)
@@ -208,8 +209,9 @@ func TestCrashAtEveryStep(t *testing.T) {
 		old.Restore(context.Background())
 		done := make(chan error, 1)
 		finished := make(chan struct{})
+		logDir := t.TempDir()
 		go func() {
-			done <- crashLifecycle(context.Background(), old)
+			done <- crashLifecycle(context.Background(), old, logDir)
 			close(finished)
 		}()
 		// The frozen request resumes only once the test is over, and is
@@ -339,7 +341,7 @@ func TestFailThenRestart(t *testing.T) {
 			}
 			old := newTestServer(t, f.cfg, deps)
 			tc.inject(f, net)
-			if err := crashLifecycle(context.Background(), old); !errors.Is(err, errdefs.ErrUnavailable) {
+			if err := crashLifecycle(context.Background(), old, t.TempDir()); !errors.Is(err, errdefs.ErrUnavailable) {
 				t.Fatalf("lifecycle = %v, want the injected failure", err)
 			}
 			// The old daemon is dead: its exit watcher must not record
