@@ -130,7 +130,14 @@ func (s *streamEnv) testExecOutputComplete(t *testing.T) {
 // sumIn is the digest of script's stdout, taken inside the container.
 func (s *streamEnv) sumIn(t *testing.T, id, script string) digest {
 	t.Helper()
-	out := s.mustExec(t, id, "sh", "-c", fmt.Sprintf("(%s) | wc -c; (%s) | sha256sum", script, script))
+	// Reading the blob twice at the container's 20 % of a CPU took more
+	// than mustExec's 20 s once, under CI's load: this has 90.
+	cmd := []string{"sh", "-c", fmt.Sprintf("(%s) | wc -c; (%s) | sha256sum", script, script)}
+	resp, err := s.d.Runtime.ExecSync(Ctx(t), &runtimeapi.ExecSyncRequest{ContainerId: id, Cmd: cmd, Timeout: 90})
+	if err != nil || resp.ExitCode != 0 {
+		t.Fatalf("ExecSync(%v): %v, exit %d, stderr %q", cmd, err, resp.GetExitCode(), resp.GetStderr())
+	}
+	out := string(resp.Stdout)
 	f := strings.Fields(out)
 	if len(f) < 2 {
 		t.Fatalf("digest of %q: %q", script, out)
